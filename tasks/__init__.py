@@ -1,0 +1,37 @@
+"""Pipeline stages: pure functions first, thin Prefect tasks at the bottom of each module.
+
+Names are imported lazily so that ``tasks.training`` (the torchrun worker) never imports Prefect.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "convert_to_image_directory": "tasks.convert",
+    "check_training_data": "tasks.validate",
+    "create_model_directory": "tasks.model",
+    "build_torchrun_command": "tasks.train",
+    "run_training": "tasks.train",
+    "score_images": "tasks.score",
+    "evaluate_scores": "tasks.evaluate",
+    "register_model": "tasks.registry",
+    "export_digits": "tasks.datasets",
+    "ImageDirectory": "tasks.image_directory",
+    "ModelDirectory": "tasks.model_directory",
+    "ModelSpec": "tasks.model_directory",
+    "TrainingParams": "tasks.training.config",
+    "PipelineInputError": "tasks.errors",
+    "NotLabeledDatasetError": "tasks.errors",
+    "InvalidDatasetError": "tasks.errors",
+    "InvalidModelDirectoryError": "tasks.errors",
+    "InvalidModelNameError": "tasks.errors",
+    "TrainingFailedError": "tasks.errors",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'tasks' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

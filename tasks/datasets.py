@@ -1,0 +1,93 @@
+"""The bundled default data set: scikit-learn's handwritten digits as a folder of PNG files.
+
+    python -m tasks.datasets data/digits      # writes data/digits/{train,validation}/<digit>/*.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+from tasks.errors import InvalidDatasetError
+
+DIGITS_SPLITS = ("train", "validation")
+_DONE_FILE = "digits.json"
+
+
+def export_digits(output: str | Path, validation_fraction: float = 0.2, seed: int = 1) -> tuple[Path, Path]:
+    """Write the 1,797 8x8 digits as PNGs, split train/validation stratified by class with ``seed``.
+
+    Returns the (train, validation) folders. An existing export with the same split is reused.
+    """
+    output = Path(output)
+    settings = {"validation_fraction": validation_fraction, "seed": seed, "source": "sklearn.datasets.load_digits"}
+    done = output / _DONE_FILE
+    if done.is_file() and json.loads(done.read_text()) == settings:
+        return output / "train", output / "validation"
+    if output.exists() and any(output.iterdir()) and not done.is_file():
+        raise FileExistsError(f"{output} exists and is not a digits export: choose an empty or new folder")
+
+    digits = load_digits()
+    # Pixel values are 0..16; stretch them to 0..255 for 8-bit grayscale files.
+    pixels = np.rint(digits.images * (255 / 16)).astype(np.uint8)
+    indices = np.arange(len(digits.target))
+    train_idx, val_idx = train_test_split(
+        indices, test_size=validation_fraction, stratify=digits.target, random_state=seed
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
+    try:
+        for split, split_idx in zip(DIGITS_SPLITS, (train_idx, val_idx)):
+            for i in sorted(split_idx):
+                folder = staging / split / str(digits.target[i])
+                folder.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(pixels[i], mode="L").save(folder / f"digit_{i:04d}.png")
+        (staging / _DONE_FILE).write_text(json.dumps(settings, indent=2))
+        if output.exists():
+            shutil.rmtree(output)
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output / "train", output / "validation"
+
+
+def resolve_sources(train: str | None, validation: str | None, default_root: str | Path) -> tuple[str, str]:
+    """The user's (train, validation) sources, or the digits export under ``default_root`` when neither is given."""
+    if train is None and validation is None:
+        train_dir, validation_dir = export_digits(Path(default_root) / "digits")
+        return str(train_dir), str(validation_dir)
+    if train is None or validation is None:
+        raise InvalidDatasetError(
+            "give both train_data and validation_data (or neither, to use the bundled digits); "
+            f"got train_data={train!r}, validation_data={validation!r}"
+        )
+    return train, validation
+
+
+# --- Prefect task -------------------------------------------------------------------------------
+from prefect import task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+
+@task(name="resolve-sources", cache_policy=NO_CACHE)
+def sources(train: str | None, validation: str | None, default_root: str) -> tuple[str, str]:
+    return resolve_sources(train, validation, default_root)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Export scikit-learn's digits as a class-per-folder PNG data set.")
+    parser.add_argument("output", nargs="?", default="data/digits")
+    parser.add_argument("--validation-fraction", type=float, default=0.2)
+    parser.add_argument("--seed", type=int, default=1)
+    options = parser.parse_args()
+    for folder in export_digits(options.output, options.validation_fraction, options.seed):
+        print(folder)

@@ -1,0 +1,42 @@
+"""Typed errors raised by the pipeline stages.
+
+Problems with what a user gave us (labels, class sets, model directories) derive
+from ``PipelineInputError``: they are deterministic, so the Prefect tasks' retry
+condition (``tasks.retrying.retry_unless_input_error``) never retries them.
+"""
+
+from __future__ import annotations
+
+
+class PipelineInputError(ValueError):
+    """Something the user gave us is not usable; retrying cannot help."""
+
+
+class NotLabeledDatasetError(PipelineInputError):
+    """Training (or validation) data has no labels."""
+
+
+class InvalidDatasetError(PipelineInputError):
+    """A data set cannot be used as given (class sets differ, too few classes, no images...)."""
+
+
+class InvalidModelDirectoryError(PipelineInputError):
+    """A directory does not hold a usable model specification or trained model."""
+
+
+class InvalidModelNameError(PipelineInputError):
+    """A registry model name or reference is malformed."""
+
+
+class TrainingFailedError(RuntimeError):
+    """The torchrun worker exited with a non-zero status.
+
+    ``rank`` is the first rank whose log recorded a failure (``None`` if no rank did),
+    ``log_tail`` the last lines of that rank's log (or of the launcher output).
+    """
+
+    def __init__(self, message: str, *, returncode: int, rank: int | None, log_tail: str) -> None:
+        super().__init__(f"{message}\n--- log tail (rank {rank if rank is not None else '?'}) ---\n{log_tail}")
+        self.returncode = returncode
+        self.rank = rank
+        self.log_tail = log_tail

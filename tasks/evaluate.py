@@ -1,0 +1,108 @@
+"""Evaluate Model: classification figures of a scores table, computed with scikit-learn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel
+from sklearn import metrics as skm
+
+from tasks.errors import NotLabeledDatasetError
+from tasks.score import LABEL_COLUMN, SCORED_LABELS, probability_column, scored_classes
+
+
+class ClassReport(BaseModel):
+    name: str
+    precision: float
+    recall: float
+    f1: float
+    support: int
+
+
+class Evaluation(BaseModel):
+    images: int
+    accuracy: float
+    precision_macro: float
+    recall_macro: float
+    f1_macro: float
+    auc_ovr: float | None  # None when some class has no images in the table
+    classes: list[str]
+    confusion_matrix: list[list[int]]  # rows: true class, columns: predicted class
+    per_class: list[ClassReport]
+
+
+def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
+    if LABEL_COLUMN not in scores.columns:
+        raise NotLabeledDatasetError("the scores table has no 'label' column: evaluation needs labeled images")
+    classes = scored_classes(scores)
+    truth, predicted = scores[LABEL_COLUMN].astype(str), scores[SCORED_LABELS].astype(str)
+    precision, recall, f1, support = skm.precision_recall_fscore_support(
+        truth, predicted, labels=classes, zero_division=0
+    )
+    auc = None
+    if set(truth) == set(classes):
+        probabilities = scores[[probability_column(c) for c in classes]].to_numpy()
+        if len(classes) == 2:
+            auc = float(skm.roc_auc_score(truth == classes[1], probabilities[:, 1]))
+        else:
+            auc = float(skm.roc_auc_score(truth, probabilities, multi_class="ovr", labels=classes))
+    return Evaluation(
+        images=len(scores),
+        accuracy=float(skm.accuracy_score(truth, predicted)),
+        precision_macro=float(np.mean(precision)),
+        recall_macro=float(np.mean(recall)),
+        f1_macro=float(np.mean(f1)),
+        auc_ovr=auc,
+        classes=classes,
+        confusion_matrix=skm.confusion_matrix(truth, predicted, labels=classes).tolist(),
+        per_class=[
+            ClassReport(name=c, precision=p, recall=r, f1=f, support=int(s))
+            for c, p, r, f, s in zip(classes, precision, recall, f1, support)
+        ],
+    )
+
+
+def evaluation_markdown(evaluation: Evaluation) -> str:
+    """The figures, the per-class report and the confusion matrix as one markdown page."""
+    auc = f"{evaluation.auc_ovr:.4f}" if evaluation.auc_ovr is not None else "n/a (a class has no images)"
+    lines = [
+        f"### Evaluation on {evaluation.images} images",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| accuracy | {evaluation.accuracy:.4f} |",
+        f"| precision (macro) | {evaluation.precision_macro:.4f} |",
+        f"| recall (macro) | {evaluation.recall_macro:.4f} |",
+        f"| F1 (macro) | {evaluation.f1_macro:.4f} |",
+        f"| AUC (one-vs-rest) | {auc} |",
+        "",
+        "| class | precision | recall | F1 | images |",
+        "|---|---|---|---|---|",
+        *(f"| {c.name} | {c.precision:.4f} | {c.recall:.4f} | {c.f1:.4f} | {c.support} |" for c in evaluation.per_class),
+        "",
+        "Confusion matrix (rows: true class, columns: predicted class)",
+        "",
+        "| | " + " | ".join(evaluation.classes) + " |",
+        "|---" * (len(evaluation.classes) + 1) + "|",
+        *(
+            f"| **{name}** | " + " | ".join(str(n) for n in row) + " |"
+            for name, row in zip(evaluation.classes, evaluation.confusion_matrix)
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- Prefect task -------------------------------------------------------------------------------
+from prefect import task  # noqa: E402
+from prefect.artifacts import create_markdown_artifact  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from tasks.score import read_scores  # noqa: E402
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate(scores_csv: str) -> Evaluation:
+    """Artifact ``evaluation``: figures, per-class report and confusion matrix."""
+    evaluation = evaluate_scores(read_scores(scores_csv))
+    create_markdown_artifact(key="evaluation", markdown=evaluation_markdown(evaluation))
+    return evaluation

@@ -1,0 +1,30 @@
+"""DenseNet / ResNet: write an UntrainedModelDirectory for the training stage (Azure's model modules)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tasks.model_directory import ModelSpec, read_model_spec, write_model_spec
+
+
+def create_model_directory(output: str | os.PathLike[str], spec: ModelSpec) -> Path:
+    """Write ``spec`` to ``output/model_spec.json`` and read it back through the contract's own checks."""
+    root = write_model_spec(output, spec)
+    read_model_spec(root)
+    return root
+
+
+# --- Prefect task -------------------------------------------------------------------------------
+from prefect import task  # noqa: E402
+from prefect.artifacts import create_markdown_artifact  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+
+@task(name="build-model", cache_policy=NO_CACHE)
+def build_model_directory(output: str, spec: ModelSpec) -> str:
+    """Artifact ``model-spec``."""
+    root = create_model_directory(output, spec)
+    options = "\n".join(f"| {k} | {v} |" for k, v in spec.model_dump().items())
+    create_markdown_artifact(key="model-spec", markdown=f"### Untrained model\n\n| option | value |\n|---|---|\n{options}\n")
+    return str(root)

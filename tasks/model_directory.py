@@ -1,0 +1,169 @@
+"""The UntrainedModelDirectory and ModelDirectory contracts.
+
+UntrainedModelDirectory (output of the model stage, input of training)::
+
+    <root>/model_spec.json        ModelSpec: architecture and its options
+
+ModelDirectory (output of training; enough to score with no other input)::
+
+    <root>/model.pt               state dict of the best top-1 epoch (torch.load(weights_only=True))
+    <root>/model_spec.json        TrainedModelSpec: the ModelSpec plus classes count and preprocessing
+    <root>/classes.json           ordered class names (index = model output)
+    <root>/metrics.json           TrainingMetrics: final figures and one entry per epoch
+    <root>/training_log.csv       the per-epoch figures as a table
+    <root>/logs/driver_log_<rank>.txt
+    <root>/checkpoints/last.pt    resume state, written after every epoch
+
+This module imports neither torch nor Prefect: the launcher, the worker and the registry share it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from tasks.errors import InvalidModelDirectoryError
+from tasks.fileio import write_text_atomic
+
+SPEC_FILE = "model_spec.json"
+WEIGHTS_FILE = "model.pt"
+CLASSES_FILE = "classes.json"
+METRICS_FILE = "metrics.json"
+TRAINING_LOG_FILE = "training_log.csv"
+LOGS_DIR = "logs"
+CHECKPOINT_FILE = "checkpoints/last.pt"
+# Files a registered version carries (logs and checkpoints stay with the training run).
+MODEL_FILES = (WEIGHTS_FILE, SPEC_FILE, CLASSES_FILE, METRICS_FILE, TRAINING_LOG_FILE)
+
+DENSENETS = ("densenet121", "densenet161", "densenet169", "densenet201")
+RESNETS = (
+    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+    "resnext50_32x4d", "resnext101_32x8d", "wide_resnet50_2", "wide_resnet101_2",
+)  # fmt: skip
+Architecture = Literal[DENSENETS + RESNETS]  # type: ignore[valid-type]
+
+# torchvision's ImageNet statistics: the models (and any local pretrained weights) expect them.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class ModelSpec(BaseModel):
+    """An untrained torchvision classifier: what Azure's DenseNet / ResNet modules describe."""
+
+    architecture: Architecture = Field("resnet18", description="torchvision model name")
+    pretrained: bool = Field(False, description="start from ImageNet weights read from weights_path")
+    weights_path: str | None = Field(None, description="local .pth state dict for pretrained=True")
+    memory_efficient: bool = Field(False, description="DenseNet only: checkpointed, slower, less memory")
+    zero_init_residual: bool = Field(False, description="ResNet family only: zero-init the last BN of each block")
+
+    @model_validator(mode="after")
+    def _options_match_family(self) -> "ModelSpec":
+        if self.memory_efficient and self.architecture not in DENSENETS:
+            raise ValueError(f"memory_efficient applies to DenseNets {DENSENETS}, not {self.architecture}")
+        if self.zero_init_residual and self.architecture not in RESNETS:
+            raise ValueError(f"zero_init_residual applies to the ResNet family, not {self.architecture}")
+        if self.pretrained and not self.weights_path:
+            raise ValueError(
+                f"pretrained=True needs weights_path: a local file with torchvision's {self.architecture} "
+                "ImageNet state dict (nothing is downloaded at run time)"
+            )
+        return self
+
+
+class TrainedModelSpec(ModelSpec):
+    num_classes: int
+    image_size: int = Field(description="images are resized to image_size x image_size")
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+
+
+class EpochMetrics(BaseModel):
+    epoch: int
+    lr: float
+    train_images_per_s: float
+    train_loss: float
+    val_loss: float
+    top1: float
+    top5: float
+    seconds: float
+
+
+class TrainingMetrics(BaseModel):
+    epochs: list[EpochMetrics] = []
+    best_epoch: int | None = None
+    best_top1: float | None = None
+    stopped_early: bool = False
+    world_size: int = 1
+
+    @property
+    def final(self) -> EpochMetrics | None:
+        return self.epochs[-1] if self.epochs else None
+
+
+def _read_json_model(path: Path, model: type[BaseModel], what: str) -> BaseModel:
+    if not path.is_file():
+        raise InvalidModelDirectoryError(f"{path.parent} is not a {what}: {path.name} is missing")
+    try:
+        return model.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValidationError as error:
+        raise InvalidModelDirectoryError(f"{path} is not a valid {what} file:\n{error}") from error
+
+
+def write_model_spec(root: str | os.PathLike[str], spec: ModelSpec) -> Path:
+    root = Path(root)
+    write_text_atomic(root / SPEC_FILE, spec.model_dump_json(indent=2))
+    return root
+
+
+def read_model_spec(root: str | os.PathLike[str]) -> ModelSpec:
+    """Read an UntrainedModelDirectory; anything else raises InvalidModelDirectoryError."""
+    root = Path(root)
+    if not root.is_dir():
+        raise InvalidModelDirectoryError(f"model directory {root} does not exist or is not a directory")
+    spec = _read_json_model(root / SPEC_FILE, ModelSpec, "model directory")
+    if spec.pretrained and not Path(spec.weights_path).is_file():
+        raise InvalidModelDirectoryError(
+            f"{root / SPEC_FILE} asks for pretrained weights from {spec.weights_path}, which does not exist: "
+            f"put torchvision's {spec.architecture} state dict there or set pretrained to false"
+        )
+    return spec
+
+
+class ModelDirectory:
+    """A trained model on local disk."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise InvalidModelDirectoryError(f"trained model directory {self.root} does not exist")
+        self.spec = _read_json_model(self.root / SPEC_FILE, TrainedModelSpec, "trained model directory")
+        if not self.weights_path.is_file():
+            raise InvalidModelDirectoryError(f"{self.root} is not a trained model directory: {WEIGHTS_FILE} is missing")
+        classes_path = self.root / CLASSES_FILE
+        if not classes_path.is_file():
+            raise InvalidModelDirectoryError(f"{self.root} is not a trained model directory: {CLASSES_FILE} is missing")
+        self.classes: list[str] = json.loads(classes_path.read_text(encoding="utf-8"))
+        if len(self.classes) != self.spec.num_classes:
+            raise InvalidModelDirectoryError(
+                f"{self.root}: {CLASSES_FILE} lists {len(self.classes)} classes, "
+                f"{SPEC_FILE} says the model has {self.spec.num_classes}"
+            )
+
+    @property
+    def weights_path(self) -> Path:
+        return self.root / WEIGHTS_FILE
+
+    def metrics(self) -> TrainingMetrics:
+        return _read_json_model(self.root / METRICS_FILE, TrainingMetrics, "trained model directory")
+
+
+# The worker logs this, then the rank, when it fails; the launcher looks for it to name the failing rank.
+FAILURE_MARKER = "TRAINING FAILED on rank"
+
+
+def driver_log_path(root: str | os.PathLike[str], rank: int) -> Path:
+    return Path(root) / LOGS_DIR / f"driver_log_{rank}.txt"

@@ -1,0 +1,1 @@
+"""The torchrun training worker and what it needs: plain PyTorch, no Prefect import."""

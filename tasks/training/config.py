@@ -1,0 +1,57 @@
+"""Training parameters: one typed object for the Prefect form, the worker's flags, checkpoints and the registry.
+
+Defaults are Azure ML's "Train PyTorch Model" component's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrainingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    epochs: int = Field(5, gt=0, description="number of passes over the training images")
+    batch_size: int = Field(16, gt=0, description="images per batch on each process")
+    warmup_epochs: int = Field(0, ge=0, description="epochs of linear learning-rate warmup")
+    learning_rate: float = Field(0.001, gt=0, description="base learning rate (multiplied by the world size)")
+    random_seed: int = Field(1, description="seed for weights, sampling and augmentation")
+    patience: int = Field(3, gt=0, description="stop after this many epochs without lower validation loss")
+    print_frequency: int = Field(10, gt=0, description="log training progress every N batches")
+    nodes: int = Field(1, gt=0, description="machines taking part (torchrun --nnodes)")
+    processes_per_node: int = Field(1, gt=0, description="worker processes per machine (torchrun --nproc-per-node)")
+    rendezvous_endpoint: str | None = Field(
+        None, description="host:port of the c10d rendezvous, needed when nodes > 1 (same on every node)"
+    )
+    max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed workers (each resumes from the checkpoint)")
+    image_size: int | None = Field(
+        None, ge=16, description="side in pixels images are resized to; empty: 224, or less for small images"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA (NCCL) when present, else CPU (Gloo)")
+    data_workers: int | None = Field(
+        None, ge=0, description="DataLoader workers per process; empty: from the CPUs per process"
+    )
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD (Nesterov) momentum")
+    weight_decay: float = Field(1e-4, ge=0, description="SGD weight decay")
+
+
+def add_training_flags(parser) -> None:
+    """Add one ``--flag`` per TrainingParams field to an argparse parser; values are validated by pydantic."""
+    for name, field in TrainingParams.model_fields.items():
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=field.description)
+
+
+def training_flags(params: TrainingParams) -> list[str]:
+    """The inverse of ``add_training_flags``: the flags that reproduce ``params`` (unset options omitted)."""
+    flags: list[str] = []
+    for name, value in params.model_dump().items():
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
+
+
+def params_from_flags(namespace) -> TrainingParams:
+    given = {name: getattr(namespace, name) for name in TrainingParams.model_fields}
+    return TrainingParams(**{name: value for name, value in given.items() if value is not None})

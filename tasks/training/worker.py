@@ -1,0 +1,343 @@
+"""Train a torchvision classifier on an ImageDirectory with DistributedDataParallel.
+
+Launched by the train stage, or by hand, through torchrun::
+
+    # one machine, two processes (Gloo on CPU, NCCL on GPUs)
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m tasks.training.worker \
+        --train runs/demo/data/train --validation runs/demo/data/validation \
+        --model-spec runs/demo/model_spec --output runs/demo/model --epochs 5
+
+    # two machines: run on each, with the same endpoint and id
+    python -m torch.distributed.run --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \
+        --rdzv-endpoint host0:29400 --rdzv-id job42 -m tasks.training.worker ...
+
+Rank 0 alone writes files, each atomically. A checkpoint is written after every epoch and
+picked up on start, so a torchrun restart or a Prefect retry continues where the run stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from tasks.fileio import atomic_write, write_text_atomic
+from tasks.image_directory import ImageDirectory
+from tasks.errors import InvalidDatasetError
+from tasks.model_directory import (
+    CHECKPOINT_FILE,
+    CLASSES_FILE,
+    FAILURE_MARKER,
+    METRICS_FILE,
+    SPEC_FILE,
+    TRAINING_LOG_FILE,
+    WEIGHTS_FILE,
+    EpochMetrics,
+    TrainedModelSpec,
+    TrainingMetrics,
+    driver_log_path,
+    read_model_spec,
+)
+from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
+from tasks.training.data import ImageFiles, choose_image_size, eval_transform, train_transform
+from tasks.training.models import build_model
+
+logger = logging.getLogger("tasks.training.worker")
+
+
+@dataclass(frozen=True)
+class DistributedEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    restart_count: int
+
+    @classmethod
+    def from_environ(cls) -> "DistributedEnv":
+        """torchrun's variables; a plain ``python -m`` start is a world of one."""
+        return cls(
+            rank=int(os.environ.get("RANK", 0)),
+            world_size=int(os.environ.get("WORLD_SIZE", 1)),
+            local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+            restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        )
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train", required=True, help="ImageDirectory with the labeled training images")
+    parser.add_argument("--validation", required=True, help="ImageDirectory with the labeled validation images")
+    parser.add_argument("--model-spec", required=True, help="UntrainedModelDirectory (model_spec.json)")
+    parser.add_argument("--output", required=True, help="ModelDirectory to write (and resume from)")
+    add_training_flags(parser)
+    return parser
+
+
+def setup_logging(output: Path, env: DistributedEnv) -> None:
+    log_path = driver_log_path(output, env.rank)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(log_path, mode="a", encoding="utf-8")
+    to_file.setFormatter(logging.Formatter(f"%(asctime)s [rank {env.rank}] %(levelname)s %(message)s"))
+    # The launcher's logger stamps the time on what reaches it; every rank logs fully to its own file,
+    # only rank 0 (and any rank's warnings) to the launcher.
+    to_stdout = logging.StreamHandler(sys.stdout)
+    to_stdout.setFormatter(logging.Formatter(f"[rank {env.rank}] %(levelname)s %(message)s"))
+    to_stdout.setLevel(logging.INFO if env.is_main else logging.WARNING)
+    for handler in (to_file, to_stdout):
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def warmup_poly_schedule(warmup_steps: int, total_steps: int, power: float = 1.0):
+    """Linear warmup to the base rate, then polynomial decay towards zero at ``total_steps``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return max(0.0, 1.0 - progress) ** power
+
+    return factor
+
+
+def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def train_one_epoch(model, loader, criterion, optimizer, scheduler, device, epoch, params) -> tuple[float, float, float]:
+    """Returns (mean training loss, images/s across all ranks, learning rate the epoch started with)."""
+    model.train()
+    start_lr = optimizer.param_groups[0]["lr"]
+    loss_sum, seen = 0.0, 0
+    started = time.perf_counter()
+    for step, (images, labels) in enumerate(loader, start=1):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        loss = criterion(model(images), labels)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"training loss became {loss.item()} in epoch {epoch + 1}, batch {step}: "
+                f"lower the learning rate (now {params.learning_rate})"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        # .item() is a device sync; once per batch is the price of an exact epoch loss.
+        loss_sum += loss.item() * labels.size(0)
+        seen += labels.size(0)
+        if step % params.print_frequency == 0:
+            logger.info(
+                "epoch %d/%d batch %d/%d loss %.4f lr %.6f",
+                epoch + 1, params.epochs, step, len(loader), loss.item(), optimizer.param_groups[0]["lr"],
+            )  # fmt: skip
+    elapsed = time.perf_counter() - started
+    total_loss, total_seen = _all_reduce_sum([loss_sum, seen], device)
+    return total_loss / max(1, total_seen), total_seen / elapsed, start_lr
+
+
+@torch.inference_mode()
+def evaluate(model, loader, criterion, device, num_classes: int) -> tuple[float, float, float]:
+    """(loss, top-1, top-5) over the whole validation set; each rank scores its own shard."""
+    model.eval()
+    k = min(5, num_classes)
+    sums = [0.0, 0.0, 0.0, 0.0]  # loss, top-1 hits, top-k hits, images
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        logits = model(images)
+        top = logits.topk(k, dim=1).indices
+        sums[0] += criterion(logits, labels).item() * labels.size(0)
+        sums[1] += (top[:, 0] == labels).sum().item()
+        sums[2] += (top == labels[:, None]).any(dim=1).sum().item()
+        sums[3] += labels.size(0)
+    loss, top1, topk, count = _all_reduce_sum(sums, device)
+    return loss / count, top1 / count, topk / count
+
+
+def write_training_log(output: Path, metrics: TrainingMetrics) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(EpochMetrics.model_fields))
+    writer.writeheader()
+    writer.writerows(epoch.model_dump() for epoch in metrics.epochs)
+    write_text_atomic(output / TRAINING_LOG_FILE, buffer.getvalue())
+    write_text_atomic(output / METRICS_FILE, metrics.model_dump_json(indent=2))
+
+
+def main(args: argparse.Namespace) -> TrainingMetrics:
+    params: TrainingParams = params_from_flags(args)
+    env = DistributedEnv.from_environ()
+    output = Path(args.output)
+    setup_logging(output, env)
+
+    use_cuda = params.device == "cuda" or (params.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.cuda.set_device(env.local_rank)
+        device = torch.device("cuda", env.local_rank)
+    else:
+        device = torch.device("cpu")
+    if env.world_size > 1:
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    logger.info(
+        "rank %d/%d on %s (%s), restart %d, torch %s",
+        env.rank, env.world_size, device, dist.get_backend() if dist.is_initialized() else "single process",
+        env.restart_count, torch.__version__,
+    )  # fmt: skip
+
+    train_dir, val_dir = ImageDirectory(args.train), ImageDirectory(args.validation)
+    if train_dir.classes != val_dir.classes:
+        raise InvalidDatasetError(f"train classes {train_dir.classes} differ from validation {val_dir.classes}")
+    classes = train_dir.classes
+    spec = read_model_spec(args.model_spec)
+    image_size = params.image_size or choose_image_size(train_dir.median_side())
+    trained_spec = TrainedModelSpec(**spec.model_dump(), num_classes=len(classes), image_size=image_size)
+
+    torch.manual_seed(params.random_seed)
+    model = build_model(spec, len(classes)).to(device)
+    ddp_model = DistributedDataParallel(model, device_ids=[env.local_rank] if use_cuda else None) if dist.is_initialized() else model
+
+    workers = params.data_workers
+    if workers is None:
+        workers = min(4, max(0, (os.cpu_count() or 1) // (env.world_size if not use_cuda else 1) - 1))
+    train_set = ImageFiles(train_dir.samples(), train_transform(image_size, trained_spec.mean, trained_spec.std))
+    val_set = ImageFiles(val_dir.samples(), eval_transform(image_size, trained_spec.mean, trained_spec.std))
+    sampler = DistributedSampler(train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed)
+    loader_options = {"num_workers": workers, "pin_memory": use_cuda, "persistent_workers": workers > 0}
+    train_loader = DataLoader(train_set, batch_size=params.batch_size, sampler=sampler, drop_last=False, **loader_options)
+    # A strided shard per rank covers every validation image exactly once (DistributedSampler would pad).
+    val_shard = Subset(val_set, range(env.rank, len(val_set), env.world_size))
+    val_loader = DataLoader(val_shard, batch_size=params.batch_size * 2, **loader_options)
+
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(
+        model.parameters(),
+        lr=params.learning_rate * env.world_size,
+        momentum=params.momentum,
+        nesterov=True,
+        weight_decay=params.weight_decay,
+    )
+    steps = len(train_loader)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_poly_schedule(params.warmup_epochs * steps, params.epochs * steps)
+    )
+
+    metrics = TrainingMetrics(world_size=env.world_size)
+    best_val_loss, epochs_without_improvement = math.inf, 0
+    checkpoint_path = output / CHECKPOINT_FILE
+    if checkpoint_path.is_file():
+        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+        if checkpoint["classes"] != classes:
+            raise InvalidDatasetError(
+                f"{checkpoint_path} was trained on classes {checkpoint['classes']}, the data now has {classes}: "
+                "use a new output directory"
+            )
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        metrics = TrainingMetrics.model_validate(checkpoint["metrics"])
+        best_val_loss = checkpoint["best_val_loss"]
+        epochs_without_improvement = checkpoint["epochs_without_improvement"]
+        logger.info("resuming from %s after epoch %d", checkpoint_path, checkpoint["epoch"] + 1)
+    start_epoch = len(metrics.epochs)
+
+    if env.is_main:
+        write_text_atomic(output / SPEC_FILE, trained_spec.model_dump_json(indent=2))
+        write_text_atomic(output / CLASSES_FILE, json.dumps(classes, indent=2))
+    logger.info(
+        "training %s on %d images (%d classes) at %d px, validating on %d; batch %d x %d processes, %d loader workers",
+        spec.architecture, len(train_set), len(classes), image_size, len(val_set),
+        params.batch_size, env.world_size, workers,
+    )  # fmt: skip
+
+    for epoch in range(start_epoch, params.epochs):
+        if metrics.stopped_early:
+            break
+        # Seeding per epoch makes a resumed run draw the same batches and crops as an unbroken one.
+        torch.manual_seed(params.random_seed + epoch)
+        sampler.set_epoch(epoch)
+        started = time.perf_counter()
+        train_loss, images_per_s, lr = train_one_epoch(
+            ddp_model, train_loader, criterion, optimizer, scheduler, device, epoch, params
+        )
+        val_loss, top1, top5 = evaluate(model, val_loader, criterion, device, len(classes))
+        record = EpochMetrics(
+            epoch=epoch + 1, lr=lr, train_images_per_s=images_per_s, train_loss=train_loss,
+            val_loss=val_loss, top1=top1, top5=top5, seconds=time.perf_counter() - started,
+        )  # fmt: skip
+        metrics.epochs.append(record)
+        logger.info(
+            "epoch %d/%d train loss %.4f val loss %.4f top-1 %.4f top-5 %.4f (%.0f images/s, %.1f s)",
+            record.epoch, params.epochs, train_loss, val_loss, top1, top5, images_per_s, record.seconds,
+        )  # fmt: skip
+
+        if val_loss < best_val_loss:
+            best_val_loss, epochs_without_improvement = val_loss, 0
+        else:
+            epochs_without_improvement += 1
+        improved = metrics.best_top1 is None or top1 > metrics.best_top1
+        if improved:
+            metrics.best_top1, metrics.best_epoch = top1, record.epoch
+        if epochs_without_improvement >= params.patience and record.epoch < params.epochs:
+            metrics.stopped_early = True
+            logger.info("stopping early: validation loss has not decreased for %d epochs", params.patience)
+
+        if env.is_main:
+            if improved:
+                with atomic_write(output / WEIGHTS_FILE, "wb") as handle:
+                    torch.save(model.state_dict(), handle)
+            write_training_log(output, metrics)
+            with atomic_write(checkpoint_path, "wb") as handle:
+                torch.save(
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "epoch": epoch,
+                        "metrics": metrics.model_dump(),
+                        "best_val_loss": best_val_loss,
+                        "epochs_without_improvement": epochs_without_improvement,
+                        "classes": classes,
+                        "config": {"params": params.model_dump(), "spec": trained_spec.model_dump()},
+                    },
+                    handle,
+                )
+
+    logger.info("done: best top-1 %.4f at epoch %s", metrics.best_top1 or 0.0, metrics.best_epoch)
+    if dist.is_initialized():
+        # Nobody leaves before rank 0 has written the last files.
+        dist.barrier()
+        dist.destroy_process_group()
+    return metrics
+
+
+def run() -> None:
+    args = get_args_parser().parse_args()
+    try:
+        main(args)
+    except BaseException:
+        logger.exception("%s %d", FAILURE_MARKER, DistributedEnv.from_environ().rank)
+        raise
+
+
+if __name__ == "__main__":
+    run()
