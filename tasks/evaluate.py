@@ -41,11 +41,12 @@ def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
     )
     auc = None
     if set(truth) == set(classes):
-        probabilities = scores[[probability_column(c) for c in classes]].to_numpy()
         if len(classes) == 2:
-            auc = float(skm.roc_auc_score(truth == classes[1], probabilities[:, 1]))
+            auc = float(skm.roc_auc_score(truth == classes[1], scores[probability_column(classes[1])]))
         else:
-            auc = float(skm.roc_auc_score(truth, probabilities, multi_class="ovr", labels=classes))
+            ordered = sorted(classes)  # scikit-learn wants the labels, and so the columns, sorted
+            probabilities = scores[[probability_column(c) for c in ordered]].to_numpy()
+            auc = float(skm.roc_auc_score(truth, probabilities, multi_class="ovr", labels=ordered))
     return Evaluation(
         images=len(scores),
         accuracy=float(skm.accuracy_score(truth, predicted)),

@@ -279,6 +279,11 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         train_loss, images_per_s, lr = train_one_epoch(
             ddp_model, train_loader, criterion, optimizer, scheduler, device, epoch, params
         )
+        if dist.is_initialized():
+            # Each rank's last forward pass moved its own BatchNorm statistics: evaluate (and save)
+            # rank 0's on every rank, so the figures describe exactly the weights written to model.pt.
+            for buffer in model.buffers():
+                dist.broadcast(buffer, src=0)
         val_loss, top1, top5 = evaluate(model, val_loader, criterion, device, len(classes))
         record = EpochMetrics(
             epoch=epoch + 1, lr=lr, train_images_per_s=images_per_s, train_loss=train_loss,

@@ -1,0 +1,104 @@
+"""Fixtures that write small real images, and a real (temporary) Prefect server for flow tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from PIL import Image  # noqa: E402
+
+# Colours far apart, so that a couple of epochs on a dozen images learn them.
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
+
+
+def write_image(path: Path, rgb: tuple[int, int, int], size: int = 16, seed: int = 0, fmt: str | None = None) -> Path:
+    """A real image file: a solid colour with noise, so no two files are equal."""
+    rng = np.random.default_rng(seed)
+    pixels = np.clip(np.array(rgb)[None, None, :] + rng.integers(-25, 25, (size, size, 3)), 0, 255).astype(np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels, mode="RGB").save(path, format=fmt)
+    return path
+
+
+def write_class_folders(root: Path, per_class: int, classes=tuple(COLOURS), seed: int = 0, ext: str = ".png") -> Path:
+    for c, name in enumerate(classes):
+        for i in range(per_class):
+            write_image(root / name / f"{name}_{i}{ext}", COLOURS[name], seed=seed * 1000 + c * 100 + i)
+    return root
+
+
+def run_worker(*args: str, processes: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A real torchrun launch of the training worker (Gloo on CPU)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+               "-m", "tasks.training.worker", *args]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+@pytest.fixture
+def colour_source(tmp_path: Path) -> Path:
+    """A class-per-folder source: 3 colour classes x 6 PNG images."""
+    return write_class_folders(tmp_path / "source", per_class=6)
+
+
+@pytest.fixture(scope="session")
+def colour_image_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    """Converted (train, validation) ImageDirectories of the colour classes."""
+    from tasks import convert_to_image_directory
+
+    base = tmp_path_factory.mktemp("colours")
+    train = convert_to_image_directory(write_class_folders(base / "src-train", 8, seed=1), base / "train").root
+    val = convert_to_image_directory(write_class_folders(base / "src-val", 4, seed=2), base / "validation").root
+    return train, val
+
+
+@pytest.fixture(scope="session")
+def resnet_spec(tmp_path_factory) -> Path:
+    from tasks.model import create_model_directory
+    from tasks.model_directory import ModelSpec
+
+    return create_model_directory(tmp_path_factory.mktemp("spec"), ModelSpec(architecture="resnet18"))
+
+
+@pytest.fixture(scope="session")
+def trained_model(tmp_path_factory, colour_image_dirs, resnet_spec) -> Path:
+    """A ModelDirectory trained for real by torchrun with 2 processes (2 epochs)."""
+    train, val = colour_image_dirs
+    output = tmp_path_factory.mktemp("trained") / "model"
+    result = run_worker("--train", str(train), "--validation", str(val), "--model-spec", str(resnet_spec),
+                        "--output", str(output), "--epochs", "2", "--learning-rate", "0.01", "--batch-size", "4")  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    return output
+
+
+@pytest.fixture(scope="session")
+def digits_subset(tmp_path_factory) -> tuple[Path, Path]:
+    """The bundled digits, cut to 30 training and 10 validation images per class."""
+    from tasks.datasets import export_digits
+
+    base = tmp_path_factory.mktemp("digits")
+    train, val = export_digits(base / "full")
+    subsets = []
+    for split, keep in ((train, 30), (val, 10)):
+        target = base / "digits" / split.name
+        for class_dir in sorted(split.iterdir()):
+            for image in sorted(class_dir.iterdir())[:keep]:
+                (target / class_dir.name).mkdir(parents=True, exist_ok=True)
+                shutil.copy(image, target / class_dir.name / image.name)
+        subsets.append(target)
+    return subsets[0], subsets[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """A real Prefect server on a temporary SQLite database, for the flow tests."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -1,0 +1,72 @@
+"""End to end: the real flow on a real (temporary) Prefect server, with a real 2-process torchrun."""
+
+import asyncio
+
+import pytest
+from prefect.client.orchestration import get_client
+
+from flows.pipeline import train_pipeline
+from tasks import InvalidDatasetError
+from tasks.model_directory import ModelDirectory, ModelSpec
+from tasks.registry import list_versions, read_registration
+from tasks.training.config import TrainingParams
+from tests.conftest import write_class_folders
+
+STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "model-spec", "training-progress",
+                   "training-metrics", "scores", "evaluation", "registered-model"}  # fmt: skip
+
+
+async def artifact_keys_and_task_runs(flow_run_id):
+    from prefect.client.schemas.filters import (
+        ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId, TaskRunFilter,
+    )  # fmt: skip
+    from prefect.client.schemas.sorting import ArtifactSort, TaskRunSort
+
+    # Every filter and limit spelled out: this server (prefect 3.8.8, fastapi 0.154) answers 422 to the
+    # nulls the client sends for the ones left out.
+    runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+    async with get_client() as client:
+        artifacts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])),
+            flow_run_filter=runs, task_run_filter=TaskRunFilter(), limit=100, sort=ArtifactSort.CREATED_DESC,
+        )  # fmt: skip
+        task_runs = await client.read_task_runs(
+            flow_run_filter=runs, task_run_filter=TaskRunFilter(), limit=100, sort=TaskRunSort.EXPECTED_START_TIME_DESC
+        )
+    return {a.key for a in artifacts}, task_runs
+
+
+def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset, tmp_path):
+    train, val = digits_subset
+    training = TrainingParams(epochs=4, processes_per_node=2, learning_rate=0.002)
+    result = train_pipeline(
+        train_data=str(train), validation_data=str(val), model=ModelSpec(architecture="resnet18"),
+        training=training, registry=str(tmp_path / "registry"), work_dir=str(tmp_path / "runs"),
+    )  # fmt: skip
+
+    assert result.model_name == "digits-resnet18" and result.version == 1
+    assert list_versions(tmp_path / "registry", "digits-resnet18") == [1]
+    registration = read_registration(tmp_path / "registry", "digits-resnet18", 1)
+    assert registration.params["training"] == training.model_dump()
+    assert registration.datasets["train"].images == 300 and registration.datasets["validation"].images == 100
+    assert registration.flow_run_id
+
+    # Sensible, not lucky: ten classes from 300 images in four epochs, far above chance (0.1).
+    assert result.evaluation.images == 100 and result.evaluation.accuracy >= 0.7
+    assert result.top1 == pytest.approx(result.evaluation.accuracy)
+    assert ModelDirectory(result.location).classes == [str(d) for d in range(10)]
+    assert "Registered digits-resnet18 version 1" in result.summary()
+
+    keys, task_runs = asyncio.run(artifact_keys_and_task_runs(registration.flow_run_id))
+    assert STAGE_ARTIFACTS <= keys
+    assert {t.state.type.value for t in task_runs} == {"COMPLETED"}
+
+
+def test_mismatched_classes_fail_validation_without_retry_or_training(prefect_server, tmp_path):
+    train = write_class_folders(tmp_path / "train", 3, classes=("red", "green"))
+    val = write_class_folders(tmp_path / "val", 3, classes=("red", "blue"))
+    with pytest.raises(InvalidDatasetError, match="only in training \\['green'\\]"):
+        train_pipeline(train_data=str(train), validation_data=str(val), registry=str(tmp_path / "registry"),
+                       work_dir=str(tmp_path / "runs"))  # fmt: skip
+    assert not (tmp_path / "registry").exists()
+    assert not list((tmp_path / "runs").glob("*/model"))

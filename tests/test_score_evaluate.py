@@ -1,0 +1,73 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from tasks import ImageDirectory, InvalidDatasetError, ModelDirectory, NotLabeledDatasetError
+from tasks import convert_to_image_directory
+from tasks.evaluate import evaluate_scores, evaluation_markdown
+from tasks.score import read_scores, score_images
+from tests.conftest import COLOURS, write_class_folders, write_image
+
+
+def test_scores_table_has_azure_columns_and_probabilities(trained_model, colour_image_dirs):
+    _, val = colour_image_dirs
+    table = score_images(ModelDirectory(trained_model), ImageDirectory(val))
+    classes = sorted(COLOURS)
+    assert list(table.columns) == ["image", "Scored Labels", *[f"Scored Probabilities_{c}" for c in classes], "label"]
+    assert len(table) == 12
+    probabilities = table[[f"Scored Probabilities_{c}" for c in classes]].to_numpy()
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+    assert (table["Scored Labels"] == [classes[i] for i in probabilities.argmax(axis=1)]).all()
+    assert set(table["label"]) == set(classes)
+
+
+def test_unlabeled_images_score_without_label_column(trained_model, tmp_path):
+    for i in range(5):
+        write_image(tmp_path / "flat" / f"{i}.png", COLOURS["green"], seed=i)
+    images = convert_to_image_directory(tmp_path / "flat", tmp_path / "out")
+    table = score_images(ModelDirectory(trained_model), images)
+    assert "label" not in table.columns and len(table) == 5
+    with pytest.raises(NotLabeledDatasetError):
+        evaluate_scores(table)
+
+
+def test_images_with_classes_the_model_never_saw_are_refused(trained_model, tmp_path):
+    write_class_folders(tmp_path / "src", 2, classes=("red",))
+    write_image(tmp_path / "src" / "purple" / "p.png", (150, 0, 150))
+    images = convert_to_image_directory(tmp_path / "src", tmp_path / "out")
+    with pytest.raises(InvalidDatasetError, match="purple"):
+        score_images(ModelDirectory(trained_model), images)
+
+
+def scores(labels, predicted, classes=("cat", "dog", "cow")):
+    table = pd.DataFrame({"image": [f"{i}.png" for i in range(len(labels))], "Scored Labels": predicted})
+    for c in classes:
+        table[f"Scored Probabilities_{c}"] = [0.8 if p == c else 0.1 for p in predicted]
+    table["label"] = labels
+    return table
+
+
+def test_evaluation_figures_and_confusion_matrix():
+    labels = ["cat", "cat", "dog", "dog", "cow", "cow"]
+    predicted = ["cat", "dog", "dog", "dog", "cow", "cat"]
+    evaluation = evaluate_scores(scores(labels, predicted))
+    assert evaluation.accuracy == pytest.approx(4 / 6)
+    assert evaluation.classes == ["cat", "dog", "cow"]
+    assert evaluation.confusion_matrix == [[1, 1, 0], [0, 2, 0], [1, 0, 1]]
+    # precision cat 1/2, dog 2/3, cow 1; recall cat 1/2, dog 1, cow 1/2
+    assert evaluation.precision_macro == pytest.approx((0.5 + 2 / 3 + 1) / 3)
+    assert evaluation.recall_macro == pytest.approx((0.5 + 1 + 0.5) / 3)
+    assert 0.5 < evaluation.auc_ovr <= 1
+    assert "| **cow** | 1 | 0 | 1 |" in evaluation_markdown(evaluation)
+
+
+def test_auc_is_absent_when_a_class_has_no_images():
+    evaluation = evaluate_scores(scores(["cat", "dog"], ["cat", "dog"]))
+    assert evaluation.auc_ovr is None and evaluation.accuracy == 1.0
+
+
+def test_scores_csv_keeps_class_names_as_text(tmp_path):
+    table = scores(["01", "2"], ["01", "01"], classes=("01", "2"))
+    table.to_csv(tmp_path / "s.csv", index=False)
+    evaluation = evaluate_scores(read_scores(tmp_path / "s.csv"))
+    assert evaluation.classes == ["01", "2"] and evaluation.accuracy == 0.5

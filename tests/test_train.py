@@ -1,0 +1,133 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tasks import PipelineInputError, TrainingFailedError
+from tasks.model import create_model_directory
+from tasks.model_directory import (
+    CHECKPOINT_FILE,
+    MODEL_FILES,
+    ModelDirectory,
+    ModelSpec,
+    driver_log_path,
+)
+from tasks.train import build_torchrun_command, run_training, worker_environment
+from tasks.training.config import TrainingParams, params_from_flags
+from tasks.training.worker import get_args_parser, warmup_poly_schedule
+from tests.conftest import run_worker
+
+DIRS = {"train_dir": "/d/train", "validation_dir": "/d/val", "model_spec_dir": "/d/spec", "output_dir": "/d/model"}
+
+
+def test_single_node_command_is_standalone_torchrun_of_the_worker():
+    command = build_torchrun_command(**DIRS, params=TrainingParams(processes_per_node=2), python="py")
+    assert command[:3] == ["py", "-m", "torch.distributed.run"]
+    assert command[command.index("--nproc-per-node") + 1] == "2"
+    assert command[command.index("--nnodes") + 1] == "1"
+    assert "--standalone" in command and "--rdzv-backend" not in command
+    worker = command.index("-m", 3)
+    assert command[worker + 1] == "tasks.training.worker"
+    assert command[command.index("--output") + 1] == "/d/model"
+
+
+def test_multi_node_command_uses_c10d_rendezvous():
+    params = TrainingParams(nodes=2, rendezvous_endpoint="10.0.0.1:29400", max_restarts=3)
+    command = build_torchrun_command(**DIRS, params=params, run_id="run-7")
+    assert "--standalone" not in command
+    assert command[command.index("--rdzv-backend") + 1] == "c10d"
+    assert command[command.index("--rdzv-endpoint") + 1] == "10.0.0.1:29400"
+    assert command[command.index("--rdzv-id") + 1] == "run-7"
+    assert command[command.index("--max-restarts") + 1] == "3"
+
+
+def test_multi_node_without_endpoint_is_refused_before_launch():
+    with pytest.raises(PipelineInputError, match="rendezvous_endpoint"):
+        build_torchrun_command(**DIRS, params=TrainingParams(nodes=2))
+
+
+def test_worker_flags_round_trip_to_the_same_params():
+    params = TrainingParams(epochs=7, learning_rate=0.05, image_size=48, device="cpu", processes_per_node=2)
+    command = build_torchrun_command(**DIRS, params=params)
+    args = get_args_parser().parse_args(command[command.index("tasks.training.worker") + 1 :])
+    assert params_from_flags(args) == params
+
+
+def test_defaults_are_the_azure_components():
+    p = TrainingParams()
+    assert (p.epochs, p.batch_size, p.warmup_epochs, p.learning_rate, p.random_seed, p.patience, p.print_frequency,
+            p.nodes, p.processes_per_node) == (5, 16, 0, 0.001, 1, 3, 10, 1, 1)  # fmt: skip
+    with pytest.raises(ValueError):
+        TrainingParams(epochs=0)
+
+
+def test_environment_shares_cpu_threads_and_makes_the_project_importable():
+    env = worker_environment(TrainingParams(processes_per_node=2), base={"PATH": "/bin"})
+    assert env["OMP_NUM_THREADS"] == str(max(1, (__import__("os").cpu_count() or 1) // 2))
+    assert env["PYTHONUNBUFFERED"] == "1" and env["PYTHONPATH"]
+
+
+def test_warmup_then_polynomial_decay():
+    factor = warmup_poly_schedule(warmup_steps=4, total_steps=12)
+    assert [factor(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert factor(4) == 1.0 and factor(8) == 0.5 and factor(12) == 0.0
+
+
+def test_worker_imports_no_prefect():
+    code = "import sys, tasks.training.worker; sys.exit('prefect' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_trained_model_directory_is_complete(trained_model, colour_image_dirs):
+    model_dir = ModelDirectory(trained_model)
+    assert all((trained_model / name).is_file() for name in MODEL_FILES)
+    assert model_dir.classes == ["blue", "green", "red"] and model_dir.spec.num_classes == 3
+    assert model_dir.spec.image_size == 32  # 16 px images round up to the 32 px minimum
+    metrics = model_dir.metrics()
+    assert [e.epoch for e in metrics.epochs] == [1, 2] and metrics.world_size == 2
+    assert metrics.best_top1 == max(e.top1 for e in metrics.epochs)
+    for epoch in metrics.epochs:
+        assert epoch.lr > 0 and epoch.train_images_per_s > 0 and 0 <= epoch.top1 <= epoch.top5 <= 1
+    state = torch.load(model_dir.weights_path, weights_only=True)
+    assert state["fc.weight"].shape == (3, 512)
+    for rank in (0, 1):
+        assert "training resnet18 on 24 images" in driver_log_path(trained_model, rank).read_text()
+    header = (trained_model / "training_log.csv").read_text().splitlines()[0]
+    assert header == "epoch,lr,train_images_per_s,train_loss,val_loss,top1,top5,seconds"
+
+
+def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs, resnet_spec):
+    train, val = colour_image_dirs
+    args = ["--train", str(train), "--validation", str(val), "--model-spec", str(resnet_spec),
+            "--output", str(tmp_path / "model"), "--batch-size", "8", "--learning-rate", "0.01"]  # fmt: skip
+    first = run_worker(*args, "--epochs", "1")
+    assert first.returncode == 0, first.stderr
+    checkpoint = torch.load(tmp_path / "model" / CHECKPOINT_FILE, weights_only=True)
+    assert checkpoint["epoch"] == 0 and checkpoint["config"]["params"]["epochs"] == 1
+
+    second = run_worker(*args, "--epochs", "2")
+    assert second.returncode == 0, second.stderr
+    assert "resuming from" in second.stdout and "after epoch 1" in second.stdout
+    metrics = json.loads((tmp_path / "model" / "metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+
+
+def test_failing_worker_raises_typed_error_with_rank_and_log_tail(tmp_path, colour_image_dirs):
+    train, val = colour_image_dirs
+    weights = tmp_path / "resnet18.pth"
+    weights.write_bytes(b"these bytes are not a state dict")
+    spec_dir = create_model_directory(tmp_path / "spec", ModelSpec(pretrained=True, weights_path=str(weights)))
+    params = TrainingParams(epochs=1, processes_per_node=2, device="cpu")
+    command = build_torchrun_command(
+        train_dir=train, validation_dir=val, model_spec_dir=spec_dir, output_dir=tmp_path / "model", params=params
+    )
+    lines = []
+    with pytest.raises(TrainingFailedError) as error:
+        run_training(command, tmp_path / "model", worker_environment(params), log=lines.append)
+    failure = error.value
+    assert failure.returncode != 0 and failure.rank in (0, 1)
+    assert "TRAINING FAILED on rank" in failure.log_tail and "Traceback" in failure.log_tail
+    assert f"driver_log_{failure.rank}.txt" in str(failure)
+    assert any("torch.distributed.run" in line or "rank" in line for line in lines)

@@ -1,0 +1,84 @@
+import json
+
+import pytest
+
+from tasks import (
+    InvalidDatasetError,
+    InvalidModelDirectoryError,
+    NotLabeledDatasetError,
+    convert_to_image_directory,
+)
+from tasks.model import create_model_directory
+from tasks.model_directory import ModelDirectory, ModelSpec, read_model_spec
+from tasks.validate import check_training_data
+from tests.conftest import write_class_folders, write_image
+
+
+def convert(source, out):
+    return convert_to_image_directory(source, out)
+
+
+def test_matching_labeled_sets_pass_with_a_report(tmp_path):
+    train = convert(write_class_folders(tmp_path / "t", 4), tmp_path / "train")
+    val = convert(write_class_folders(tmp_path / "v", 2, seed=1), tmp_path / "val")
+    report = check_training_data(train, val)
+    assert report.classes == ["blue", "green", "red"]
+    assert report.train_counts == {"blue": 4, "green": 4, "red": 4} and report.imbalance_ratio == 1.0
+
+
+def test_unlabeled_training_data_raises_not_labeled(tmp_path):
+    for i in range(3):
+        write_image(tmp_path / "flat" / f"{i}.png", (0, 0, 0), seed=i)
+    train = convert(tmp_path / "flat", tmp_path / "train")
+    val = convert(write_class_folders(tmp_path / "v", 2), tmp_path / "val")
+    with pytest.raises(NotLabeledDatasetError, match="training data .* is not labeled"):
+        check_training_data(train, val)
+
+
+def test_different_class_sets_name_the_differences(tmp_path):
+    train = convert(write_class_folders(tmp_path / "t", 2, classes=("red", "green")), tmp_path / "train")
+    val = convert(write_class_folders(tmp_path / "v", 2, classes=("red", "blue")), tmp_path / "val")
+    with pytest.raises(InvalidDatasetError) as error:
+        check_training_data(train, val)
+    assert "only in training ['green']" in str(error.value)
+    assert "only in validation ['blue']" in str(error.value)
+
+
+def test_a_single_class_cannot_train_a_classifier(tmp_path):
+    train = convert(write_class_folders(tmp_path / "t", 3, classes=("red",)), tmp_path / "train")
+    val = convert(write_class_folders(tmp_path / "v", 3, classes=("red",)), tmp_path / "val")
+    with pytest.raises(InvalidDatasetError, match="at least two"):
+        check_training_data(train, val)
+
+
+def test_model_directory_without_spec_is_invalid(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "weights.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(InvalidModelDirectoryError, match="model_spec.json is missing"):
+        read_model_spec(tmp_path / "model")
+    with pytest.raises(InvalidModelDirectoryError, match="does not exist"):
+        read_model_spec(tmp_path / "missing")
+
+
+def test_model_spec_with_unknown_architecture_is_invalid(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model_spec.json").write_text(json.dumps({"architecture": "vgg16"}))
+    with pytest.raises(InvalidModelDirectoryError, match="architecture"):
+        read_model_spec(tmp_path / "model")
+
+
+def test_pretrained_spec_whose_weights_file_is_missing_is_invalid(tmp_path):
+    spec = ModelSpec(architecture="densenet121", pretrained=True, weights_path=str(tmp_path / "densenet121.pth"))
+    with pytest.raises(InvalidModelDirectoryError, match="densenet121.pth, which does not exist"):
+        create_model_directory(tmp_path / "model", spec)
+
+
+def test_untrained_directory_is_not_a_trained_model(resnet_spec):
+    with pytest.raises(InvalidModelDirectoryError, match="trained model directory"):
+        ModelDirectory(resnet_spec)
+
+
+def test_family_options_are_checked():
+    with pytest.raises(ValueError, match="memory_efficient applies to DenseNets"):
+        ModelSpec(architecture="resnet18", memory_efficient=True)
+    assert ModelSpec(architecture="wide_resnet50_2", zero_init_residual=True).zero_init_residual
