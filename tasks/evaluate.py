@@ -94,16 +94,21 @@ def evaluation_markdown(evaluation: Evaluation) -> str:
 
 
 # --- Prefect task -------------------------------------------------------------------------------
+from pathlib import Path  # noqa: E402
+
 from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
+from tasks.plots import plot_confusion_matrix  # noqa: E402
 from tasks.score import read_scores  # noqa: E402
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate(scores_csv: str) -> Evaluation:
-    """Artifact ``evaluation``: figures, per-class report and confusion matrix."""
+    """Artifact ``evaluation``: figures, per-class report and confusion matrix (also drawn beside the CSV)."""
     evaluation = evaluate_scores(read_scores(scores_csv))
-    create_markdown_artifact(key="evaluation", markdown=evaluation_markdown(evaluation))
+    picture = Path(scores_csv).with_name("confusion_matrix.png")
+    plot_confusion_matrix(evaluation.confusion_matrix, evaluation.classes, picture)
+    create_markdown_artifact(key="evaluation", markdown=evaluation_markdown(evaluation) + f"\nPicture: `{picture}`\n")
     return evaluation

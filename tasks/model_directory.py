@@ -13,6 +13,7 @@ ModelDirectory (output of training; enough to score with no other input)::
     <root>/training_log.csv       the per-epoch figures as a table
     <root>/logs/driver_log_<rank>.txt
     <root>/checkpoints/last.pt    resume state, written after every epoch
+    <root>/training_curves.png    loss and accuracy by epoch (drawn by the launcher)
 
 This module imports neither torch nor Prefect: the launcher, the worker and the registry share it.
 """
@@ -36,6 +37,7 @@ METRICS_FILE = "metrics.json"
 TRAINING_LOG_FILE = "training_log.csv"
 LOGS_DIR = "logs"
 CHECKPOINT_FILE = "checkpoints/last.pt"
+TRAINING_CURVES_FILE = "training_curves.png"
 # Files a registered version carries (logs and checkpoints stay with the training run).
 MODEL_FILES = (WEIGHTS_FILE, SPEC_FILE, CLASSES_FILE, METRICS_FILE, TRAINING_LOG_FILE)
 

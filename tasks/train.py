@@ -19,7 +19,14 @@ from pathlib import Path
 
 import tasks
 from tasks.errors import PipelineInputError, TrainingFailedError
-from tasks.model_directory import FAILURE_MARKER, LOGS_DIR, METRICS_FILE, ModelDirectory, TrainingMetrics
+from tasks.model_directory import (
+    FAILURE_MARKER,
+    LOGS_DIR,
+    METRICS_FILE,
+    TRAINING_CURVES_FILE,
+    ModelDirectory,
+    TrainingMetrics,
+)
 from tasks.training.config import TrainingParams, training_flags
 
 WORKER_MODULE = "tasks.training.worker"
@@ -151,6 +158,7 @@ from prefect import get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
+from tasks.plots import plot_training_curves  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 
 
@@ -173,10 +181,12 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
     model_dir = run_training(command, output_dir, worker_environment(params), log=logger.info, on_metrics=on_metrics)
     metrics = model_dir.metrics()
     update_progress_artifact(progress, 100.0)
+    plot_training_curves(metrics, model_dir.root / TRAINING_CURVES_FILE)
     create_table_artifact(
         key="training-metrics",
         table=[epoch.model_dump() for epoch in metrics.epochs],
         description=f"best top-1 {metrics.best_top1:.4f} at epoch {metrics.best_epoch}"
-        + (" (stopped early)" if metrics.stopped_early else ""),
+        + (" (stopped early)" if metrics.stopped_early else "")
+        + f"; curves in {model_dir.root / TRAINING_CURVES_FILE}",
     )
     return str(model_dir.root)

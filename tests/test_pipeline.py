@@ -1,6 +1,7 @@
 """End to end: the real flow on a real (temporary) Prefect server, with a real 2-process torchrun."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -56,6 +57,8 @@ def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset,
     assert result.top1 == pytest.approx(result.evaluation.accuracy)
     assert ModelDirectory(result.location).classes == [str(d) for d in range(10)]
     assert "Registered digits-resnet18 version 1" in result.summary()
+    assert (Path(result.run_dir) / "confusion_matrix.png").stat().st_size > 0
+    assert (Path(result.run_dir) / "model" / "training_curves.png").stat().st_size > 0
 
     keys, task_runs = asyncio.run(artifact_keys_and_task_runs(registration.flow_run_id))
     assert STAGE_ARTIFACTS <= keys

@@ -1,0 +1,45 @@
+"""Pictures for people: training curves and confusion matrices, as PNG files (matplotlib, no display)."""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from sklearn.metrics import ConfusionMatrixDisplay  # noqa: E402
+
+from tasks.model_directory import TrainingMetrics  # noqa: E402
+
+
+def plot_training_curves(metrics: TrainingMetrics, path: str | os.PathLike[str]) -> None:
+    epochs = [e.epoch for e in metrics.epochs]
+    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
+    loss_axes.plot(epochs, [e.train_loss for e in metrics.epochs], marker="o", label="training")
+    loss_axes.plot(epochs, [e.val_loss for e in metrics.epochs], marker="o", label="validation")
+    loss_axes.set(title="Loss", xlabel="epoch", ylabel="cross-entropy")
+    loss_axes.legend()
+    accuracy_axes.plot(epochs, [e.top1 for e in metrics.epochs], marker="o", label="top-1")
+    accuracy_axes.plot(epochs, [e.top5 for e in metrics.epochs], marker="o", label="top-5")
+    accuracy_axes.set(title="Validation accuracy", xlabel="epoch", ylim=(0, 1.02))
+    accuracy_axes.legend()
+    for axes in (loss_axes, accuracy_axes):
+        axes.set_xticks(epochs)
+        axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def plot_confusion_matrix(matrix: list[list[int]], classes: list[str], path: str | os.PathLike[str]) -> None:
+    size = min(14, 3 + 0.5 * len(classes))
+    figure, axes = plt.subplots(figsize=(size, size))
+    ConfusionMatrixDisplay(confusion_matrix=np.array(matrix), display_labels=classes).plot(
+        ax=axes, cmap="Blues", colorbar=False, xticks_rotation=45 if max(map(len, classes)) > 3 else "horizontal"
+    )
+    axes.set_title("Confusion matrix (rows: true class)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
