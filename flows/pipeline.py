@@ -64,6 +64,7 @@ def train_pipeline(
     registry: Annotated[str, Field(description="registry folder")] = "registry",
     work_dir: Annotated[str, Field(description="folder for each run's data, model, logs and scores")] = "runs",
 ) -> PipelineResult:
+    """Train an image classifier from class-per-folder images and register it (default: the bundled digits)."""
     # Named after the flow run, so that a retried run finds its checkpoints again.
     run_dir = Path(work_dir).resolve() / f"{flow_run.get_name()}-{flow_run.get_id()[:8]}"
     train_source, validation_source = sources(train_data, validation_data, work_dir)

@@ -1,0 +1,1 @@
+"""Prefect flows: they compose the stages in tasks/ and hold no logic of their own."""
