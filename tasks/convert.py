@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from PIL import Image
 
 from tasks.errors import InvalidDatasetError
-from tasks.fileio import sha256_file
+from tasks.fileio import sha256_file, staged_directory
 from tasks.image_directory import (
     IMAGE_EXTENSIONS,
     MANIFEST_NAME,
@@ -148,9 +148,7 @@ def convert_to_image_directory(
     if not source.exists():
         raise InvalidDatasetError(f"source {source} does not exist")
     _check_locations(source, output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.staging-"))
-    try:
+    with staged_directory(output) as staging:
         with opened_source(source) as unpacked:
             labeled, classes, files, refused = plan_source(find_base_folder(unpacked))
             # Decoding and hashing are I/O and C code that release the GIL: threads overlap them.
@@ -173,12 +171,6 @@ def convert_to_image_directory(
             quarantined=quarantined,
         )
         ImageDirectory.write(staging, manifest)
-        if output.exists():
-            shutil.rmtree(output)
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return ImageDirectory(output)
 
 

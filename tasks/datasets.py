@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from tasks.errors import InvalidDatasetError
+from tasks.fileio import staged_directory
 
 DIGITS_SPLITS = ("train", "validation")
 _DONE_FILE = "digits.json"
@@ -42,21 +41,13 @@ def export_digits(output: str | Path, validation_fraction: float = 0.2, seed: in
     train_idx, val_idx = train_test_split(
         indices, test_size=validation_fraction, stratify=digits.target, random_state=seed
     )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
-    try:
+    with staged_directory(output) as staging:
         for split, split_idx in zip(DIGITS_SPLITS, (train_idx, val_idx)):
             for i in sorted(split_idx):
                 folder = staging / split / str(digits.target[i])
                 folder.mkdir(parents=True, exist_ok=True)
                 Image.fromarray(pixels[i], mode="L").save(folder / f"digit_{i:04d}.png")
         (staging / _DONE_FILE).write_text(json.dumps(settings, indent=2))
-        if output.exists():
-            shutil.rmtree(output)
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return output / "train", output / "validation"
 
 

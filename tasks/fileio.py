@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,23 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def staged_directory(output: str | os.PathLike[str]) -> Iterator[Path]:
+    """A fresh folder beside ``output`` to fill; on success it replaces ``output`` whole, on failure it
+    is removed, so ``output`` is only ever the old complete folder or the new complete one."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.staging-"))
+    try:
+        yield staging
+        if output.exists():
+            shutil.rmtree(output)
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
         raise
 
 
