@@ -98,8 +98,28 @@ class TrainingMetrics(BaseModel):
     epochs: list[EpochMetrics] = []
     best_epoch: int | None = None
     best_top1: float | None = None
+    lowest_val_loss: float | None = None
+    epochs_without_lower_val_loss: int = 0
     stopped_early: bool = False
     world_size: int = 1
+
+    def add_epoch(self, record: EpochMetrics, *, patience: int, total_epochs: int) -> bool:
+        """Record an epoch; returns whether it has the best top-1 so far (its weights are the ones to keep).
+
+        Early stopping: ``stopped_early`` is set once validation loss has not decreased for ``patience``
+        consecutive epochs (and epochs remain).
+        """
+        self.epochs.append(record)
+        if self.lowest_val_loss is None or record.val_loss < self.lowest_val_loss:
+            self.lowest_val_loss, self.epochs_without_lower_val_loss = record.val_loss, 0
+        else:
+            self.epochs_without_lower_val_loss += 1
+        if self.epochs_without_lower_val_loss >= patience and record.epoch < total_epochs:
+            self.stopped_early = True
+        best = self.best_top1 is None or record.top1 > self.best_top1
+        if best:
+            self.best_top1, self.best_epoch = record.top1, record.epoch
+        return best
 
     @property
     def final(self) -> EpochMetrics | None:

@@ -10,6 +10,8 @@ from tasks.model import create_model_directory
 from tasks.model_directory import (
     CHECKPOINT_FILE,
     MODEL_FILES,
+    EpochMetrics,
+    TrainingMetrics,
     ModelDirectory,
     ModelSpec,
     driver_log_path,
@@ -75,6 +77,23 @@ def test_warmup_then_polynomial_decay():
     assert factor(4) == 1.0 and factor(8) == 0.5 and factor(12) == 0.0
 
 
+def epoch(n, val_loss, top1):
+    return EpochMetrics(epoch=n, lr=0.1, train_images_per_s=1, train_loss=1, val_loss=val_loss, top1=top1, top5=1,
+                        seconds=1)  # fmt: skip
+
+
+def test_early_stopping_after_patience_epochs_without_lower_validation_loss():
+    metrics = TrainingMetrics()
+    bests = [metrics.add_epoch(epoch(n, loss, top1), patience=2, total_epochs=10)
+             for n, loss, top1 in [(1, 0.9, 0.5), (2, 0.5, 0.7), (3, 0.6, 0.8), (4, 0.7, 0.6)]]  # fmt: skip
+    assert bests == [True, True, True, False]
+    assert metrics.stopped_early and metrics.best_epoch == 3 and metrics.lowest_val_loss == 0.5
+    last = TrainingMetrics()
+    for n, loss in enumerate([0.5, 0.6, 0.7], start=1):
+        last.add_epoch(epoch(n, loss, 0.5), patience=2, total_epochs=3)
+    assert not last.stopped_early, "finishing on the last epoch is not stopping early"
+
+
 def test_worker_imports_no_prefect():
     code = "import sys, tasks.training.worker; sys.exit('prefect' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
@@ -105,7 +124,7 @@ def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs
     first = run_worker(*args, "--epochs", "1")
     assert first.returncode == 0, first.stderr
     checkpoint = torch.load(tmp_path / "model" / CHECKPOINT_FILE, weights_only=True)
-    assert checkpoint["epoch"] == 0 and checkpoint["config"]["params"]["epochs"] == 1
+    assert checkpoint["epoch"] == 1 and checkpoint["config"]["params"]["epochs"] == 1
 
     second = run_worker(*args, "--epochs", "2")
     assert second.returncode == 0, second.stderr

@@ -22,7 +22,6 @@ import csv
 import io
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -184,6 +183,36 @@ def write_training_log(output: Path, metrics: TrainingMetrics) -> None:
     write_text_atomic(output / METRICS_FILE, metrics.model_dump_json(indent=2))
 
 
+def save_checkpoint(path: Path, model, optimizer, scheduler, metrics: TrainingMetrics, classes, config) -> None:
+    """Everything a restarted worker needs to continue: weights, optimizer and schedule, metrics so far."""
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "epoch": len(metrics.epochs),
+        "metrics": metrics.model_dump(),
+        "classes": classes,
+        "config": config,
+    }
+    with atomic_write(path, "wb") as handle:
+        torch.save(state, handle)
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler, classes) -> TrainingMetrics | None:
+    """Restore a checkpoint into the model, optimizer and scheduler; None when there is none."""
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state["classes"] != classes:
+        raise InvalidDatasetError(
+            f"{path} was trained on classes {state['classes']}, the data now has {classes}: use a new output directory"
+        )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return TrainingMetrics.model_validate(state["metrics"])
+
+
 def main(args: argparse.Namespace) -> TrainingMetrics:
     params: TrainingParams = params_from_flags(args)
     env = DistributedEnv.from_environ()
@@ -241,23 +270,12 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         optimizer, warmup_poly_schedule(params.warmup_epochs * steps, params.epochs * steps)
     )
 
-    metrics = TrainingMetrics(world_size=env.world_size)
-    best_val_loss, epochs_without_improvement = math.inf, 0
     checkpoint_path = output / CHECKPOINT_FILE
-    if checkpoint_path.is_file():
-        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-        if checkpoint["classes"] != classes:
-            raise InvalidDatasetError(
-                f"{checkpoint_path} was trained on classes {checkpoint['classes']}, the data now has {classes}: "
-                "use a new output directory"
-            )
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
-        metrics = TrainingMetrics.model_validate(checkpoint["metrics"])
-        best_val_loss = checkpoint["best_val_loss"]
-        epochs_without_improvement = checkpoint["epochs_without_improvement"]
-        logger.info("resuming from %s after epoch %d", checkpoint_path, checkpoint["epoch"] + 1)
+    metrics = load_checkpoint(checkpoint_path, model, optimizer, scheduler, classes)
+    if metrics is None:
+        metrics = TrainingMetrics(world_size=env.world_size)
+    else:
+        logger.info("resuming from %s after epoch %d", checkpoint_path, len(metrics.epochs))
     start_epoch = len(metrics.epochs)
 
     if env.is_main:
@@ -289,43 +307,21 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
             epoch=epoch + 1, lr=lr, train_images_per_s=images_per_s, train_loss=train_loss,
             val_loss=val_loss, top1=top1, top5=top5, seconds=time.perf_counter() - started,
         )  # fmt: skip
-        metrics.epochs.append(record)
         logger.info(
             "epoch %d/%d train loss %.4f val loss %.4f top-1 %.4f top-5 %.4f (%.0f images/s, %.1f s)",
             record.epoch, params.epochs, train_loss, val_loss, top1, top5, images_per_s, record.seconds,
         )  # fmt: skip
 
-        if val_loss < best_val_loss:
-            best_val_loss, epochs_without_improvement = val_loss, 0
-        else:
-            epochs_without_improvement += 1
-        improved = metrics.best_top1 is None or top1 > metrics.best_top1
-        if improved:
-            metrics.best_top1, metrics.best_epoch = top1, record.epoch
-        if epochs_without_improvement >= params.patience and record.epoch < params.epochs:
-            metrics.stopped_early = True
+        is_best = metrics.add_epoch(record, patience=params.patience, total_epochs=params.epochs)
+        if metrics.stopped_early:
             logger.info("stopping early: validation loss has not decreased for %d epochs", params.patience)
-
         if env.is_main:
-            if improved:
+            if is_best:
                 with atomic_write(output / WEIGHTS_FILE, "wb") as handle:
                     torch.save(model.state_dict(), handle)
             write_training_log(output, metrics)
-            with atomic_write(checkpoint_path, "wb") as handle:
-                torch.save(
-                    {
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "epoch": epoch,
-                        "metrics": metrics.model_dump(),
-                        "best_val_loss": best_val_loss,
-                        "epochs_without_improvement": epochs_without_improvement,
-                        "classes": classes,
-                        "config": {"params": params.model_dump(), "spec": trained_spec.model_dump()},
-                    },
-                    handle,
-                )
+            save_checkpoint(checkpoint_path, model, optimizer, scheduler, metrics, classes,
+                            config={"params": params.model_dump(), "spec": trained_spec.model_dump()})  # fmt: skip
 
     logger.info("done: best top-1 %.4f at epoch %s", metrics.best_top1 or 0.0, metrics.best_epoch)
     if dist.is_initialized():
