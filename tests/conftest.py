@@ -102,3 +102,54 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real HTTP S3 endpoint on loopback: moto's server mode in its own process (not in-process patching)."""
+    import time
+    import urllib.request
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError(f"moto server did not start on {url}")
+            time.sleep(0.2)
+    yield url
+    server.terminate()
+    server.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint, monkeypatch):
+    """An empty bucket on the loopback endpoint, with AWS_ENDPOINT_URL and test credentials set."""
+    import uuid
+
+    from tasks.storage import s3_client
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    name = f"bucket-{uuid.uuid4().hex[:12]}"
+    s3_client().create_bucket(Bucket=name)
+    return name
