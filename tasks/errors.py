@@ -28,6 +28,14 @@ class InvalidModelNameError(PipelineInputError):
     """A registry model name or reference is malformed."""
 
 
+class ModelNotFoundError(PipelineInputError):
+    """A registry reference names a model, version or alias that does not exist."""
+
+
+class OnnxMismatchError(PipelineInputError):
+    """The exported ONNX model does not reproduce PyTorch's outputs: exporting again cannot help."""
+
+
 class TrainingFailedError(RuntimeError):
     """The torchrun worker exited with a non-zero status.
 

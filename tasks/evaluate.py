@@ -25,10 +25,17 @@ class Evaluation(BaseModel):
     precision_macro: float
     recall_macro: float
     f1_macro: float
+    precision_weighted: float
+    recall_weighted: float
+    f1_weighted: float
     auc_ovr: float | None  # None when some class has no images in the table
     classes: list[str]
     confusion_matrix: list[list[int]]  # rows: true class, columns: predicted class
     per_class: list[ClassReport]
+
+    def figures(self) -> dict[str, float | int | None]:
+        """The scalar figures (what a registration records and a comparison shows)."""
+        return self.model_dump(exclude={"per_class", "confusion_matrix", "classes"})
 
 
 def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
@@ -39,6 +46,7 @@ def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
     precision, recall, f1, support = skm.precision_recall_fscore_support(
         truth, predicted, labels=classes, zero_division=0
     )
+    weighted = skm.precision_recall_fscore_support(truth, predicted, labels=classes, average="weighted", zero_division=0)
     auc = None
     if set(truth) == set(classes):
         if len(classes) == 2:
@@ -53,6 +61,9 @@ def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
         precision_macro=float(np.mean(precision)),
         recall_macro=float(np.mean(recall)),
         f1_macro=float(np.mean(f1)),
+        precision_weighted=float(weighted[0]),
+        recall_weighted=float(weighted[1]),
+        f1_weighted=float(weighted[2]),
         auc_ovr=auc,
         classes=classes,
         confusion_matrix=skm.confusion_matrix(truth, predicted, labels=classes).tolist(),
@@ -75,6 +86,9 @@ def evaluation_markdown(evaluation: Evaluation) -> str:
         f"| precision (macro) | {evaluation.precision_macro:.4f} |",
         f"| recall (macro) | {evaluation.recall_macro:.4f} |",
         f"| F1 (macro) | {evaluation.f1_macro:.4f} |",
+        f"| precision (weighted) | {evaluation.precision_weighted:.4f} |",
+        f"| recall (weighted) | {evaluation.recall_weighted:.4f} |",
+        f"| F1 (weighted) | {evaluation.f1_weighted:.4f} |",
         f"| AUC (one-vs-rest) | {auc} |",
         "",
         "| class | precision | recall | F1 | images |",
@@ -93,14 +107,27 @@ def evaluation_markdown(evaluation: Evaluation) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --- Prefect task -------------------------------------------------------------------------------
+def comparison_rows(left: dict, right: dict, left_name: str, right_name: str) -> list[dict]:
+    """One row per numeric figure either side has: both values and ``right - left``."""
+    rows = []
+    for figure in [*left, *(k for k in right if k not in left)]:
+        a, b = left.get(figure), right.get(figure)
+        if not any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+            continue
+        difference = b - a if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+        rows.append({"figure": figure, left_name: a, right_name: b, "difference": difference})
+    return rows
+
+
+# --- Prefect tasks ------------------------------------------------------------------------------
 from pathlib import Path  # noqa: E402
 
 from prefect import task  # noqa: E402
-from prefect.artifacts import create_markdown_artifact  # noqa: E402
+from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from tasks.plots import plot_confusion_matrix  # noqa: E402
+from tasks.retrying import retry_unless_input_error  # noqa: E402
 from tasks.score import read_scores  # noqa: E402
 
 
@@ -112,3 +139,26 @@ def evaluate(scores_csv: str) -> Evaluation:
     plot_confusion_matrix(evaluation.confusion_matrix, evaluation.classes, picture)
     create_markdown_artifact(key="evaluation", markdown=evaluation_markdown(evaluation) + f"\nPicture: `{picture}`\n")
     return evaluation
+
+
+def figures_of(side: str, registry: str) -> tuple[str, dict]:
+    """(label, figures) of a scores CSV (evaluated here) or of a registry reference (its recorded metrics)."""
+    from tasks.registry import resolve
+
+    if Path(side).is_file():
+        return Path(side).name, evaluate_scores(read_scores(side)).figures()
+    registration = resolve(registry, side)
+    return f"{registration.name}/{registration.version}", registration.metrics
+
+
+@task(name="compare", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+def compare(left: str, right: str, registry: str = "registry") -> list[dict]:
+    """Two scores CSVs or two registry references side by side; artifact ``model-comparison``."""
+    (left_name, left_figures), (right_name, right_figures) = figures_of(left, registry), figures_of(right, registry)
+    if left_name == right_name:
+        left_name, right_name = f"{left_name} (left)", f"{right_name} (right)"
+    rows = comparison_rows(left_figures, right_figures, left_name, right_name)
+    create_table_artifact(
+        key="model-comparison", table=rows, description=f"{left_name} vs {right_name}; difference = right - left"
+    )
+    return rows

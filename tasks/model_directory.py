@@ -14,6 +14,7 @@ ModelDirectory (output of training; enough to score with no other input)::
     <root>/logs/driver_log_<rank>.txt
     <root>/checkpoints/last.pt    resume state, written after every epoch
     <root>/training_curves.png    loss and accuracy by epoch (drawn by the launcher)
+    <root>/model.onnx             optional: the same network for onnxruntime, dynamic batch size
 
 This module imports neither torch nor Prefect: the launcher, the worker and the registry share it.
 """
@@ -38,7 +39,8 @@ TRAINING_LOG_FILE = "training_log.csv"
 LOGS_DIR = "logs"
 CHECKPOINT_FILE = "checkpoints/last.pt"
 TRAINING_CURVES_FILE = "training_curves.png"
-# Files a registered version carries (logs and checkpoints stay with the training run).
+ONNX_FILE = "model.onnx"
+# Files a registered version carries (logs and checkpoints stay with the training run), and ONNX_FILE when present.
 MODEL_FILES = (WEIGHTS_FILE, SPEC_FILE, CLASSES_FILE, METRICS_FILE, TRAINING_LOG_FILE)
 
 DENSENETS = ("densenet121", "densenet161", "densenet169", "densenet201")

@@ -1,0 +1,104 @@
+"""Where registry keys live: one small interface, a local-disk backend here and an S3 one in ``s3.py``.
+
+Keys are ``/``-separated paths below the registry root (see ``layout.py``). The one operation that makes
+concurrent registrations safe is ``create_exclusive``: of several writers of one key, exactly one wins.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from tasks.fileio import atomic_write
+from tasks.storage import is_s3_uri
+
+
+class RegistryBackend(ABC):
+    location: str
+
+    @abstractmethod
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Create ``key`` holding ``data`` unless it exists; False when it already did."""
+
+    @abstractmethod
+    def write(self, key: str, data: bytes) -> None:
+        """Create or replace ``key``; readers see the old content or the new, never part of it."""
+
+    @abstractmethod
+    def read(self, key: str) -> bytes | None:
+        """The content of ``key``, or None when there is no such key."""
+
+    @abstractmethod
+    def upload(self, key: str, path: Path) -> None:
+        """Store the local file ``path`` as ``key``."""
+
+    @abstractmethod
+    def download(self, key: str, path: Path) -> None:
+        """Write ``key`` to the local file ``path`` (atomically)."""
+
+    @abstractmethod
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key below the folder ``prefix``."""
+
+
+class LocalBackend(RegistryBackend):
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.location = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root.joinpath(*key.split("/"))
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written in full first, then hard-linked into place: link() is an exclusive create that never
+        # shows a reader a half-written record (open(O_EXCL) followed by write() would).
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def write(self, key: str, data: bytes) -> None:
+        with atomic_write(self._path(key), "wb") as handle:
+            handle.write(data)
+
+    def read(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def upload(self, key: str, path: Path) -> None:
+        with open(path, "rb") as source, atomic_write(self._path(key), "wb") as target:
+            shutil.copyfileobj(source, target)
+
+    def download(self, key: str, path: Path) -> None:
+        with open(self._path(key), "rb") as source, atomic_write(path, "wb") as target:
+            shutil.copyfileobj(source, target)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        folder = self._path(prefix)
+        if not folder.is_dir():
+            return []
+        return sorted(p.relative_to(self.root).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def open_backend(location: str | os.PathLike[str]) -> RegistryBackend:
+    """The backend for a registry folder or ``s3://bucket/prefix``."""
+    if is_s3_uri(location):
+        from tasks.registry.s3 import S3Backend
+
+        return S3Backend(str(location))
+    return LocalBackend(location)

@@ -1,0 +1,140 @@
+"""The registry contract: names, references, records and where each lives, the same on disk and on S3.
+
+Layout (keys below the registry root, a folder or ``s3://bucket/prefix``)::
+
+    <name>/<version>/claim.json          created exclusively: this registration owns <version>
+    <name>/<version>/model.pt, model_spec.json, classes.json, metrics.json, training_log.csv[, model.onnx]
+    <name>/<version>/registration.json   created exclusively, last: its presence commits the version
+    <name>/aliases/<alias>.json          AliasRecord: which version the alias points at (moved by rewriting)
+
+Versions count 1, 2, 3... per name. A registration claims the next free number, uploads the model files
+under it, then commits. A number with a claim and no ``registration.json`` is an interrupted registration:
+never listed, never resolved, never reused.
+
+References, accepted everywhere a model is taken: ``name`` (latest version), ``name/3``, ``name@production``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tasks.errors import InvalidModelNameError
+
+CLAIM_FILE = "claim.json"
+REGISTRATION_FILE = "registration.json"
+ALIASES_FOLDER = "aliases"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+_ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_REFERENCE = re.compile(r"^(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[^/@]+))?$")
+
+
+class DatasetLineage(BaseModel):
+    source: str
+    content_hash: str = Field(description="ImageDirectoryManifest.content_hash")
+    images: int
+
+
+class Promotion(BaseModel):
+    """A champion/challenger decision: was this version moved to ``alias``, and why."""
+
+    alias: str
+    metric: str
+    challenger: float
+    champion_version: int | None
+    champion: float | None
+    promoted: bool
+
+
+class Registration(BaseModel):
+    name: str
+    version: int
+    created_at: datetime
+    metrics: dict[str, Any]
+    params: dict[str, Any]
+    datasets: dict[str, DatasetLineage]
+    flow_run_id: str | None = None
+    tags: dict[str, str] = {}
+    files: dict[str, str] = Field(description="file name -> sha256")
+    promotion: Promotion | None = None
+
+
+class Claim(BaseModel):
+    token: str = Field(description="unique per registration attempt: tells our own claim from another's")
+    created_at: datetime
+    host: str
+    pid: int
+
+
+class AliasRecord(BaseModel):
+    alias: str
+    version: int
+    updated_at: datetime
+    previous_version: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelReference:
+    name: str
+    version: int | None = None
+    alias: str | None = None
+
+    def __str__(self) -> str:
+        if self.version is not None:
+            return f"{self.name}/{self.version}"
+        return f"{self.name}@{self.alias}" if self.alias else self.name
+
+
+def check_model_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise InvalidModelNameError(
+            f"model name {name!r} is not allowed: use 1-100 lowercase letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (e.g. 'digits-resnet18')"
+        )
+    return name
+
+
+def check_alias(alias: str) -> str:
+    if not _ALIAS.match(alias):
+        raise InvalidModelNameError(
+            f"alias {alias!r} is not allowed: use 1-63 lowercase letters, digits, '_' or '-', "
+            "starting with a letter (e.g. 'production', 'staging')"
+        )
+    return alias
+
+
+def parse_reference(reference: str) -> ModelReference:
+    """``digits-resnet18``, ``digits-resnet18/3`` or ``digits-resnet18@production``."""
+    match = _REFERENCE.match(reference.strip())
+    if not match:
+        raise InvalidModelNameError(
+            f"model reference {reference!r} is not allowed: use 'name', 'name/<version>' or 'name@<alias>' "
+            "(e.g. 'digits-resnet18/3', 'digits-resnet18@production')"
+        )
+    version = match["version"]
+    alias = check_alias(match["alias"]) if match["alias"] else None
+    if version is not None and int(version) < 1:
+        raise InvalidModelNameError(f"model reference {reference!r}: versions count from 1")
+    return ModelReference(check_model_name(match["name"]), int(version) if version else None, alias)
+
+
+def version_key(name: str, version: int, file_name: str = "") -> str:
+    return "/".join(p for p in (check_model_name(name), str(version), file_name) if p)
+
+
+def alias_key(name: str, alias: str) -> str:
+    return f"{check_model_name(name)}/{ALIASES_FOLDER}/{check_alias(alias)}.json"
+
+
+def numbered(keys: list[str], name: str, file_name: str) -> set[int]:
+    """The versions of ``name`` among ``keys`` (relative to the registry root) that hold ``file_name``."""
+    found = set()
+    for key in keys:
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == name and parts[1].isdigit() and parts[2] == file_name:
+            found.add(int(parts[1]))
+    return found
