@@ -1,0 +1,131 @@
+"""Registrations racing each other, on local disk (processes) and on the real HTTP S3 endpoint (threads),
+through a proxy that fails a fifth of the requests, and a registration killed in the middle of an upload."""
+
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks import ModelDirectory
+from tasks.fileio import sha256_file
+from tasks.model_directory import MODEL_FILES, WEIGHTS_FILE
+from tasks.registry import CLAIM_FILE, REGISTRATION_FILE, fetch_model, list_versions, open_backend, read_registration
+from tasks.registry import register_model
+from tests.faulty_proxy import FaultyProxy
+
+NAME = "race-resnet18"
+WORKERS = 8
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def distinct_models(trained_model, tmp_path_factory) -> list[Path]:
+    """Eight ModelDirectories whose weights all differ, so that a file landing in the wrong version shows."""
+    base = tmp_path_factory.mktemp("distinct")
+    state = torch.load(trained_model / WEIGHTS_FILE, weights_only=True)
+    models = []
+    for worker in range(WORKERS):
+        folder = shutil.copytree(trained_model, base / f"model-{worker}", ignore=shutil.ignore_patterns("checkpoints"))
+        torch.save({**state, "fc.bias": state["fc.bias"] + worker}, folder / WEIGHTS_FILE)
+        models.append(folder)
+    return models
+
+
+def register_as(registry: str, model: Path, worker: int, start: threading.Barrier | None = None) -> int:
+    if start is not None:
+        start.wait()
+    registration, _ = register_model(
+        registry, NAME, ModelDirectory(model), metrics={"accuracy": worker / 10}, params={}, datasets={},
+        tags={"worker": str(worker)},
+    )  # fmt: skip
+    return registration.version
+
+
+def _register_in_process(registry: str, model: str, worker: int, start, results) -> None:
+    start.wait()
+    results.put(register_as(registry, Path(model), worker))
+
+
+def check_every_version_holds_its_own_files(registry: str, models: list[Path], cache: Path) -> None:
+    assert list_versions(registry, NAME) == list(range(1, WORKERS + 1))
+    workers = set()
+    for version in range(1, WORKERS + 1):
+        record = read_registration(registry, NAME, version)
+        worker = int(record.tags["worker"])
+        workers.add(worker)
+        assert record.metrics == {"accuracy": worker / 10}
+        stored = fetch_model(registry, f"{NAME}/{version}", cache)  # downloads verify each sha256 on S3
+        for file_name in MODEL_FILES:
+            assert record.files[file_name] == sha256_file(models[worker] / file_name) == sha256_file(stored.root / file_name)
+    assert workers == set(range(WORKERS)), "each registration landed exactly once"
+
+
+def test_eight_processes_registering_at_once_get_eight_versions_on_disk(distinct_models, tmp_path):
+    registry = str(tmp_path / "registry")
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(WORKERS), context.Queue()
+    processes = [
+        context.Process(target=_register_in_process, args=(registry, str(model), worker, start, results))
+        for worker, model in enumerate(distinct_models)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    assert sorted(results.get(timeout=5) for _ in processes) == list(range(1, WORKERS + 1))
+    check_every_version_holds_its_own_files(registry, distinct_models, tmp_path / "cache")
+
+
+def test_eight_registrations_through_a_failing_s3_endpoint_all_land(distinct_models, s3_endpoint, s3_bucket, tmp_path,
+                                                                    monkeypatch):  # fmt: skip
+    registry = f"s3://{s3_bucket}/models"
+    with FaultyProxy(s3_endpoint, failure_rate=0.2, seed=5) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        start = threading.Barrier(WORKERS)
+        with ThreadPoolExecutor(WORKERS) as pool:
+            versions = list(pool.map(lambda w: register_as(registry, distinct_models[w], w, start), range(WORKERS)))
+    assert sorted(versions) == list(range(1, WORKERS + 1))
+    assert proxy.counts["before"] > 0 and proxy.counts["after"] > 0, proxy.counts
+    print(f"proxy: {dict(proxy.counts)}")
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    check_every_version_holds_its_own_files(registry, distinct_models, tmp_path / "cache")
+
+
+KILLED_REGISTRATION = """
+import sys
+from tasks.model_directory import ModelDirectory
+from tasks.registry import register_model
+register_model(sys.argv[1], sys.argv[2], ModelDirectory(sys.argv[3]), metrics={}, params={}, datasets={})
+"""
+
+
+def test_registration_killed_during_upload_leaves_no_version(trained_model, s3_endpoint, s3_bucket, tmp_path):
+    registry = f"s3://{s3_bucket}/models"
+    with FaultyProxy(s3_endpoint, failure_rate=0.0, hold_suffix=f"/{WEIGHTS_FILE}", lifetime_s=120) as proxy:
+        child = subprocess.Popen(
+            [sys.executable, "-c", KILLED_REGISTRATION, registry, NAME, str(trained_model)],
+            cwd=ROOT, env={**os.environ, "AWS_ENDPOINT_URL": proxy.url},
+        )  # fmt: skip
+        try:
+            assert proxy.held.wait(timeout=90), "the registration never started uploading its weights"
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+
+    backend = open_backend(registry)
+    assert backend.read(f"{NAME}/1/{CLAIM_FILE}") is not None, "the killed registration had claimed version 1"
+    assert backend.read(f"{NAME}/1/{REGISTRATION_FILE}") is None and backend.read(f"{NAME}/1/{WEIGHTS_FILE}") is None
+    assert list_versions(registry, NAME) == []
+
+    registration, _ = register_model(registry, NAME, ModelDirectory(trained_model), metrics={}, params={}, datasets={})
+    assert registration.version == 2 and list_versions(registry, NAME) == [2]
