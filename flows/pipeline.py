@@ -1,10 +1,11 @@
-"""The training pipeline: convert -> validate -> build model -> train -> score -> evaluate -> register.
+"""The training pipeline: convert -> validate -> build model -> train [-> ONNX] -> score -> evaluate -> register.
 
     from flows.pipeline import train_pipeline
     result = train_pipeline()                         # bundled digits, Azure defaults
     print(result.summary())
 
     python -m flows.pipeline --processes-per-node 2   # the same from a shell (what `make run` does)
+    python -m flows.pipeline --promote-to production --export-onnx   # champion/challenger; model.onnx too
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tasks.datasets import sources
 from tasks.evaluate import Evaluation, evaluate
 from tasks.model import build_model_directory
 from tasks.model_directory import ModelSpec
+from tasks.onnx_export import export_and_check_onnx
 from tasks.registry import Registration, register
 from tasks.score import score
 from tasks.train import train
@@ -50,8 +52,15 @@ class PipelineResult(BaseModel):
                 f"  accuracy {e.accuracy:.4f}, precision {e.precision_macro:.4f}, recall {e.recall_macro:.4f}, "
                 f"F1 {e.f1_macro:.4f}, AUC {auc} (macro, {e.images} validation images)",
                 f"  run files (data, model, logs, scores): {self.run_dir}",
+                *([self._promotion_line()] if self.registration.promotion else []),
             ]
         )
+
+    def _promotion_line(self) -> str:
+        p = self.registration.promotion
+        champion = "no champion" if p.champion_version is None else f"version {p.champion_version}: {p.champion}"
+        verdict = f"promoted to {p.alias!r}" if p.promoted else f"not promoted to {p.alias!r}"
+        return f"  {verdict} on {p.metric} ({p.challenger:.4f} vs {champion})"
 
 
 @flow(name="train-pipeline", log_prints=True)
@@ -61,8 +70,11 @@ def train_pipeline(
     model: ModelSpec = ModelSpec(),
     training: TrainingParams = TrainingParams(),
     model_name: Annotated[str | None, Field(description="registry name; empty: '<data set>-<architecture>'")] = None,
-    registry: Annotated[str, Field(description="registry folder")] = "registry",
+    registry: Annotated[str, Field(description="registry folder or s3://bucket/prefix")] = "registry",
     work_dir: Annotated[str, Field(description="folder for each run's data, model, logs and scores")] = "runs",
+    promote_to: Annotated[str | None, Field(description="alias to move to the new version if it beats the alias's current one")] = None,
+    promotion_metric: Annotated[str, Field(description="figure compared for promotion (higher is better)")] = "accuracy",
+    export_onnx: Annotated[bool, Field(description="also export model.onnx (checked against PyTorch) and register it")] = False,
 ) -> PipelineResult:
     """Train an image classifier from class-per-folder images and register it (default: the bundled digits)."""
     # Named after the flow run, so that a retried run finds its checkpoints again.
@@ -73,7 +85,9 @@ def train_pipeline(
     validate_labels(train_dir, validation_dir)
     spec_dir = build_model_directory(str(run_dir / "model_spec"), model)
     model_dir = train(train_dir, validation_dir, spec_dir, str(run_dir / "model"), training)
-    evaluation = evaluate(score(model_dir, validation_dir, str(run_dir / "scores.csv")))
+    if export_onnx:
+        model_dir = export_and_check_onnx(model_dir, validation_dir)
+    evaluation = evaluate(score(model_dir, validation_dir, str(run_dir / "scores.csv")).table)
     registered = register(
         registry,
         model_name,
@@ -81,6 +95,8 @@ def train_pipeline(
         evaluation,
         datasets={"train": train_dir, "validation": validation_dir},
         params={"model": model.model_dump(), "training": training.model_dump()},
+        promote_to=promote_to,
+        promotion_metric=promotion_metric,
     )
     return PipelineResult(
         model_name=registered.registration.name,
@@ -105,6 +121,9 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument("--model-name", help="registry name (default: <data set>-<architecture>)")
     parser.add_argument("--registry", default="registry")
     parser.add_argument("--work-dir", default="runs")
+    parser.add_argument("--promote-to", help="alias the new version takes if it beats the alias's current version")
+    parser.add_argument("--promotion-metric", default="accuracy")
+    parser.add_argument("--export-onnx", action="store_true", help="also export and register model.onnx")
     add_training_flags(parser)
     args = parser.parse_args(argv)
     result = train_pipeline(
@@ -115,6 +134,9 @@ def main(argv: list[str] | None = None) -> PipelineResult:
         model_name=args.model_name,
         registry=args.registry,
         work_dir=args.work_dir,
+        promote_to=args.promote_to,
+        promotion_metric=args.promotion_metric,
+        export_onnx=args.export_onnx,
     )
     print(result.summary())
     return result

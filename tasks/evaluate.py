@@ -131,13 +131,21 @@ from tasks.retrying import retry_unless_input_error  # noqa: E402
 from tasks.score import read_scores  # noqa: E402
 
 
-@task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate(scores_csv: str) -> Evaluation:
-    """Artifact ``evaluation``: figures, per-class report and confusion matrix (also drawn beside the CSV)."""
+@task(name="evaluate", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
+    """Artifacts ``evaluation`` (figures, per-class report, confusion matrix) and ``confusion-matrix`` (a table);
+    the matrix is also drawn to ``picture`` (default: beside a local CSV)."""
     evaluation = evaluate_scores(read_scores(scores_csv))
-    picture = Path(scores_csv).with_name("confusion_matrix.png")
-    plot_confusion_matrix(evaluation.confusion_matrix, evaluation.classes, picture)
-    create_markdown_artifact(key="evaluation", markdown=evaluation_markdown(evaluation) + f"\nPicture: `{picture}`\n")
+    picture_path = Path(picture) if picture else Path(scores_csv).with_name("confusion_matrix.png")
+    picture_path.parent.mkdir(parents=True, exist_ok=True)
+    plot_confusion_matrix(evaluation.confusion_matrix, evaluation.classes, picture_path)
+    create_markdown_artifact(key="evaluation", markdown=evaluation_markdown(evaluation) + f"\nPicture: `{picture_path}`\n")
+    create_table_artifact(
+        key="confusion-matrix",
+        table=[{"true class": name, **dict(zip(evaluation.classes, row))} for name, row in
+               zip(evaluation.classes, evaluation.confusion_matrix)],
+        description="rows: true class, columns: predicted class",
+    )  # fmt: skip
     return evaluation
 
 

@@ -1,16 +1,26 @@
-"""Score Image Model: a trained ModelDirectory scores an ImageDirectory into Azure's table shape."""
+"""Score Image Model: a trained ModelDirectory scores an ImageDirectory into Azure's table shape.
+
+Images are decoded and transformed by a DataLoader and run through the network in batches under
+``torch.inference_mode()``, with PyTorch or, when asked, with onnxruntime on the directory's ``model.onnx``.
+"""
 
 from __future__ import annotations
 
+import io
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
+import numpy as np
 import pandas as pd
 import torch
 from torch.utils.data import DataLoader
 
 from tasks.errors import InvalidDatasetError
+from tasks.fileio import atomic_write
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ModelDirectory
+from tasks.storage import is_s3_uri, parse_s3_uri, s3_client
 from tasks.training.data import ImageFiles, eval_transform
 from tasks.training.models import load_trained_model
 
@@ -18,27 +28,48 @@ SCORED_LABELS = "Scored Labels"
 PROBABILITY_PREFIX = "Scored Probabilities_"
 IMAGE_COLUMN = "image"
 LABEL_COLUMN = "label"
+BATCH_SIZE = 64
+Runtime = Literal["torch", "onnx"]
 
 
 def probability_column(class_name: str) -> str:
     return f"{PROBABILITY_PREFIX}{class_name}"
 
 
-def score_images(model_dir: ModelDirectory, images: ImageDirectory, batch_size: int = 64) -> pd.DataFrame:
+def torch_predictor(model_dir: ModelDirectory) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
+    """(batch of images -> probabilities, whether batches should be pinned for a GPU)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_trained_model(model_dir, device)
+
+    def predict(batch: torch.Tensor) -> np.ndarray:
+        with torch.inference_mode():
+            return torch.softmax(model(batch.to(device, non_blocking=True)), dim=1).float().cpu().numpy()
+
+    return predict, device.type == "cuda"
+
+
+def onnx_predictor(model_dir: ModelDirectory) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
+    from tasks.onnx_export import INPUT_NAME, OUTPUT_NAME, onnx_session
+
+    session = onnx_session(model_dir)
+    return (lambda batch: session.run([OUTPUT_NAME], {INPUT_NAME: batch.numpy()})[0]), False
+
+
+def score_images(
+    model_dir: ModelDirectory, images: ImageDirectory, batch_size: int = BATCH_SIZE, runtime: Runtime = "torch"
+) -> pd.DataFrame:
     """One row per image: ``image``, ``Scored Labels``, ``Scored Probabilities_<class>``..., and ``label`` when known."""
     if images.labeled and not set(images.classes) <= set(model_dir.classes):
         unknown = sorted(set(images.classes) - set(model_dir.classes))
-        raise InvalidDatasetError(f"{images.root} has classes {unknown} the model {model_dir.root} was not trained on")
+        raise InvalidDatasetError(
+            f"{images.root} has classes {unknown} the model {model_dir.root} was not trained on "
+            f"(it knows {model_dir.classes})"
+        )
+    predict, pin = (onnx_predictor if runtime == "onnx" else torch_predictor)(model_dir)
     spec = model_dir.spec
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_trained_model(model_dir, device)
     dataset = ImageFiles(images.samples(), eval_transform(spec.image_size, spec.mean, spec.std))
-    loader = DataLoader(dataset, batch_size=batch_size, pin_memory=device.type == "cuda")
-    batches = []
-    with torch.inference_mode():
-        for batch, _ in loader:
-            batches.append(torch.softmax(model(batch.to(device)), dim=1).float().cpu())
-    probabilities = torch.cat(batches).numpy() if batches else torch.empty(0, len(model_dir.classes)).numpy()
+    batches = [predict(batch) for batch, _ in DataLoader(dataset, batch_size=batch_size, pin_memory=pin)]
+    probabilities = np.concatenate(batches) if batches else np.empty((0, len(model_dir.classes)), dtype=np.float32)
 
     table = pd.DataFrame({IMAGE_COLUMN: [record.path for record in images.manifest.images]})
     table[SCORED_LABELS] = [model_dir.classes[i] for i in probabilities.argmax(axis=1)]
@@ -54,28 +85,66 @@ def scored_classes(scores: pd.DataFrame) -> list[str]:
     return [c[len(PROBABILITY_PREFIX):] for c in scores.columns if c.startswith(PROBABILITY_PREFIX)]
 
 
-def read_scores(path: str | Path) -> pd.DataFrame:
-    """Read a scores CSV keeping class names as text ('01' stays '01')."""
-    return pd.read_csv(path, dtype={IMAGE_COLUMN: str, SCORED_LABELS: str, LABEL_COLUMN: str})
+def read_scores(location: str | Path) -> pd.DataFrame:
+    """Read a scores CSV (a path or s3:// URI) keeping class names as text ('01' stays '01')."""
+    if is_s3_uri(location):
+        source = parse_s3_uri(str(location))
+        location = io.BytesIO(s3_client().get_object(Bucket=source.bucket, Key=source.prefix)["Body"].read())
+    return pd.read_csv(location, dtype={IMAGE_COLUMN: str, SCORED_LABELS: str, LABEL_COLUMN: str})
+
+
+def write_scores(table: pd.DataFrame, location: str) -> str:
+    """Write the scores CSV to a path (atomically) or to ``s3://bucket/key.csv``."""
+    data = table.to_csv(index=False).encode()
+    if is_s3_uri(location):
+        target = parse_s3_uri(location)
+        s3_client().put_object(Bucket=target.bucket, Key=target.prefix, Body=data, ContentType="text/csv")
+    else:
+        with atomic_write(location, "wb") as handle:
+            handle.write(data)
+    return location
+
+
+def scores_summary(table: pd.DataFrame) -> str:
+    """Images per scored label, and how sure the model was (mean of each row's highest probability)."""
+    if table.empty:
+        return "no images"
+    counts = table[SCORED_LABELS].value_counts().sort_index()
+    confidence = table[[c for c in table.columns if c.startswith(PROBABILITY_PREFIX)]].max(axis=1).mean()
+    return f"scored labels: {', '.join(f'{k}: {v}' for k, v in counts.items())}; mean top probability {confidence:.3f}"
 
 
 # --- Prefect task -------------------------------------------------------------------------------
+import time  # noqa: E402
+
 from prefect import task  # noqa: E402
 from prefect.artifacts import create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
+from pydantic import BaseModel, Field  # noqa: E402
+
+from tasks.retrying import retry_unless_input_error  # noqa: E402
 
 PREVIEW_ROWS = 20
 
 
-@task(name="score", cache_policy=NO_CACHE)
-def score(model_dir: str, image_dir: str, output_csv: str) -> str:
-    """Write the scores CSV; artifact ``scores``: its first rows."""
-    table = score_images(ModelDirectory(model_dir), ImageDirectory(image_dir))
-    Path(output_csv).parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(output_csv, index=False)
+class Scored(BaseModel):
+    table: str = Field(description="where the scores CSV was written")
+    images: int
+    labeled: bool = Field(description="the table has a 'label' column: it can be evaluated")
+
+
+@task(name="score", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+def score(model_dir: str, image_dir: str, output_csv: str, runtime: Runtime = "torch", batch_size: int = BATCH_SIZE) -> Scored:
+    """Write the scores CSV (a path or s3:// URI); artifact ``scores``: a summary and the first rows."""
+    started = time.perf_counter()
+    table = score_images(ModelDirectory(model_dir), ImageDirectory(image_dir), batch_size=batch_size, runtime=runtime)
+    seconds = time.perf_counter() - started
+    write_scores(table, output_csv)
     create_table_artifact(
         key="scores",
         table=table.head(PREVIEW_ROWS).round(4).to_dict(orient="records"),
-        description=f"first {min(PREVIEW_ROWS, len(table))} of {len(table)} scored images; all in {output_csv}",
+        description=f"{len(table)} images scored with {runtime} in {seconds:.1f} s "
+        f"({len(table) / max(seconds, 1e-9):.0f} images/s); {scores_summary(table)}. "
+        f"First {min(PREVIEW_ROWS, len(table))} rows below; all in {output_csv}",
     )
-    return output_csv
+    return Scored(table=output_csv, images=len(table), labeled=LABEL_COLUMN in table.columns)

@@ -61,7 +61,7 @@ def default_model_name(train_source: str, architecture: str) -> str:
 
 
 # --- Prefect tasks ------------------------------------------------------------------------------
-from prefect import task  # noqa: E402
+from prefect import get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
@@ -131,3 +131,11 @@ def register(
     if registration.promotion:
         create_markdown_artifact(key="promotion", markdown=_promotion_markdown(registration.promotion))
     return RegisteredModel(registration=registration, location=location)
+
+
+@task(name="resolve-model", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+def resolve_model(model: str, registry: str, cache_dir: str) -> str:
+    """The local ModelDirectory for a ModelDirectory path or a registry reference (downloaded from S3 once)."""
+    model_dir = load_model(model, registry, cache_dir)
+    get_run_logger().info("model %s -> %s (%s)", model, model_dir.root, ", ".join(model_dir.classes))
+    return str(model_dir.root)

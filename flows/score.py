@@ -1,0 +1,81 @@
+"""Score Image Model and compare models: convert -> resolve model -> score -> evaluate (when labeled).
+
+    from flows.score import score_pipeline, compare_models
+    result = score_pipeline("photos.zip", "digits-resnet18@production", output_csv="scores.csv")
+    compare_models("digits-resnet18/1", "digits-resnet18/2")          # or two scores CSVs
+
+    python -m flows.score data/digits/validation digits-resnet18@production --output scores.csv
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from prefect import flow
+from prefect.runtime import flow_run
+from pydantic import BaseModel, Field
+
+from tasks.convert import convert
+from tasks.evaluate import Evaluation, compare, evaluate
+from tasks.registry import resolve_model
+from tasks.score import BATCH_SIZE, Runtime, score
+
+
+class ScoreResult(BaseModel):
+    model_dir: str
+    scores: str
+    images: int
+    evaluation: Evaluation | None = None
+
+
+@flow(name="score-pipeline", log_prints=True)
+def score_pipeline(
+    images: Annotated[str, Field(description="folder or .zip of images; class folders make them labeled")],
+    model: Annotated[str, Field(description="registry reference ('name', 'name/3', 'name@production') or a ModelDirectory")],
+    output_csv: Annotated[str | None, Field(description="where the scores go (path or s3://); empty: in the run folder")] = None,
+    registry: Annotated[str, Field(description="registry folder or s3://bucket/prefix")] = "registry",
+    runtime: Annotated[Runtime, Field(description="'onnx' needs a model registered with its model.onnx")] = "torch",
+    batch_size: Annotated[int, Field(ge=1, le=4096)] = BATCH_SIZE,
+    work_dir: Annotated[str, Field(description="folder for each run's converted images, model cache and scores")] = "runs",
+) -> ScoreResult:
+    """Score images with a trained model into a table of Azure's columns; evaluate it when the images are labeled."""
+    run_dir = Path(work_dir).resolve() / f"score-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
+    image_dir = convert(images, str(run_dir / "images"), "score")
+    model_dir = resolve_model(model, registry, str(Path(work_dir).resolve() / "models"))
+    scored = score(model_dir, image_dir, output_csv or str(run_dir / "scores.csv"), runtime, batch_size)
+    evaluation = evaluate(scored.table, str(run_dir / "confusion_matrix.png")) if scored.labeled else None
+    return ScoreResult(model_dir=model_dir, scores=scored.table, images=scored.images, evaluation=evaluation)
+
+
+@flow(name="compare-models", log_prints=True)
+def compare_models(
+    left: Annotated[str, Field(description="a scores CSV or a registry reference")],
+    right: Annotated[str, Field(description="a scores CSV or a registry reference")],
+    registry: Annotated[str, Field(description="registry folder or s3://bucket/prefix")] = "registry",
+) -> list[dict]:
+    """Two scored tables, or two registered versions, side by side (artifact ``model-comparison``)."""
+    return compare(left, right, registry)
+
+
+def main(argv: list[str] | None = None) -> ScoreResult:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m flows.score", description=score_pipeline.description)
+    parser.add_argument("images", help="folder or .zip of images")
+    parser.add_argument("model", help="registry reference or ModelDirectory")
+    parser.add_argument("--output", help="scores CSV (path or s3://)")
+    parser.add_argument("--registry", default="registry")
+    parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch")
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
+    parser.add_argument("--work-dir", default="runs")
+    args = parser.parse_args(argv)
+    result = score_pipeline(args.images, args.model, args.output, args.registry, args.runtime, args.batch_size, args.work_dir)
+    print(f"{result.images} images scored -> {result.scores}")
+    if result.evaluation:
+        print(f"accuracy {result.evaluation.accuracy:.4f}, F1 (macro) {result.evaluation.f1_macro:.4f}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
