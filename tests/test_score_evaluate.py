@@ -4,8 +4,8 @@ import pytest
 
 from tasks import ImageDirectory, InvalidDatasetError, ModelDirectory, NotLabeledDatasetError
 from tasks import convert_to_image_directory
-from tasks.evaluate import evaluate_scores, evaluation_markdown
-from tasks.score import read_scores, score_images
+from tasks.evaluate import comparison_rows, evaluate_scores, evaluation_markdown
+from tasks.score import read_scores, score_images, scores_summary, write_scores
 from tests.conftest import COLOURS, write_class_folders, write_image
 
 
@@ -71,3 +71,32 @@ def test_scores_csv_keeps_class_names_as_text(tmp_path):
     table.to_csv(tmp_path / "s.csv", index=False)
     evaluation = evaluate_scores(read_scores(tmp_path / "s.csv"))
     assert evaluation.classes == ["01", "2"] and evaluation.accuracy == 0.5
+
+
+def test_weighted_figures_follow_class_support():
+    labels = ["cat"] * 4 + ["dog"] * 2
+    predicted = ["cat", "cat", "cat", "dog", "dog", "dog"]
+    evaluation = evaluate_scores(scores(labels, predicted, classes=("cat", "dog")))
+    # cat: precision 1, recall 3/4; dog: precision 2/3, recall 1; weights 4/6 and 2/6
+    assert evaluation.precision_weighted == pytest.approx(4 / 6 * 1 + 2 / 6 * 2 / 3)
+    assert evaluation.recall_weighted == pytest.approx(evaluation.accuracy) == pytest.approx(5 / 6)
+    assert evaluation.f1_weighted == pytest.approx(4 / 6 * (6 / 7) + 2 / 6 * 0.8)
+    assert {"f1_weighted", "auc_ovr", "images"} <= set(evaluation.figures()) and "per_class" not in evaluation.figures()
+
+
+def test_comparison_rows_put_figures_side_by_side():
+    rows = comparison_rows({"accuracy": 0.5, "auc_ovr": None, "best_epoch": 3}, {"accuracy": 0.75, "f1_macro": 0.7},
+                           "digits/1", "digits/2")  # fmt: skip
+    assert rows == [
+        {"figure": "accuracy", "digits/1": 0.5, "digits/2": 0.75, "difference": 0.25},
+        {"figure": "best_epoch", "digits/1": 3, "digits/2": None, "difference": None},
+        {"figure": "f1_macro", "digits/1": None, "digits/2": 0.7, "difference": None},
+    ]
+
+
+def test_scores_go_to_s3_and_come_back(s3_bucket):
+    table = scores(["01", "2"], ["01", "01"], classes=("01", "2"))
+    location = write_scores(table, f"s3://{s3_bucket}/scores/run-1.csv")
+    back = read_scores(location)
+    pd.testing.assert_frame_equal(back, table)
+    assert scores_summary(back) == "scored labels: 01: 2; mean top probability 0.800"

@@ -1,0 +1,70 @@
+"""The score and compare flows on a real Prefect server: folder and zip inputs, registry references on
+disk and on S3, the PyTorch and ONNX runtimes."""
+
+import asyncio
+import shutil
+import zipfile
+
+import pandas as pd
+import pytest
+
+from flows.score import compare_models, score_pipeline
+from tasks import ModelDirectory
+from tasks.onnx_export import export_onnx
+from tasks.registry import register_model
+from tests.conftest import COLOURS, write_class_folders, write_image
+from tests.test_pipeline import artifact_keys_and_task_runs
+
+NAME = "colours-resnet18"
+PROBABILITIES = [f"Scored Probabilities_{c}" for c in sorted(COLOURS)]
+
+
+def register_twice(registry, trained_model, tmp_path):
+    """Version 1 (production) as trained; version 2 with its model.onnx."""
+    register_model(registry, NAME, ModelDirectory(trained_model), metrics={"accuracy": 0.8}, params={}, datasets={},
+                   promote_to="production")  # fmt: skip
+    with_onnx = export_onnx(ModelDirectory(shutil.copytree(trained_model, tmp_path / "with-onnx")))
+    register_model(registry, NAME, with_onnx, metrics={"accuracy": 0.9}, params={}, datasets={})
+
+
+def run(flow, *args, **kwargs):
+    state = flow(*args, return_state=True, **kwargs)
+    keys, task_runs = asyncio.run(artifact_keys_and_task_runs(state.state_details.flow_run_id))
+    assert {t.state.type.value for t in task_runs} == {"COMPLETED"}
+    return state.result(), keys
+
+
+def test_labeled_folder_scored_by_alias_from_an_s3_registry(prefect_server, trained_model, s3_bucket, tmp_path):
+    registry = f"s3://{s3_bucket}/models"
+    register_twice(registry, trained_model, tmp_path)
+    images = write_class_folders(tmp_path / "photos", 3, seed=7)
+    result, keys = run(score_pipeline, str(images), f"{NAME}@production", output_csv=str(tmp_path / "out" / "scores.csv"),
+                       registry=registry, work_dir=str(tmp_path / "runs"))  # fmt: skip
+
+    table = pd.read_csv(result.scores, dtype=str)
+    assert list(table.columns) == ["image", "Scored Labels", *PROBABILITIES, "label"] and len(table) == 9
+    assert result.images == 9 and result.evaluation.images == 9
+    assert result.evaluation.accuracy == pytest.approx((table["label"] == table["Scored Labels"]).mean())
+    assert result.model_dir.endswith(f"{NAME}/1"), "the alias resolved to version 1, downloaded to the cache"
+    assert {"score-images", "scores", "evaluation", "confusion-matrix"} <= keys
+
+
+def test_unlabeled_zip_scored_through_onnx_by_version(prefect_server, trained_model, tmp_path):
+    registry = str(tmp_path / "registry")
+    register_twice(registry, trained_model, tmp_path)
+    archive = tmp_path / "photos.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:
+        for i, colour in enumerate(sorted(COLOURS)):
+            bundle.write(write_image(tmp_path / "loose" / f"{i}.png", COLOURS[colour], seed=40 + i), f"{i}.png")
+    result, keys = run(score_pipeline, str(archive), f"{NAME}/2", registry=registry, runtime="onnx",
+                       work_dir=str(tmp_path / "runs"))  # fmt: skip
+
+    table = pd.read_csv(result.scores, dtype={"image": str})
+    assert list(table.columns) == ["image", "Scored Labels", *PROBABILITIES] and result.evaluation is None
+    assert sorted(table["image"]) == ["0.png", "1.png", "2.png"]
+    assert "scores" in keys and "evaluation" not in keys
+
+    rows, keys = run(compare_models, f"{NAME}/1", f"{NAME}@production", registry=registry)
+    assert rows == [{"figure": "accuracy", f"{NAME}/1 (left)": 0.8, f"{NAME}/1 (right)": 0.8, "difference": 0.0}]
+    rows, keys = run(compare_models, f"{NAME}/1", f"{NAME}/2", registry=registry)
+    assert rows[0]["difference"] == pytest.approx(0.1) and "model-comparison" in keys
