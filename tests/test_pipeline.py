@@ -9,12 +9,13 @@ from prefect.client.orchestration import get_client
 from flows.pipeline import train_pipeline
 from tasks import InvalidDatasetError
 from tasks.model_directory import ModelDirectory, ModelSpec
-from tasks.registry import list_versions, read_registration
+from tasks.registry import list_versions, read_registration, resolve
 from tasks.training.config import TrainingParams
 from tests.conftest import write_class_folders
 
 STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "model-spec", "training-progress",
-                   "training-metrics", "scores", "evaluation", "registered-model"}  # fmt: skip
+                   "training-metrics", "scores", "evaluation", "confusion-matrix", "registered-model", "onnx-export",
+                   "promotion"}  # fmt: skip
 
 
 async def artifact_keys_and_task_runs(flow_run_id):
@@ -43,6 +44,7 @@ def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset,
     result = train_pipeline(
         train_data=str(train), validation_data=str(val), model=ModelSpec(architecture="resnet18"),
         training=training, registry=str(tmp_path / "registry"), work_dir=str(tmp_path / "runs"),
+        promote_to="production", promotion_metric="f1_macro", export_onnx=True,
     )  # fmt: skip
 
     assert result.model_name == "digits-resnet18" and result.version == 1
@@ -51,12 +53,16 @@ def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset,
     assert registration.params["training"] == training.model_dump()
     assert registration.datasets["train"].images == 300 and registration.datasets["validation"].images == 100
     assert registration.flow_run_id
+    assert "model.onnx" in registration.files and registration.metrics["f1_weighted"] > 0
+    assert registration.promotion.promoted and registration.promotion.metric == "f1_macro"
+    assert resolve(tmp_path / "registry", "digits-resnet18@production").version == 1
 
     # Sensible, not lucky: ten classes from 300 images in four epochs, far above chance (0.1).
     assert result.evaluation.images == 100 and result.evaluation.accuracy >= 0.7
     assert result.top1 == pytest.approx(result.evaluation.accuracy)
     assert ModelDirectory(result.location).classes == [str(d) for d in range(10)]
     assert "Registered digits-resnet18 version 1" in result.summary()
+    assert "promoted to 'production' on f1_macro" in result.summary()
     assert (Path(result.run_dir) / "confusion_matrix.png").stat().st_size > 0
     assert (Path(result.run_dir) / "model" / "training_curves.png").stat().st_size > 0
 
