@@ -129,3 +129,20 @@ def test_registration_killed_during_upload_leaves_no_version(trained_model, s3_e
 
     registration, _ = register_model(registry, NAME, ModelDirectory(trained_model), metrics={}, params={}, datasets={})
     assert registration.version == 2 and list_versions(registry, NAME) == [2]
+
+
+def test_flows_fetching_one_version_at_once_share_one_complete_copy(trained_model, s3_bucket, tmp_path):
+    registry = f"s3://{s3_bucket}/models"
+    register_model(registry, NAME, ModelDirectory(trained_model), metrics={}, params={}, datasets={})
+    start = threading.Barrier(4)
+
+    def fetch(_):
+        start.wait()
+        return fetch_model(registry, NAME, tmp_path / "cache").root
+
+    with ThreadPoolExecutor(4) as pool:
+        folders = set(pool.map(fetch, range(4)))
+    assert folders == {tmp_path / "cache" / NAME / "1"}
+    for file_name in MODEL_FILES:
+        assert sha256_file(tmp_path / "cache" / NAME / "1" / file_name) == sha256_file(trained_model / file_name)
+    assert sorted(p.name for p in (tmp_path / "cache" / NAME).iterdir()) == ["1"], "no download folder left behind"

@@ -8,14 +8,16 @@ versions, whose files were all stored before the record naming them.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from tasks.errors import InvalidModelNameError, ModelNotFoundError, PipelineInputError
-from tasks.fileio import sha256_file, staged_directory
+from tasks.fileio import sha256_file
 from tasks.model_directory import MODEL_FILES, ONNX_FILE, ModelDirectory
 from tasks.registry.backends import LocalBackend, RegistryBackend, open_backend
 from tasks.registry.layout import (
@@ -187,12 +189,22 @@ def fetch_model(registry: Registry, reference: str, cache_dir: str | os.PathLike
         return ModelDirectory(backend.root / folder)
     target = Path(cache_dir) / folder
     if not (target / REGISTRATION_FILE).is_file():
-        with staged_directory(target) as staging:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        download = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.download-"))
+        try:
             for file_name, digest in registration.files.items():
-                backend.download(f"{folder}/{file_name}", staging / file_name)
-                if sha256_file(staging / file_name) != digest:
+                backend.download(f"{folder}/{file_name}", download / file_name)
+                if sha256_file(download / file_name) != digest:
                     raise OSError(f"{backend.location}/{folder}/{file_name} does not match its sha256 in {REGISTRATION_FILE}")
-            (staging / REGISTRATION_FILE).write_text(registration.model_dump_json(indent=2), encoding="utf-8")
+            (download / REGISTRATION_FILE).write_text(registration.model_dump_json(indent=2), encoding="utf-8")
+            # Versions never change, so when several fetches race, the first complete copy stays and the
+            # others are dropped: rename() refuses to replace a folder that is not empty.
+            os.rename(download, target)
+        except OSError:
+            if not (target / REGISTRATION_FILE).is_file():
+                raise
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
     return ModelDirectory(target)
 
 
