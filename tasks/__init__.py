@@ -27,6 +27,7 @@ _EXPORTS = {
     "InvalidModelDirectoryError": "tasks.errors",
     "InvalidModelNameError": "tasks.errors",
     "TrainingFailedError": "tasks.errors",
+    "TrainingDivergedError": "tasks.errors",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tasks
-from tasks.errors import PipelineInputError, TrainingFailedError
+from tasks.errors import PipelineInputError, TrainingDivergedError, TrainingFailedError
 from tasks.model_directory import (
+    DIVERGED_MARKER,
     FAILURE_MARKER,
     LOGS_DIR,
     METRICS_FILE,
@@ -51,7 +52,8 @@ def build_torchrun_command(
         # A private rendezvous on a free port: runs on one host never collide.
         command.append("--standalone")
     elif params.rendezvous_endpoint:
-        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", params.rendezvous_endpoint, "--rdzv-id", run_id]
+        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", params.rendezvous_endpoint,
+                    "--rdzv-id", params.rendezvous_id or run_id]  # fmt: skip
     else:
         raise PipelineInputError(
             f"nodes={params.nodes} needs rendezvous_endpoint (host:port reachable from every node, "
@@ -141,7 +143,8 @@ def run_training(
         reader.join(timeout=10)
     if process.returncode != 0:
         rank, rank_tail = failing_rank(output_dir)
-        raise TrainingFailedError(
+        error_type = TrainingDivergedError if DIVERGED_MARKER in rank_tail else TrainingFailedError
+        raise error_type(
             f"training failed (torchrun exit code {process.returncode})"
             + (f" on rank {rank}; its full log is {output_dir / LOGS_DIR}/driver_log_{rank}.txt" if rank is not None else ""),
             returncode=process.returncode,

@@ -96,6 +96,16 @@ def digits_subset(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def digits_image_dirs(tmp_path_factory, digits_subset) -> tuple[Path, Path]:
+    """The digits subset converted: 300 training and 100 validation ImageDirectory images."""
+    from tasks import convert_to_image_directory
+
+    base = tmp_path_factory.mktemp("digits-converted")
+    train, val = digits_subset
+    return convert_to_image_directory(train, base / "train").root, convert_to_image_directory(val, base / "val").root
+
+
+@pytest.fixture(scope="session")
 def prefect_server():
     """A real Prefect server on a temporary SQLite database, for the flow tests."""
     from prefect.testing.utilities import prefect_test_harness
