@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks import PipelineInputError, TrainingDivergedError
+from tasks import PipelineInputError, TrainingDivergedError, TrainingFailedError
 from tasks.fileio import sha256_file
 from tasks.model_directory import CHECKPOINT_FILE, WEIGHTS_FILE, ModelDirectory, driver_log_path
 from tasks.train import build_torchrun_command, read_metrics, run_training, worker_environment
@@ -102,6 +102,24 @@ def test_a_killed_worker_restarts_and_resumes_to_the_same_result(tmp_path, digit
     assert abs(resumed.metrics().best_top1 - unbroken.metrics().best_top1) <= 0.01
     # Epoch boundaries are seeded, so a resumed run is the unbroken run.
     assert figures(resumed) == figures(unbroken)
+
+
+def test_without_restarts_a_killed_worker_is_named_in_the_error(tmp_path, digits_image_dirs, resnet_spec):
+    params = TrainingParams(epochs=3, processes_per_node=2, device="cpu", max_restarts=0)
+    output, killed = tmp_path / "model", {}
+
+    def kill_rank_one(metrics):
+        if not killed and (pids := worker_pids(output)):
+            ranks = {int(dict(v.split("=", 1) for v in Path(f"/proc/{p}/environ").read_text().split("\0") if "=" in v)
+                         ["RANK"]): p for p in pids}  # fmt: skip
+            os.kill(ranks[1], signal.SIGKILL)
+            killed[1] = ranks[1]
+
+    with pytest.raises(TrainingFailedError) as error:
+        launch(digits_image_dirs, resnet_spec, output, params, on_metrics=kill_rank_one, poll_seconds=0.1)
+    assert killed and error.value.rank == 1
+    assert "rank 1 first, exit code -9 (SIGKILL)" in str(error.value)
+    assert "driver_log_1.txt" in str(error.value)
 
 
 def test_divergence_stops_with_advice_and_keeps_the_best_model(tmp_path, trained_model, colour_image_dirs, resnet_spec):

@@ -240,7 +240,13 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
     else:
         device = torch.device("cpu")
     if env.world_size > 1:
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        store, _, _ = next(dist.rendezvous("env://"))
+        # After a restart torchrun can hand the new worker group the store the failed group used; without a
+        # per-restart prefix the new ranks may read the dead ranks' addresses and fail to connect.
+        store = dist.PrefixStore(f"restart-{env.restart_count}", store)
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo", store=store, rank=env.rank, world_size=env.world_size
+        )
     logger.info(
         "rank %d/%d on %s (%s), restart %d, torch %s",
         env.rank, env.world_size, device, dist.get_backend() if dist.is_initialized() else "single process",
@@ -330,12 +336,13 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         if metrics.stopped_early:
             logger.info("stopping early: validation loss has not decreased for %d epochs", params.patience)
         if env.is_main:
+            # Order matters: whoever sees epoch N in metrics.json can rely on its checkpoint being there.
             if is_best:
                 with atomic_write(output / WEIGHTS_FILE, "wb") as handle:
                     torch.save(model.state_dict(), handle)
-            write_training_log(output, metrics)
             save_checkpoint(checkpoint_path, model, optimizer, scheduler, metrics, classes,
                             config={"params": params.model_dump(), "spec": trained_spec.model_dump()})  # fmt: skip
+            write_training_log(output, metrics)
 
     logger.info("done: best top-1 %.4f at epoch %s", metrics.best_top1 or 0.0, metrics.best_epoch)
     if dist.is_initialized():
