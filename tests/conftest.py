@@ -14,6 +14,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from deployments.local import free_port  # noqa: E402
+
 # Colours far apart, so that a couple of epochs on a dozen images learn them.
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 
@@ -112,14 +114,6 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

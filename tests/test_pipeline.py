@@ -22,22 +22,13 @@ STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "mod
 
 
 async def artifact_keys_and_task_runs(flow_run_id):
-    from prefect.client.schemas.filters import (
-        ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId, TaskRunFilter,
-    )  # fmt: skip
-    from prefect.client.schemas.sorting import ArtifactSort, TaskRunSort
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
 
-    # Every filter and limit spelled out: this server (prefect 3.8.8, fastapi 0.154) answers 422 to the
-    # nulls the client sends for the ones left out.
-    runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
     async with get_client() as client:
         artifacts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])),
-            flow_run_filter=runs, task_run_filter=TaskRunFilter(), limit=100, sort=ArtifactSort.CREATED_DESC,
-        )  # fmt: skip
-        task_runs = await client.read_task_runs(
-            flow_run_filter=runs, task_run_filter=TaskRunFilter(), limit=100, sort=TaskRunSort.EXPECTED_START_TIME_DESC
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
+        task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     return {a.key for a in artifacts}, task_runs
 
 
