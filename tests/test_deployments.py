@@ -69,3 +69,14 @@ def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, colour_ima
     assert list_versions(tmp_path / "registry", "colours-resnet18") == [1]
     assert read_registration(tmp_path / "registry", "colours-resnet18", 1).flow_run_id == str(run.id)
     assert flow_run_id in (stack.logs / "gpu-worker-1.log").read_text(), "the worker ran it"
+
+
+def test_serve_offers_the_same_deployments_as_the_deployment_file():
+    from deployments.serve import runner_deployments
+
+    config = yaml.safe_load(DEPLOYMENT_FILE.read_text())
+    served = runner_deployments()
+    assert [d.name for d in served] == [entry["name"] for entry in config["deployments"]]
+    for deployment, entry in zip(served, config["deployments"]):
+        assert deployment.parameters == entry.get("parameters", {})
+        assert [s.active for s in deployment.schedules] == [s.get("active", True) for s in entry.get("schedules", [])]
