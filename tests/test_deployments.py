@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import time
 
 import pytest
 import yaml
@@ -36,39 +37,78 @@ def stack(tmp_path_factory):
         yield running
 
 
-async def read_run(api_url, flow_run_id):
+async def read_deployment_and_artifacts(api_url, run):
     from prefect.client.orchestration import PrefectClient
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     async with PrefectClient(api_url) as client:
-        run = await client.read_flow_run(flow_run_id)
         deployment = await client.read_deployment(run.deployment_id)
         artifacts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
         )
-    return run, deployment, {a.key for a in artifacts}
+    return deployment, {a.key for a in artifacts}
 
 
-def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, colour_image_dirs, tmp_path):
+def run_deployment(stack, parameters: dict) -> str:
+    """Trigger a run of the training deployment through the API; returns its id (not waiting for it)."""
+    result = stack.cli("deployment", "run", "train-pipeline/retrain-digits", "--params", json.dumps(parameters))
+    return next(line.split()[-1] for line in result.stdout.splitlines() if "UUID:" in line)
+
+
+def wait_for(stack, flow_run_ids, timeout=400):
+    async def poll():
+        from prefect.client.orchestration import PrefectClient
+
+        async with PrefectClient(stack.api_url) as client:
+            deadline = time.monotonic() + timeout
+            while True:
+                runs = [await client.read_flow_run(i) for i in flow_run_ids]
+                if all(r.state.is_final() for r in runs) or time.monotonic() > deadline:
+                    return runs
+                await asyncio.sleep(1)
+
+    return asyncio.run(poll())
+
+
+def tiny_training(colour_image_dirs, tmp_path, name):
     train, val = colour_image_dirs
-    parameters = {
-        "train_data": str(train), "validation_data": str(val), "model_name": "colours-resnet18",
+    return {
+        "train_data": str(train), "validation_data": str(val), "model_name": name,
         "training": {"epochs": 1, "batch_size": 4, "processes_per_node": 2},
         "registry": str(tmp_path / "registry"), "work_dir": str(tmp_path / "runs"),
     }  # fmt: skip
-    result = stack.cli(
-        "deployment", "run", "train-pipeline/retrain-digits", "--params", json.dumps(parameters),
-        "--watch", "--watch-interval", "1", "--watch-timeout", "400",
-    )  # fmt: skip
-    flow_run_id = next(line.split()[-1] for line in result.stdout.splitlines() if "UUID:" in line)
 
-    run, deployment, artifact_keys = asyncio.run(read_run(stack.api_url, flow_run_id))
+
+@pytest.fixture(scope="module")
+def finished_run(stack, colour_image_dirs, tmp_path_factory):
+    """A training run triggered through the API, picked up by the worker, and finished."""
+    tmp_path = tmp_path_factory.mktemp("deployment-run")
+    flow_run_id = run_deployment(stack, tiny_training(colour_image_dirs, tmp_path, "colours-resnet18"))
+    (run,) = wait_for(stack, [flow_run_id])
+    return run, tmp_path / "registry"
+
+
+def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, finished_run):
+    run, registry = finished_run
+    deployment, artifact_keys = asyncio.run(read_deployment_and_artifacts(stack.api_url, run))
     assert run.state.is_completed(), stack.log_text()[-3000:]
     assert deployment.work_pool_name == "gpu" and not deployment.schedules[0].active
     assert STAGE_ARTIFACTS <= artifact_keys
-    assert list_versions(tmp_path / "registry", "colours-resnet18") == [1]
-    assert read_registration(tmp_path / "registry", "colours-resnet18", 1).flow_run_id == str(run.id)
-    assert flow_run_id in (stack.logs / "gpu-worker-1.log").read_text(), "the worker ran it"
+    assert list_versions(registry, "colours-resnet18") == [1]
+    assert read_registration(registry, "colours-resnet18", 1).flow_run_id == str(run.id)
+    assert str(run.id) in (stack.logs / "gpu-worker-1.log").read_text(), "the worker ran it"
+
+
+def test_two_runs_at_once_on_one_worker_with_sqlite(stack, colour_image_dirs, tmp_path):
+    """The scale note: count 'database is locked' in the server and worker logs while two runs overlap."""
+    locked_before = stack.log_text().count("database is locked")
+    ids = [run_deployment(stack, tiny_training(colour_image_dirs, tmp_path / str(i), "concurrent")) for i in range(2)]
+    runs = wait_for(stack, ids)
+    locked = stack.log_text().count("database is locked") - locked_before
+    print(f"two concurrent runs on SQLite: states {[r.state.name for r in runs]}, 'database is locked' x{locked}")
+    assert all(r.state.is_completed() for r in runs), stack.log_text()[-3000:]
+    starts = sorted((r.start_time, r.end_time) for r in runs)
+    assert starts[1][0] < starts[0][1], "the two runs did not overlap"
 
 
 def test_serve_offers_the_same_deployments_as_the_deployment_file():
