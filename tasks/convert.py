@@ -160,7 +160,7 @@ def convert_to_image_directory(
     if (previous := _previous(output, conversion_hash)) is not None:
         return previous
     table = (read_labels_file(labels_data, labels), labels) if labels_data is not None else None
-    with staged_directory(output) as staging, origin.open() as opened:
+    with origin.open() as opened, staged_directory(output) as staging:
         plan, labels_source = plan_source(find_base_folder(opened.folder), labels=table, labeled=labeled)
         classes = sorted({f.label for f in plan.files if f.label is not None})
         folders = class_folders(classes)
