@@ -115,9 +115,7 @@ def _check_locations(source: Source, output: Path) -> None:
     ):
         raise InvalidDatasetError(f"output {output} and source {source.location} must not contain each other")
     if output.exists() and any(output.iterdir()) and not (output / MANIFEST_NAME).is_file():
-        raise InvalidDatasetError(
-            f"output {output} exists and is not an ImageDirectory: choose an empty or new folder"
-        )
+        raise InvalidDatasetError(f"output {output} exists and is not an ImageDirectory: choose an empty or new folder")
 
 
 def _previous(output: Path, conversion_hash: str) -> ImageDirectory | None:
@@ -132,7 +130,7 @@ def convert_to_image_directory(
     source: str | os.PathLike[str],
     output: str | os.PathLike[str],
     *,
-    labels: str | None = None,
+    labels: str | os.PathLike[str] | None = None,
     labeled: bool | None = None,
     normalisation: Normalisation | None = None,
     max_extracted_bytes: int = DEFAULT_MAX_EXTRACTED_BYTES,
@@ -148,9 +146,11 @@ def convert_to_image_directory(
     origin = Source(os.fspath(source), max_extracted_bytes)
     output = Path(output).resolve()
     _check_locations(origin, output)
+    labels = os.fspath(labels) if labels is not None else None
     labels_data = read_location(labels) if labels else None
     settings = {
         "format_version": FORMAT_VERSION,
+        "location": origin.location,
         "source": origin.fingerprint(),
         "labels": hashlib.sha256(labels_data).hexdigest() if labels_data is not None else None,
         "labeled": labeled,
@@ -168,7 +168,10 @@ def convert_to_image_directory(
         # Decoding, hashing and file I/O run in C and release the GIL: threads overlap them.
         with ThreadPoolExecutor(max_workers=threads or min(16, 2 * (os.cpu_count() or 1))) as pool:
             results = list(
-                pool.map(lambda f: store_image(f, stored_path(f, folders, by_class_folder), staging, normalisation), plan.files)
+                pool.map(
+                    lambda f: store_image(f, stored_path(f, folders, by_class_folder), staging, normalisation),
+                    plan.files,
+                )
             )
         images = [r for r in results if isinstance(r, ImageRecord)]
         quarantined = opened.skipped + plan.refused + [r for r in results if isinstance(r, QuarantinedFile)]
@@ -207,7 +210,9 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 
 
-@task(name="convert", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+@task(
+    name="convert", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE
+)
 def convert(
     source: str,
     output: str,
@@ -223,10 +228,17 @@ def convert(
     problems with the input are not.
     """
     image_dir = convert_to_image_directory(
-        source, output, labels=labels, labeled=labeled, normalisation=normalisation, max_extracted_bytes=max_extracted_bytes
+        source,
+        output,
+        labels=labels,
+        labeled=labeled,
+        normalisation=normalisation,
+        max_extracted_bytes=max_extracted_bytes,
     )
     manifest, logger = image_dir.manifest, get_run_logger()
-    rows = [{"class": c, "folder": manifest.class_folders.get(c, c), "images": manifest.counts[c]} for c in manifest.classes]
+    rows = [
+        {"class": c, "folder": manifest.class_folders.get(c, c), "images": manifest.counts[c]} for c in manifest.classes
+    ]
     create_table_artifact(
         key=f"{role}-images",
         table=rows or [{"class": "(unlabeled)", "folder": "", "images": len(manifest.images)}],

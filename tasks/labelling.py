@@ -38,7 +38,6 @@ class Plan:
     files: list[SourceFile]
     refused: list[QuarantinedFile] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    empty_classes: list[str] = field(default_factory=list)
 
 
 def _some(names: list[str]) -> str:
@@ -73,7 +72,7 @@ def find_base_folder(root: Path) -> Path:
         folders = [p for p in entries if p.is_dir()]
         if len(folders) != 1 or any(p.is_file() for p in entries):
             return root
-        if any(p.is_file() and is_image_name(p.name) for p in folders[0].iterdir()):
+        if any(p.is_file() and is_image_name(p.name) and visible(PurePosixPath(p.name)) for p in folders[0].iterdir()):
             return root
         root = folders[0]
 
@@ -101,6 +100,8 @@ def read_labels_file(data: bytes, name: str) -> dict[str, str]:
     labels: dict[str, str] = {}
     for image, label in pairs:
         image = image.replace("\\", "/").removeprefix("./")
+        if not image:
+            continue
         if labels.setdefault(image, label) != label:
             raise InvalidDatasetError(
                 f"labels file {name} gives {image!r} two labels, {labels[image]!r} and {label!r}: keep one"
@@ -116,10 +117,12 @@ def _plan_class_folders(base: Path, images: list[PurePosixPath]) -> Plan:
         else:
             label = unicodedata.normalize("NFC", relative.parts[0])
             plan.files.append(SourceFile(base / relative, relative, label))
-    folders = sorted(p.name for p in base.iterdir() if p.is_dir() and visible(PurePosixPath(p.name)))
-    plan.empty_classes = [f for f in folders if not any(f == i.parts[0] for i in images if len(i.parts) > 1)]
-    if plan.empty_classes:
-        plan.warnings.append(f"class folders without images, left out: {_some(plan.empty_classes)}")
+    with_images = {i.parts[0] for i in images if len(i.parts) > 1}
+    empty = sorted(
+        p.name for p in base.iterdir() if p.is_dir() and visible(PurePosixPath(p.name)) and p.name not in with_images
+    )
+    if empty:
+        plan.warnings.append(f"class folders without images, left out: {_some(empty)}")
     return plan
 
 
@@ -134,7 +137,9 @@ def _plan_labels_file(base: Path, images: list[PurePosixPath], labels: dict[str,
         elif relative.name in labels and len(by_name[relative.name]) == 1:
             key = relative.name
         else:
-            plan.refused.append(QuarantinedFile(path=relative.as_posix(), reason=f"not named in the labels file {name}"))
+            plan.refused.append(
+                QuarantinedFile(path=relative.as_posix(), reason=f"not named in the labels file {name}")
+            )
             continue
         named.add(key)
         if not labels[key]:

@@ -118,7 +118,9 @@ def extract_archive(archive_path: Path, destination: Path, max_bytes: int) -> li
         raise InvalidDatasetError(f"{archive_path} is a damaged archive: {error}") from error
     except RuntimeError as error:  # zipfile's "File is encrypted, password required"
         raise InvalidDatasetError(f"{archive_path}: {error}") from error
-    raise InvalidDatasetError(f"source {archive_path} is neither a folder nor an archive this stage reads ({ARCHIVE_KINDS})")
+    raise InvalidDatasetError(
+        f"source {archive_path} is neither a folder nor an archive this stage reads ({ARCHIVE_KINDS})"
+    )
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,9 @@ class Source:
     def fingerprint(self) -> str:
         """A digest that changes whenever a file's content, name or place changes."""
         if is_s3_uri(self.location):
-            return _digest(f"{o.relative}\0{o.etag}\0{o.size}" for o in sorted(self._objects(), key=lambda o: o.relative))
+            return _digest(
+                f"{o.relative}\0{o.etag}\0{o.size}" for o in sorted(self._objects(), key=lambda o: o.relative)
+            )
         if self.path.is_file():
             return sha256_file(self.path)
         files = sorted(

@@ -104,13 +104,21 @@ def validate_labels(
 ) -> LabelReport:
     """Deterministic: never retried. Artifact ``label-validation``: images per class, leakage, imbalance."""
     report = check_training_data(ImageDirectory(train), ImageDirectory(validation), min_images_per_class)
-    leakage = f"{report.leaked} training images are also in validation (same bytes)" if report.leaked else "no images in both sets"
+    leakage = (
+        f"{report.leaked} training images are also in validation (same bytes)"
+        if report.leaked
+        else "no images in both sets"
+    )
     examples = "".join(f"\n- `{t}` = `{v}`" for t, v in report.leaked_examples)
     create_table_artifact(
         key="label-validation",
         table=[
-            {"class": c, "train": report.train_counts[c], "validation": report.validation_counts[c],
-             "in both sets": report.leaked_counts.get(c, 0)}  # fmt: skip
+            {
+                "class": c,
+                "train": report.train_counts[c],
+                "validation": report.validation_counts[c],
+                "in both sets": report.leaked_counts.get(c, 0),
+            }
             for c in report.classes
         ],
         description=f"{len(report.classes)} classes; imbalance (largest/smallest training class) "
