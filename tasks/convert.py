@@ -48,9 +48,14 @@ _SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"quality": 95}}
 def decode(data: bytes, normalisation: Normalisation | None) -> tuple[bytes, int, int, str]:
     """Decode ``data`` in full (truncation and damage only show then): the bytes to store, width, height, mode."""
     with Image.open(io.BytesIO(data)) as image:
-        image.load()
         if normalisation is None:
-            return data, image.width, image.height, image.mode
+            width, height, mode = image.width, image.height, image.mode
+            # A JPEG drafted to 1/8 scale is still entropy-decoded to its last byte, so truncation and damage
+            # still show, but most of the IDCT and colour conversion (needed only to re-encode) is skipped.
+            image.draft(None, (1, 1))
+            image.load()
+            return data, width, height, mode
+        image.load()
         fmt = image.format
         result = ImageOps.exif_transpose(image).convert(normalisation.mode)
     if normalisation.max_side and max(result.size) > normalisation.max_side:
