@@ -77,14 +77,11 @@ def main() -> None:
                 shutil.rmtree(output)
         print(f"{args.images} JPEGs of {args.size}x{args.size * 3 // 4}, {args.repetitions} alternating repetitions, "
               f"{os.cpu_count()} CPUs")  # fmt: skip
+        medians = {name: statistics.median(values) for name, values in rates.items()}
         for name, values in rates.items():
-            print(
-                f"  {name:15s} median {statistics.median(values):8.1f} images/s  ({', '.join(f'{v:.0f}' for v in values)})"
-            )
-        print(
-            f"  ratio ours / plain PIL loop: {statistics.median(rates['ours']) / statistics.median(rates['plain PIL loop']):.2f}x"
-        )
-
+            runs = ", ".join(f"{v:.0f}" for v in values)
+            print(f"  {name:15s} median {medians[name]:8.1f} images/s  ({runs})")
+        print(f"  ratio ours / plain PIL loop: {medians['ours'] / medians['plain PIL loop']:.2f}x")
 
 if __name__ == "__main__":
     main()
