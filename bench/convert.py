@@ -83,5 +83,6 @@ def main() -> None:
             print(f"  {name:15s} median {medians[name]:8.1f} images/s  ({runs})")
         print(f"  ratio ours / plain PIL loop: {medians['ours'] / medians['plain PIL loop']:.2f}x")
 
+
 if __name__ == "__main__":
     main()
