@@ -188,6 +188,8 @@ def convert_to_image_directory(
         counts = Counter(r.label for r in images)
         kept = [c for c in classes if counts[c]]
         warnings = list(plan.warnings)
+        if unreadable := [c for c in classes if not counts[c]]:
+            warnings.append(f"classes whose every image was quarantined, left out: {', '.join(map(repr, unreadable))}")
         if plan.labeled and len(kept) == 1:
             warnings.append(f"only one class ({kept[0]!r}): training a classifier needs at least two")
         manifest = ImageDirectoryManifest(

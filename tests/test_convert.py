@@ -257,10 +257,13 @@ def test_awkward_class_names_stay_readable_and_get_safe_folders(tmp_path):
 def test_empty_class_folder_and_single_class_are_warnings(tmp_path):
     write_class_folders(tmp_path / "src", 2, classes=("red",))
     (tmp_path / "src" / "blue").mkdir()
+    (tmp_path / "src" / "green").mkdir()
+    (tmp_path / "src" / "green" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     image_dir = convert_to_image_directory(tmp_path / "src", tmp_path / "out")
     assert image_dir.classes == ["red"]
     assert image_dir.manifest.warnings == [
         "class folders without images, left out: 'blue'",
+        "classes whose every image was quarantined, left out: 'green'",
         "only one class ('red'): training a classifier needs at least two",
     ]
 
