@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import NoReturn
 
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import sha256_file
@@ -58,8 +59,8 @@ def _refuse_oversize(source: object, declared: int, limit: int) -> None:
         )
 
 
-def _refuse_member(source: object, name: str, why: str) -> None:
-    raise InvalidDatasetError(f"{source}: refusing archive member {name!r}: {why}; nothing was extracted")
+def _refuse_member(source: object, name: str, why: str) -> NoReturn:
+    raise InvalidDatasetError(f"{source}: refusing archive member {name!r}: {why}; nothing was written to the output")
 
 
 def _extract_zip(archive_path: Path, destination: Path, max_bytes: int) -> list[QuarantinedFile]:
