@@ -145,9 +145,15 @@ def list_s3(uri: str) -> list[S3Object]:
             if error.response["Error"]["Code"] not in ("404", "NoSuchKey"):
                 raise
     prefix = f"{location.prefix}/" if location.prefix else ""
+    try:
+        pages = list(client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=prefix))
+    except ClientError as error:
+        if error.response["Error"]["Code"] == "NoSuchBucket":
+            raise InvalidDatasetError(f"source {uri}: bucket {location.bucket!r} does not exist") from error
+        raise
     return [
         S3Object(o["Key"], o["Key"][len(prefix) :], o["Size"], o["ETag"])
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=prefix)
+        for page in pages
         for o in page.get("Contents", [])
         if not o["Key"].endswith("/") and visible(PurePosixPath(o["Key"][len(prefix) :]))
     ]

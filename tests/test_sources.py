@@ -181,7 +181,9 @@ def test_s3_archive_object_and_s3_labels_file(s3_bucket, colour_source, tmp_path
     assert labeled.manifest.counts == {"cold": 2, "warm": 2}
 
 
-def test_s3_empty_prefix_and_oversized_prefix_are_refused(s3_bucket, tmp_path):
+def test_s3_missing_bucket_empty_prefix_and_oversized_prefix_are_refused(s3_bucket, tmp_path):
+    with pytest.raises(InvalidDatasetError, match="bucket 'no-such-bucket' does not exist"):
+        convert_to_image_directory("s3://no-such-bucket/train", tmp_path / "out")
     with pytest.raises(InvalidDatasetError, match="holds no objects"):
         convert_to_image_directory(f"s3://{s3_bucket}/nothing-here", tmp_path / "out")
     s3_client().put_object(Bucket=s3_bucket, Key="big/cats/a.png", Body=os.urandom(4096))
