@@ -9,7 +9,11 @@ RUN_ARGS ?= --processes-per-node 2
 
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: run test data server clean
+# The Prefect server the long-running commands talk to (make server starts it here).
+PREFECT_SERVER_URL ?= http://127.0.0.1:4200/api
+POOL ?= gpu
+
+.PHONY: run test data server worker deploy serve clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +35,21 @@ data: $(VENV)/.installed
 
 server: $(VENV)/.installed
 	$(BIN)/prefect server start --host 127.0.0.1 --port 4200
+
+# One worker per GPU host; creates the process work pool on first use.
+worker: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
+worker: $(VENV)/.installed
+	$(BIN)/prefect work-pool inspect $(POOL) >/dev/null 2>&1 || $(BIN)/prefect work-pool create $(POOL) --type process
+	$(BIN)/prefect worker start --pool $(POOL)
+
+deploy: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
+deploy: $(VENV)/.installed
+	$(BIN)/prefect --no-prompt deploy --prefect-file deployments/prefect.yaml --all
+
+# Single-process alternative to worker + deploy (flow.serve).
+serve: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
+serve: $(VENV)/.installed
+	$(BIN)/python -m deployments.serve
 
 clean:
 	rm -rf runs registry data .pytest_cache

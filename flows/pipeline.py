@@ -11,11 +11,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
-
 from prefect import flow
 from prefect.runtime import flow_run
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from tasks.convert import convert
 from tasks.datasets import sources
@@ -65,18 +63,31 @@ class PipelineResult(BaseModel):
 
 @flow(name="train-pipeline", log_prints=True)
 def train_pipeline(
-    train_data: Annotated[str | None, Field(description="class-per-folder folder or .zip; empty: bundled digits")] = None,
-    validation_data: Annotated[str | None, Field(description="same classes as train_data; empty: digits")] = None,
+    train_data: str | None = None,
+    validation_data: str | None = None,
     model: ModelSpec = ModelSpec(),
     training: TrainingParams = TrainingParams(),
-    model_name: Annotated[str | None, Field(description="registry name; empty: '<data set>-<architecture>'")] = None,
-    registry: Annotated[str, Field(description="registry folder or s3://bucket/prefix")] = "registry",
-    work_dir: Annotated[str, Field(description="folder for each run's data, model, logs and scores")] = "runs",
-    promote_to: Annotated[str | None, Field(description="alias to move to the new version if it beats the alias's current one")] = None,
-    promotion_metric: Annotated[str, Field(description="figure compared for promotion (higher is better)")] = "accuracy",
-    export_onnx: Annotated[bool, Field(description="also export model.onnx (checked against PyTorch) and register it")] = False,
+    model_name: str | None = None,
+    registry: str = "registry",
+    work_dir: str = "runs",
+    promote_to: str | None = None,
+    promotion_metric: str = "accuracy",
+    export_onnx: bool = False,
 ) -> PipelineResult:
-    """Train an image classifier from class-per-folder images and register it (default: the bundled digits)."""
+    """Train an image classifier from class-per-folder images, evaluate it and register it.
+
+    Args:
+        train_data: Class-per-folder folder or .zip of training images (cat/1.jpg, dog/2.jpg, ...); empty: the bundled digits.
+        validation_data: Validation images with the same classes; empty: the bundled digits.
+        model: The torchvision architecture and its options (Azure's DenseNet / ResNet modules).
+        training: Training parameters; defaults are Azure's "Train PyTorch Model" component's.
+        model_name: Registry name; empty: '<data set>-<architecture>', e.g. digits-resnet18.
+        registry: Registry folder or s3://bucket/prefix.
+        work_dir: Folder for each run's converted data, model, logs and scores.
+        promote_to: Alias (e.g. production) the new version takes only if it beats the alias's current version.
+        promotion_metric: Figure compared for promotion, higher is better (accuracy, f1_macro, auc_ovr, ...).
+        export_onnx: Also export model.onnx (checked against PyTorch with onnxruntime) and register it.
+    """
     # Named after the flow run, so that a retried run finds its checkpoints again.
     run_dir = Path(work_dir).resolve() / f"{flow_run.get_name()}-{flow_run.get_id()[:8]}"
     train_source, validation_source = sources(train_data, validation_data, work_dir)

@@ -10,11 +10,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
 from prefect import flow
 from prefect.runtime import flow_run
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from tasks.convert import convert
 from tasks.evaluate import Evaluation, compare, evaluate
@@ -31,15 +30,25 @@ class ScoreResult(BaseModel):
 
 @flow(name="score-pipeline", log_prints=True)
 def score_pipeline(
-    images: Annotated[str, Field(description="folder or .zip of images; class folders make them labeled")],
-    model: Annotated[str, Field(description="registry reference ('name', 'name/3', 'name@production') or a ModelDirectory")],
-    output_csv: Annotated[str | None, Field(description="where the scores go (path or s3://); empty: in the run folder")] = None,
-    registry: Annotated[str, Field(description="registry folder or s3://bucket/prefix")] = "registry",
-    runtime: Annotated[Runtime, Field(description="'onnx' needs a model registered with its model.onnx")] = "torch",
-    batch_size: Annotated[int, Field(ge=1, le=4096)] = BATCH_SIZE,
-    work_dir: Annotated[str, Field(description="folder for each run's converted images, model cache and scores")] = "runs",
+    images: str,
+    model: str,
+    output_csv: str | None = None,
+    registry: str = "registry",
+    runtime: Runtime = "torch",
+    batch_size: int = BATCH_SIZE,
+    work_dir: str = "runs",
 ) -> ScoreResult:
-    """Score images with a trained model into a table of Azure's columns; evaluate it when the images are labeled."""
+    """Score images with a trained model into a table of Azure's columns; evaluate it when the images are labeled.
+
+    Args:
+        images: Folder, archive or S3 prefix of images; class folders make them labeled (and evaluated).
+        model: Registry reference ('name', 'name/3', 'name@production') or a ModelDirectory path.
+        output_csv: Where the scores table goes (path or s3://bucket/key.csv); empty: scores.csv in the run folder.
+        registry: Registry folder or s3://bucket/prefix that references resolve in.
+        runtime: 'torch', or 'onnx' for a model registered with its model.onnx (train with export_onnx).
+        batch_size: Images per forward pass.
+        work_dir: Folder for each run's converted images, scores and the cache of models fetched from S3.
+    """
     run_dir = Path(work_dir).resolve() / f"score-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
     image_dir = convert(images, str(run_dir / "images"), "score")
     model_dir = resolve_model(model, registry, str(Path(work_dir).resolve() / "models"))
@@ -49,12 +58,14 @@ def score_pipeline(
 
 
 @flow(name="compare-models", log_prints=True)
-def compare_models(
-    left: Annotated[str, Field(description="a scores CSV or a registry reference")],
-    right: Annotated[str, Field(description="a scores CSV or a registry reference")],
-    registry: Annotated[str, Field(description="registry folder or s3://bucket/prefix")] = "registry",
-) -> list[dict]:
-    """Two scored tables, or two registered versions, side by side (artifact ``model-comparison``)."""
+def compare_models(left: str, right: str, registry: str = "registry") -> list[dict]:
+    """Two scored tables, or two registered versions, side by side (artifact ``model-comparison``).
+
+    Args:
+        left: A scores CSV or a registry reference.
+        right: A scores CSV or a registry reference.
+        registry: Registry folder or s3://bucket/prefix that references resolve in.
+    """
     return compare(left, right, registry)
 
 

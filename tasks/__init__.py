@@ -18,6 +18,7 @@ _EXPORTS = {
     "register_model": "tasks.registry",
     "export_digits": "tasks.datasets",
     "ImageDirectory": "tasks.image_directory",
+    "Normalisation": "tasks.image_directory",
     "ModelDirectory": "tasks.model_directory",
     "ModelSpec": "tasks.model_directory",
     "TrainingParams": "tasks.training.config",
@@ -27,6 +28,7 @@ _EXPORTS = {
     "InvalidModelDirectoryError": "tasks.errors",
     "InvalidModelNameError": "tasks.errors",
     "TrainingFailedError": "tasks.errors",
+    "TrainingDivergedError": "tasks.errors",
 }
 __all__ = sorted(_EXPORTS)
 

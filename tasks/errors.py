@@ -48,3 +48,7 @@ class TrainingFailedError(RuntimeError):
         self.returncode = returncode
         self.rank = rank
         self.log_tail = log_tail
+
+
+class TrainingDivergedError(TrainingFailedError, PipelineInputError):
+    """The loss became NaN or infinite: the same parameters would diverge again, so it is not retried."""

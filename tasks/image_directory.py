@@ -3,18 +3,24 @@
 Layout::
 
     <root>/image_directory.json          the manifest below
-    <root>/<class name>/<image file>     labeled directories (one folder per class)
-    <root>/<image file>                  unlabeled directories (for scoring)
+    <root>/<class folder>/<image file>   labeled directories (one folder per class, see ``class_folders``)
+    <root>/<image file>                  unlabeled directories (for scoring; sub-folders of the source are kept)
 
-Class indices are positions in ``classes``. Later stages read images through
-``ImageDirectory.samples()``; none of them walks raw sources again.
+Class indices are positions in ``classes``. A class's folder is its name made safe for Linux, macOS and
+Windows (``safe_name``): most names are unchanged, and the manifest keeps the readable name. Later stages
+read images through ``ImageDirectory.samples()``; none of them walks raw sources again.
+
+FORMAT_VERSION stays 1 while fields are only added with defaults: older manifests still load, and older
+readers ignore the new fields.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import unicodedata
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -25,6 +31,49 @@ MANIFEST_NAME = "image_directory.json"
 FORMAT_VERSION = 1
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"})
 
+# Characters Windows refuses in names (and "%", which escapes them); names Windows reserves for devices.
+_UNSAFE_CHARACTERS = frozenset('<>:"/\\|?*%') | {chr(c) for c in range(32)} | {chr(127)}
+_RESERVED_NAMES = frozenset({"con", "prn", "aux", "nul"} | {f"{d}{i}" for d in ("com", "lpt") for i in range(1, 10)})
+_MAX_NAME_BYTES = 255
+
+
+def safe_name(name: str) -> str:
+    """``name`` as one path component that is legal and visible on Linux, macOS and Windows.
+
+    Unsafe characters become ``%XX`` (UTF-8 bytes) and ``%`` itself is escaped, so distinct names stay
+    distinct; spaces and unicode letters are kept (NFC, the form Linux and Windows store). A leading dot
+    (hidden), a trailing dot or space (dropped by Windows) and reserved device names are escaped too.
+    """
+    if not name:
+        raise ValueError("an empty name has no safe form")
+    name = unicodedata.normalize("NFC", name)
+    chars = ["".join(f"%{b:02X}" for b in c.encode()) if c in _UNSAFE_CHARACTERS else c for c in name]
+    if chars[0] == ".":
+        chars[0] = "%2E"
+    if chars[-1] in (".", " "):
+        chars[-1] = f"%{ord(chars[-1]):02X}"
+    if name.split(".")[0].lower() in _RESERVED_NAMES:
+        chars[0] = f"%{ord(name[0]):02X}"
+    safe = "".join(chars)
+    if len(safe.encode()) > _MAX_NAME_BYTES:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        safe = safe.encode()[: _MAX_NAME_BYTES - 40].decode(errors="ignore") + f"~{digest}"
+    return safe
+
+
+def class_folders(classes: list[str]) -> dict[str, str]:
+    """A folder per class: ``safe_name``, made unique where only letter case differs (macOS, Windows)."""
+    folders: dict[str, str] = {}
+    taken: set[str] = set()
+    for name in classes:
+        folder, n = safe_name(name), 1
+        while folder.casefold() in taken:
+            n += 1
+            folder = f"{safe_name(name)}~{n}"
+        taken.add(folder.casefold())
+        folders[name] = folder
+    return folders
+
 
 class ImageRecord(BaseModel):
     path: str = Field(description="POSIX path relative to the ImageDirectory root")
@@ -34,11 +83,19 @@ class ImageRecord(BaseModel):
     width: int
     height: int
     mode: str = Field(description="Pillow mode of the stored file, e.g. 'L' or 'RGB'")
+    source_path: str | None = Field(None, description="path of the original file, relative to the source")
 
 
 class QuarantinedFile(BaseModel):
     path: str = Field(description="path relative to the source")
     reason: str
+
+
+class Normalisation(BaseModel):
+    """Re-encode images instead of copying them: EXIF orientation applied, one colour mode, a maximum side."""
+
+    mode: Literal["RGB", "L"] = Field("RGB", description="Pillow mode every stored image is converted to")
+    max_side: int | None = Field(None, ge=8, description="longer side in pixels; larger images are downscaled")
 
 
 class ImageDirectoryManifest(BaseModel):
@@ -47,8 +104,15 @@ class ImageDirectoryManifest(BaseModel):
     classes: list[str] = Field(description="ordered class names; a class's index is its position")
     counts: dict[str, int] = Field(description="images per class")
     images: list[ImageRecord]
-    source: str = Field(description="where the images came from")
+    source: str = Field(description="where the images came from: a folder, an archive or an s3:// URI")
     quarantined: list[QuarantinedFile] = []
+    class_folders: dict[str, str] = Field({}, description="folder (below the root) holding each class's images")
+    labels_source: str | None = Field(None, description="labels file the labels came from; None: class folders")
+    normalisation: Normalisation | None = Field(None, description="None: images are byte-for-byte copies")
+    conversion_hash: str | None = Field(
+        None, description="sha256 of the source's content and the conversion settings; equal hash, equal output"
+    )
+    warnings: list[str] = Field([], description="problems worth a look that did not stop the conversion")
 
     @property
     def content_hash(self) -> str:

@@ -9,7 +9,14 @@ from tasks.model_directory import ModelSpec, read_model_spec, write_model_spec
 
 
 def create_model_directory(output: str | os.PathLike[str], spec: ModelSpec) -> Path:
-    """Write ``spec`` to ``output/model_spec.json`` and read it back through the contract's own checks."""
+    """Write ``spec`` to ``output/model_spec.json``, after checking that pretrained weights exist and fit.
+
+    Checking here, not in the worker, fails a bad weights file before any training job is launched.
+    """
+    if spec.pretrained:
+        from tasks.training.models import build_model
+
+        build_model(spec, num_classes=2)
     root = write_model_spec(output, spec)
     read_model_spec(root)
     return root

@@ -59,8 +59,10 @@ class ModelSpec(BaseModel):
     """An untrained torchvision classifier: what Azure's DenseNet / ResNet modules describe."""
 
     architecture: Architecture = Field("resnet18", description="torchvision model name")
-    pretrained: bool = Field(False, description="start from ImageNet weights read from weights_path")
-    weights_path: str | None = Field(None, description="local .pth state dict for pretrained=True")
+    pretrained: bool = Field(False, description="start from ImageNet weights (a local file; never downloaded)")
+    weights_path: str | None = Field(
+        None, description="local torchvision .pth state dict; empty: torchvision's file in torch's cache"
+    )
     memory_efficient: bool = Field(False, description="DenseNet only: checkpointed, slower, less memory")
     zero_init_residual: bool = Field(False, description="ResNet family only: zero-init the last BN of each block")
 
@@ -70,11 +72,6 @@ class ModelSpec(BaseModel):
             raise ValueError(f"memory_efficient applies to DenseNets {DENSENETS}, not {self.architecture}")
         if self.zero_init_residual and self.architecture not in RESNETS:
             raise ValueError(f"zero_init_residual applies to the ResNet family, not {self.architecture}")
-        if self.pretrained and not self.weights_path:
-            raise ValueError(
-                f"pretrained=True needs weights_path: a local file with torchvision's {self.architecture} "
-                "ImageNet state dict (nothing is downloaded at run time)"
-            )
         return self
 
 
@@ -90,6 +87,7 @@ class EpochMetrics(BaseModel):
     lr: float
     train_images_per_s: float
     train_loss: float
+    train_error: float
     val_loss: float
     top1: float
     top5: float
@@ -148,13 +146,7 @@ def read_model_spec(root: str | os.PathLike[str]) -> ModelSpec:
     root = Path(root)
     if not root.is_dir():
         raise InvalidModelDirectoryError(f"model directory {root} does not exist or is not a directory")
-    spec = _read_json_model(root / SPEC_FILE, ModelSpec, "model directory")
-    if spec.pretrained and not Path(spec.weights_path).is_file():
-        raise InvalidModelDirectoryError(
-            f"{root / SPEC_FILE} asks for pretrained weights from {spec.weights_path}, which does not exist: "
-            f"put torchvision's {spec.architecture} state dict there or set pretrained to false"
-        )
-    return spec
+    return _read_json_model(root / SPEC_FILE, ModelSpec, "model directory")
 
 
 class ModelDirectory:
@@ -187,6 +179,8 @@ class ModelDirectory:
 
 # The worker logs this, then the rank, when it fails; the launcher looks for it to name the failing rank.
 FAILURE_MARKER = "TRAINING FAILED on rank"
+# Starts the worker's message when the loss is no longer finite: retrying cannot help, a lower rate can.
+DIVERGED_MARKER = "training diverged:"
 
 
 def driver_log_path(root: str | os.PathLike[str], rank: int) -> Path:

@@ -18,20 +18,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tasks
-from tasks.errors import PipelineInputError, TrainingFailedError
+from tasks.errors import PipelineInputError, TrainingDivergedError, TrainingFailedError
 from tasks.model_directory import (
+    DIVERGED_MARKER,
     FAILURE_MARKER,
     LOGS_DIR,
     METRICS_FILE,
     TRAINING_CURVES_FILE,
     ModelDirectory,
     TrainingMetrics,
+    driver_log_path,
 )
 from tasks.training.config import TrainingParams, training_flags
 
 WORKER_MODULE = "tasks.training.worker"
 LOG_TAIL_LINES = 40
 _FAILED_RANK = re.compile(re.escape(FAILURE_MARKER) + r" (\d+)")
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
 def build_torchrun_command(
@@ -51,7 +54,8 @@ def build_torchrun_command(
         # A private rendezvous on a free port: runs on one host never collide.
         command.append("--standalone")
     elif params.rendezvous_endpoint:
-        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", params.rendezvous_endpoint, "--rdzv-id", run_id]
+        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", params.rendezvous_endpoint,
+                    "--rdzv-id", params.rendezvous_id or run_id]  # fmt: skip
     else:
         raise PipelineInputError(
             f"nodes={params.nodes} needs rendezvous_endpoint (host:port reachable from every node, "
@@ -76,14 +80,25 @@ def worker_environment(params: TrainingParams, base: dict[str, str] | None = Non
     return env
 
 
-def failing_rank(output_dir: Path) -> tuple[int | None, str]:
-    """The first rank whose driver log records a failure, and that log's tail."""
+def failure_origin(output_dir: Path, launcher_output: str) -> tuple[int | None, str]:
+    """The rank that failed first, and how: torchrun's "Root Cause" report when it printed one (it knows
+    about ranks killed by a signal, which log nothing), else the first rank whose log records a failure."""
+    report = _ROOT_CAUSE.search(launcher_output)
+    if report:
+        code = int(report[2])
+        killed_by = f" ({signal.Signals(-code).name})" if -code in {s.value for s in signal.Signals} else ""
+        return int(report[1]), f"exit code {code}{killed_by}"
     for log in sorted((output_dir / LOGS_DIR).glob("driver_log_*.txt")):
-        text = log.read_text(encoding="utf-8", errors="replace")
-        found = _FAILED_RANK.findall(text)
+        found = _FAILED_RANK.findall(log.read_text(encoding="utf-8", errors="replace"))
         if found:
-            return int(found[-1]), "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
+            return int(found[-1]), "raised an exception"
     return None, ""
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    if not path.is_file():
+        return ""
+    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
 
 def read_metrics(output_dir: Path) -> TrainingMetrics | None:
@@ -106,7 +121,8 @@ def run_training(
     """Run the torchrun command to completion; stream its lines to ``log``, new epochs to ``on_metrics``."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    # Enough of torchrun's output to hold its closing failure report.
+    output: collections.deque[str] = collections.deque(maxlen=10 * LOG_TAIL_LINES)
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
         env=env, start_new_session=True,
@@ -114,7 +130,7 @@ def run_training(
 
     def pump() -> None:
         for line in process.stdout:
-            tail.append(line.rstrip("\n"))
+            output.append(line.rstrip("\n"))
             log(line.rstrip("\n"))
 
     reader = threading.Thread(target=pump, name="torchrun-output", daemon=True)
@@ -140,13 +156,16 @@ def run_training(
             process.wait()
         reader.join(timeout=10)
     if process.returncode != 0:
-        rank, rank_tail = failing_rank(output_dir)
-        raise TrainingFailedError(
+        rank, how = failure_origin(output_dir, "\n".join(output))
+        rank_log = driver_log_path(output_dir, rank) if rank is not None else None
+        rank_tail = log_tail(rank_log) if rank_log else ""
+        error_type = TrainingDivergedError if DIVERGED_MARKER in rank_tail else TrainingFailedError
+        raise error_type(
             f"training failed (torchrun exit code {process.returncode})"
-            + (f" on rank {rank}; its full log is {output_dir / LOGS_DIR}/driver_log_{rank}.txt" if rank is not None else ""),
+            + (f": rank {rank} first, {how}; its full log is {rank_log}" if rank is not None else ""),
             returncode=process.returncode,
             rank=rank,
-            log_tail=rank_tail or "\n".join(tail),
+            log_tail=rank_tail or "\n".join(list(output)[-LOG_TAIL_LINES:]),
         )
     return ModelDirectory(output_dir)
 

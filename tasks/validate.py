@@ -1,11 +1,21 @@
-"""Label validation: refuse training data a classifier cannot be trained on, before anything launches."""
+"""Label validation: refuse training data a classifier cannot be trained on, before anything launches.
+
+Refused (typed errors, never retried): unlabeled sets, different class sets, fewer than two classes, a
+training class with fewer than ``min_images_per_class`` images. Reported: the imbalance ratio and images
+that are in both sets (same sha256), which make validation figures look better than they are.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from collections import Counter
+
+from pydantic import BaseModel, Field, computed_field
 
 from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
 from tasks.image_directory import ImageDirectory
+
+DEFAULT_MIN_IMAGES_PER_CLASS = 2
+_EXAMPLES = 5
 
 
 class LabelReport(BaseModel):
@@ -13,15 +23,37 @@ class LabelReport(BaseModel):
     train_counts: dict[str, int]
     validation_counts: dict[str, int]
     quarantined: int
+    leaked_counts: dict[str, int] = Field(
+        {}, description="per class: training images whose exact bytes are also in the validation set"
+    )
+    leaked_examples: list[tuple[str, str]] = Field([], description="a few (training path, validation path) pairs")
 
+    @computed_field
     @property
     def imbalance_ratio(self) -> float:
         """Largest over smallest training class."""
         return max(self.train_counts.values()) / min(self.train_counts.values())
 
+    @property
+    def leaked(self) -> int:
+        return sum(self.leaked_counts.values())
 
-def check_training_data(train: ImageDirectory, validation: ImageDirectory) -> LabelReport:
-    """Both sets labeled, with the same classes (at least two). Raises the typed errors otherwise."""
+
+def find_leakage(train: ImageDirectory, validation: ImageDirectory) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Training images whose content (sha256) is also in validation: per-class counts and a few examples."""
+    in_validation = {r.sha256: r.path for r in validation.manifest.images}
+    leaked = [(r.label, r.path, in_validation[r.sha256]) for r in train.manifest.images if r.sha256 in in_validation]
+    counts = Counter(label for label, _, _ in leaked)
+    return {c: counts[c] for c in train.classes if counts[c]}, [(t, v) for _, t, v in leaked[:_EXAMPLES]]
+
+
+def check_training_data(
+    train: ImageDirectory, validation: ImageDirectory, min_images_per_class: int = DEFAULT_MIN_IMAGES_PER_CLASS
+) -> LabelReport:
+    """Both sets labeled, with the same classes (at least two, each with enough training images).
+
+    Raises the typed errors otherwise; leakage and imbalance are reported, not refused.
+    """
     for role, data in (("training", train), ("validation", validation)):
         if not data.labeled:
             raise NotLabeledDatasetError(
@@ -42,11 +74,21 @@ def check_training_data(train: ImageDirectory, validation: ImageDirectory) -> La
             f"the training data at {train.root} has {len(train_classes)} class {sorted(train_classes)}: "
             "a classifier needs at least two class folders"
         )
+    too_few = {c: n for c, n in train.manifest.counts.items() if n < min_images_per_class}
+    if too_few:
+        found = ", ".join(f"{c!r} has {n}" for c, n in sorted(too_few.items()))
+        raise InvalidDatasetError(
+            f"training classes with fewer than {min_images_per_class} images (min_images_per_class): {found}; "
+            "add images to these classes or remove them from both sets"
+        )
+    leaked_counts, leaked_examples = find_leakage(train, validation)
     return LabelReport(
         classes=train.classes,
         train_counts=dict(train.manifest.counts),
         validation_counts=dict(validation.manifest.counts),
         quarantined=len(train.manifest.quarantined) + len(validation.manifest.quarantined),
+        leaked_counts=leaked_counts,
+        leaked_examples=leaked_examples,
     )
 
 
@@ -57,17 +99,33 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 
 @task(name="validate-labels", cache_policy=NO_CACHE)
-def validate_labels(train: str, validation: str) -> LabelReport:
-    """Deterministic: never retried. Artifact ``label-validation``: images per class in each set."""
-    report = check_training_data(ImageDirectory(train), ImageDirectory(validation))
+def validate_labels(
+    train: str, validation: str, min_images_per_class: int = DEFAULT_MIN_IMAGES_PER_CLASS
+) -> LabelReport:
+    """Deterministic: never retried. Artifact ``label-validation``: images per class, leakage, imbalance."""
+    report = check_training_data(ImageDirectory(train), ImageDirectory(validation), min_images_per_class)
+    leakage = (
+        f"{report.leaked} training images are also in validation (same bytes)"
+        if report.leaked
+        else "no images in both sets"
+    )
+    examples = "".join(f"\n- `{t}` = `{v}`" for t, v in report.leaked_examples)
     create_table_artifact(
         key="label-validation",
         table=[
-            {"class": c, "train": report.train_counts[c], "validation": report.validation_counts[c]}
+            {
+                "class": c,
+                "train": report.train_counts[c],
+                "validation": report.validation_counts[c],
+                "in both sets": report.leaked_counts.get(c, 0),
+            }
             for c in report.classes
         ],
         description=f"{len(report.classes)} classes; imbalance (largest/smallest training class) "
-        f"{report.imbalance_ratio:.2f}; {report.quarantined} files quarantined",
+        f"{report.imbalance_ratio:.2f}; {leakage}{examples}\n\n{report.quarantined} files quarantined",
     )
-    get_run_logger().info("labels valid: %d classes, imbalance ratio %.2f", len(report.classes), report.imbalance_ratio)
+    logger = get_run_logger()
+    if report.leaked:
+        logger.warning("%s: validation figures will look better than they are", leakage)
+    logger.info("labels valid: %d classes, imbalance ratio %.2f", len(report.classes), report.imbalance_ratio)
     return report

@@ -14,6 +14,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from deployments.local import free_port  # noqa: E402
+
 # Colours far apart, so that a couple of epochs on a dozen images learn them.
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 
@@ -96,20 +98,22 @@ def digits_subset(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def digits_image_dirs(tmp_path_factory, digits_subset) -> tuple[Path, Path]:
+    """The digits subset converted: 300 training and 100 validation ImageDirectory images."""
+    from tasks import convert_to_image_directory
+
+    base = tmp_path_factory.mktemp("digits-converted")
+    train, val = digits_subset
+    return convert_to_image_directory(train, base / "train").root, convert_to_image_directory(val, base / "val").root
+
+
+@pytest.fixture(scope="session")
 def prefect_server():
     """A real Prefect server on a temporary SQLite database, for the flow tests."""
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,10 @@
 """End to end: the real flow on a real (temporary) Prefect server, with a real 2-process torchrun."""
 
 import asyncio
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,22 +23,13 @@ STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "mod
 
 
 async def artifact_keys_and_task_runs(flow_run_id):
-    from prefect.client.schemas.filters import (
-        ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId, TaskRunFilter,
-    )  # fmt: skip
-    from prefect.client.schemas.sorting import ArtifactSort, TaskRunSort
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
 
-    # Every filter and limit spelled out: this server (prefect 3.8.8, fastapi 0.154) answers 422 to the
-    # nulls the client sends for the ones left out.
-    runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
     async with get_client() as client:
         artifacts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])),
-            flow_run_filter=runs, task_run_filter=TaskRunFilter(), limit=100, sort=ArtifactSort.CREATED_DESC,
-        )  # fmt: skip
-        task_runs = await client.read_task_runs(
-            flow_run_filter=runs, task_run_filter=TaskRunFilter(), limit=100, sort=TaskRunSort.EXPECTED_START_TIME_DESC
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
+        task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     return {a.key for a in artifacts}, task_runs
 
 
@@ -79,3 +74,37 @@ def test_mismatched_classes_fail_validation_without_retry_or_training(prefect_se
                        work_dir=str(tmp_path / "runs"))  # fmt: skip
     assert not (tmp_path / "registry").exists()
     assert not list((tmp_path / "runs").glob("*/model"))
+
+
+def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_server, digits_subset, tmp_path):
+    """torchrun without restarts fails when a worker dies; the train task's retry resumes from the checkpoint."""
+    from tests.test_distributed import worker_pids
+
+    train, val = digits_subset
+    training = TrainingParams(epochs=3, processes_per_node=2, learning_rate=0.002, max_restarts=0)
+    killed, stop = [], threading.Event()
+
+    def kill_a_worker_after_the_first_epoch():
+        while not stop.is_set() and not killed:
+            for metrics_file in (tmp_path / "runs").glob("*/model/metrics.json"):
+                if '"epoch": 1' in metrics_file.read_text() and (pids := worker_pids(metrics_file.parent)):
+                    os.kill(pids[0], signal.SIGKILL)
+                    killed.append(pids[0])
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_a_worker_after_the_first_epoch)
+    killer.start()
+    try:
+        result = train_pipeline(train_data=str(train), validation_data=str(val), training=training,
+                                registry=str(tmp_path / "registry"), work_dir=str(tmp_path / "runs"))  # fmt: skip
+    finally:
+        stop.set()
+        killer.join()
+
+    assert killed, "training finished before a worker could be killed"
+    model_dir = Path(result.run_dir) / "model"
+    assert [e.epoch for e in ModelDirectory(model_dir).metrics().epochs] == [1, 2, 3]
+    assert "resuming from" in (model_dir / "logs" / "driver_log_0.txt").read_text()
+    _, task_runs = asyncio.run(artifact_keys_and_task_runs(result.registration.flow_run_id))
+    train_run = next(t for t in task_runs if t.name.startswith("train"))
+    assert train_run.run_count == 2 and train_run.state.is_completed()

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from tasks import PipelineInputError, TrainingFailedError
-from tasks.model import create_model_directory
 from tasks.model_directory import (
     CHECKPOINT_FILE,
     MODEL_FILES,
@@ -15,6 +14,7 @@ from tasks.model_directory import (
     ModelDirectory,
     ModelSpec,
     driver_log_path,
+    write_model_spec,
 )
 from tasks.train import build_torchrun_command, run_training, worker_environment
 from tasks.training.config import TrainingParams, params_from_flags
@@ -78,8 +78,8 @@ def test_warmup_then_polynomial_decay():
 
 
 def epoch(n, val_loss, top1):
-    return EpochMetrics(epoch=n, lr=0.1, train_images_per_s=1, train_loss=1, val_loss=val_loss, top1=top1, top5=1,
-                        seconds=1)  # fmt: skip
+    return EpochMetrics(epoch=n, lr=0.1, train_images_per_s=1, train_loss=1, train_error=0.5, val_loss=val_loss,
+                        top1=top1, top5=1, seconds=1)  # fmt: skip
 
 
 def test_early_stopping_after_patience_epochs_without_lower_validation_loss():
@@ -114,7 +114,7 @@ def test_trained_model_directory_is_complete(trained_model, colour_image_dirs):
     for rank in (0, 1):
         assert "training resnet18 on 24 images" in driver_log_path(trained_model, rank).read_text()
     header = (trained_model / "training_log.csv").read_text().splitlines()[0]
-    assert header == "epoch,lr,train_images_per_s,train_loss,val_loss,top1,top5,seconds"
+    assert header == "epoch,lr,train_images_per_s,train_loss,train_error,val_loss,top1,top5,seconds"
 
 
 def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs, resnet_spec):
@@ -137,7 +137,8 @@ def test_failing_worker_raises_typed_error_with_rank_and_log_tail(tmp_path, colo
     train, val = colour_image_dirs
     weights = tmp_path / "resnet18.pth"
     weights.write_bytes(b"these bytes are not a state dict")
-    spec_dir = create_model_directory(tmp_path / "spec", ModelSpec(pretrained=True, weights_path=str(weights)))
+    # Written straight through the contract: the model stage itself would refuse this file before launch.
+    spec_dir = write_model_spec(tmp_path / "spec", ModelSpec(pretrained=True, weights_path=str(weights)))
     params = TrainingParams(epochs=1, processes_per_node=2, device="cpu")
     command = build_torchrun_command(
         train_dir=train, validation_dir=val, model_spec_dir=spec_dir, output_dir=tmp_path / "model", params=params

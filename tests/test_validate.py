@@ -82,3 +82,51 @@ def test_family_options_are_checked():
     with pytest.raises(ValueError, match="memory_efficient applies to DenseNets"):
         ModelSpec(architecture="resnet18", memory_efficient=True)
     assert ModelSpec(architecture="wide_resnet50_2", zero_init_residual=True).zero_init_residual
+
+
+def test_a_training_class_below_the_minimum_is_refused_with_its_count(tmp_path):
+    write_class_folders(tmp_path / "t", 3, classes=("red", "blue"))
+    write_image(tmp_path / "t" / "green" / "only.png", (30, 200, 40))
+    train = convert(tmp_path / "t", tmp_path / "train")
+    val = convert(write_class_folders(tmp_path / "v", 2, seed=1), tmp_path / "val")
+    with pytest.raises(InvalidDatasetError, match=r"fewer than 2 images \(min_images_per_class\): 'green' has 1"):
+        check_training_data(train, val)
+    with pytest.raises(InvalidDatasetError, match="fewer than 4 images .*'blue' has 3, 'green' has 1, 'red' has 3"):
+        check_training_data(train, val, min_images_per_class=4)
+    assert check_training_data(train, val, min_images_per_class=1).train_counts["green"] == 1
+
+
+def test_leakage_and_imbalance_are_reported(tmp_path):
+    write_class_folders(tmp_path / "t", 2, classes=("red",))
+    write_class_folders(tmp_path / "t", 6, classes=("blue",))
+    write_class_folders(tmp_path / "v", 2, classes=("red", "blue"), seed=1)
+    for name in ("red_0.png", "red_1.png"):
+        (tmp_path / "v" / "red" / f"copy_{name}").write_bytes((tmp_path / "t" / "red" / name).read_bytes())
+    report = check_training_data(convert(tmp_path / "t", tmp_path / "train"), convert(tmp_path / "v", tmp_path / "val"))
+    assert report.imbalance_ratio == 3.0 and report.model_dump()["imbalance_ratio"] == 3.0
+    assert report.leaked == 2 and report.leaked_counts == {"red": 2}
+    assert sorted(report.leaked_examples) == [("red/red_0.png", "red/copy_red_0.png"), ("red/red_1.png", "red/copy_red_1.png")]
+
+
+def test_label_validation_artifact_reports_leakage(prefect_server, tmp_path):
+    import asyncio
+
+    from prefect import flow
+
+    from tasks.validate import validate_labels
+    from tests.test_convert import artifacts_and_run_count
+
+    write_class_folders(tmp_path / "t", 3)
+    write_class_folders(tmp_path / "v", 2, seed=1)
+    (tmp_path / "v" / "red" / "copy.png").write_bytes((tmp_path / "t" / "red" / "red_0.png").read_bytes())
+    train, val = convert(tmp_path / "t", tmp_path / "train").root, convert(tmp_path / "v", tmp_path / "val").root
+
+    @flow
+    def run():
+        state = validate_labels(str(train), str(val), return_state=True)
+        return state.state_details.flow_run_id, state.state_details.task_run_id
+
+    artifacts, _ = asyncio.run(artifacts_and_run_count(*run()))
+    rows = {row["class"]: row for row in json.loads(artifacts["label-validation"])}
+    assert rows["red"] == {"class": "red", "train": 3, "validation": 3, "in both sets": 1}
+    assert rows["blue"]["in both sets"] == rows["green"]["in both sets"] == 0

@@ -25,6 +25,9 @@ class TrainingParams(BaseModel):
     rendezvous_endpoint: str | None = Field(
         None, description="host:port of the c10d rendezvous, needed when nodes > 1 (same on every node)"
     )
+    rendezvous_id: str | None = Field(
+        None, description="job id shared by every node's launcher; empty: the run folder's name"
+    )
     max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed workers (each resumes from the checkpoint)")
     image_size: int | None = Field(
         None, ge=16, description="side in pixels images are resized to; empty: 224, or less for small images"

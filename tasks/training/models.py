@@ -1,18 +1,63 @@
-"""Build torchvision classifiers from a ModelSpec."""
+"""Build torchvision classifiers from a ModelSpec; ImageNet weights come from local files only."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import torch
 import torchvision
 from torch import nn
 
+from tasks.errors import InvalidModelDirectoryError
 from tasks.model_directory import DENSENETS, ModelDirectory, ModelSpec
+
+# torchvision's published DenseNet files predate its layer names ("norm.1" is now "norm1").
+_OLD_DENSENET_KEY = re.compile(
+    r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var|num_batches_tracked))$"
+)
+
+
+def pretrained_weights_file(spec: ModelSpec) -> Path:
+    """The local file with ImageNet weights for ``spec``: ``weights_path``, or torchvision's file in torch's cache.
+
+    Nothing is downloaded: a missing file is an error that says where to put it.
+    """
+    if spec.weights_path:
+        path = Path(spec.weights_path)
+        if not path.is_file():
+            raise InvalidModelDirectoryError(f"weights_path {path} for {spec.architecture} does not exist")
+        return path
+    file_name = torchvision.models.get_model_weights(spec.architecture).DEFAULT.url.rsplit("/", 1)[-1]
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / file_name
+    if not cached.is_file():
+        raise InvalidModelDirectoryError(
+            f"pretrained {spec.architecture} needs ImageNet weights, and nothing is downloaded at run time: "
+            f"put torchvision's {file_name} at {cached} (torch's cache; TORCH_HOME moves it), "
+            "or set weights_path to a local copy, or set pretrained to false"
+        )
+    return cached
+
+
+def load_pretrained(model: nn.Module, spec: ModelSpec) -> None:
+    path = pretrained_weights_file(spec)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise InvalidModelDirectoryError(f"{path} is not a readable PyTorch state dict: {error}") from error
+    if spec.architecture in DENSENETS:
+        state = {_OLD_DENSENET_KEY.sub(r"\1\2", key): value for key, value in state.items()}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        detail = str(error) if len(str(error)) < 600 else str(error)[:600] + " …"
+        raise InvalidModelDirectoryError(f"the weights in {path} do not fit {spec.architecture}: {detail}") from error
 
 
 def build_model(spec: ModelSpec, num_classes: int) -> nn.Module:
     """A torchvision model for ``spec`` whose classifier head has ``num_classes`` outputs.
 
-    Pretrained ImageNet weights are read from ``spec.weights_path`` (never downloaded) before the head is replaced.
+    Pretrained ImageNet weights are loaded (from a local file) before the head is replaced.
     """
     family_option = (
         {"memory_efficient": spec.memory_efficient}
@@ -21,7 +66,7 @@ def build_model(spec: ModelSpec, num_classes: int) -> nn.Module:
     )
     model = torchvision.models.get_model(spec.architecture, weights=None, **family_option)
     if spec.pretrained:
-        model.load_state_dict(torch.load(spec.weights_path, map_location="cpu", weights_only=True))
+        load_pretrained(model, spec)
     head_name = "classifier" if spec.architecture in DENSENETS else "fc"
     head = getattr(model, head_name)
     setattr(model, head_name, nn.Linear(head.in_features, num_classes))

@@ -40,6 +40,7 @@ from tasks.errors import InvalidDatasetError
 from tasks.model_directory import (
     CHECKPOINT_FILE,
     CLASSES_FILE,
+    DIVERGED_MARKER,
     FAILURE_MARKER,
     METRICS_FILE,
     SPEC_FILE,
@@ -124,36 +125,49 @@ def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
-def train_one_epoch(model, loader, criterion, optimizer, scheduler, device, epoch, params) -> tuple[float, float, float]:
-    """Returns (mean training loss, images/s across all ranks, learning rate the epoch started with)."""
+def check_finite(loss_sum: torch.Tensor, epoch: int, step: int, params: TrainingParams) -> None:
+    """Stop on a NaN or infinite loss before anything is saved: model.pt keeps the best finite epoch."""
+    if not torch.isfinite(loss_sum):
+        raise FloatingPointError(
+            f"{DIVERGED_MARKER} the training loss became {loss_sum.item()} by epoch {epoch + 1}, batch {step}: "
+            f"lower the learning rate (now {params.learning_rate} per process)"
+        )
+
+
+def train_one_epoch(
+    model, loader, criterion, optimizer, scheduler, device, epoch, params
+) -> tuple[float, float, float, float]:
+    """Returns (mean training loss, training error, images/s across all ranks, learning rate the epoch started with)."""
     model.train()
     start_lr = optimizer.param_groups[0]["lr"]
-    loss_sum, seen = 0.0, 0
+    # Sums stay on the device: reading them (a sync) happens every print_frequency batches, not every batch.
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    seen = 0
     started = time.perf_counter()
     for step, (images, labels) in enumerate(loader, start=1):
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        loss = criterion(model(images), labels)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"training loss became {loss.item()} in epoch {epoch + 1}, batch {step}: "
-                f"lower the learning rate (now {params.learning_rate})"
-            )
+        logits = model(images)
+        loss = criterion(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         scheduler.step()
-        # .item() is a device sync; once per batch is the price of an exact epoch loss.
-        loss_sum += loss.item() * labels.size(0)
+        loss_sum += loss.detach() * labels.size(0)
+        correct += (logits.detach().argmax(dim=1) == labels).sum()
         seen += labels.size(0)
         if step % params.print_frequency == 0:
+            check_finite(loss_sum, epoch, step, params)
             logger.info(
                 "epoch %d/%d batch %d/%d loss %.4f lr %.6f",
                 epoch + 1, params.epochs, step, len(loader), loss.item(), optimizer.param_groups[0]["lr"],
             )  # fmt: skip
+    check_finite(loss_sum, epoch, len(loader), params)
     elapsed = time.perf_counter() - started
-    total_loss, total_seen = _all_reduce_sum([loss_sum, seen], device)
-    return total_loss / max(1, total_seen), total_seen / elapsed, start_lr
+    total_loss, total_correct, total_seen = _all_reduce_sum([loss_sum.item(), correct.item(), seen], device)
+    total_seen = max(1.0, total_seen)
+    return total_loss / total_seen, 1.0 - total_correct / total_seen, total_seen / elapsed, start_lr
 
 
 @torch.inference_mode()
@@ -226,7 +240,13 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
     else:
         device = torch.device("cpu")
     if env.world_size > 1:
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        store, _, _ = next(dist.rendezvous("env://"))
+        # After a restart torchrun can hand the new worker group the store the failed group used; without a
+        # per-restart prefix the new ranks may read the dead ranks' addresses and fail to connect.
+        store = dist.PrefixStore(f"restart-{env.restart_count}", store)
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo", store=store, rank=env.rank, world_size=env.world_size
+        )
     logger.info(
         "rank %d/%d on %s (%s), restart %d, torch %s",
         env.rank, env.world_size, device, dist.get_backend() if dist.is_initialized() else "single process",
@@ -294,7 +314,7 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         torch.manual_seed(params.random_seed + epoch)
         sampler.set_epoch(epoch)
         started = time.perf_counter()
-        train_loss, images_per_s, lr = train_one_epoch(
+        train_loss, train_error, images_per_s, lr = train_one_epoch(
             ddp_model, train_loader, criterion, optimizer, scheduler, device, epoch, params
         )
         if dist.is_initialized():
@@ -305,7 +325,7 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         val_loss, top1, top5 = evaluate(model, val_loader, criterion, device, len(classes))
         record = EpochMetrics(
             epoch=epoch + 1, lr=lr, train_images_per_s=images_per_s, train_loss=train_loss,
-            val_loss=val_loss, top1=top1, top5=top5, seconds=time.perf_counter() - started,
+            train_error=train_error, val_loss=val_loss, top1=top1, top5=top5, seconds=time.perf_counter() - started,
         )  # fmt: skip
         logger.info(
             "epoch %d/%d train loss %.4f val loss %.4f top-1 %.4f top-5 %.4f (%.0f images/s, %.1f s)",
@@ -316,12 +336,13 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         if metrics.stopped_early:
             logger.info("stopping early: validation loss has not decreased for %d epochs", params.patience)
         if env.is_main:
+            # Order matters: whoever sees epoch N in metrics.json can rely on its checkpoint being there.
             if is_best:
                 with atomic_write(output / WEIGHTS_FILE, "wb") as handle:
                     torch.save(model.state_dict(), handle)
-            write_training_log(output, metrics)
             save_checkpoint(checkpoint_path, model, optimizer, scheduler, metrics, classes,
                             config={"params": params.model_dump(), "spec": trained_spec.model_dump()})  # fmt: skip
+            write_training_log(output, metrics)
 
     logger.info("done: best top-1 %.4f at epoch %s", metrics.best_top1 or 0.0, metrics.best_epoch)
     if dist.is_initialized():

@@ -1,0 +1,112 @@
+"""Start a real Prefect server and worker on this machine (loopback), as tests and measurements need them.
+
+    with PrefectStack(home="/tmp/prefect-home") as stack:   # server on a free 127.0.0.1 port, SQLite
+        stack.cli("work-pool", "create", "gpu", "--type", "process")
+        stack.start_worker("gpu")
+        ...
+
+Every process started here is stopped on exit. ``stack.env`` is the environment that points a
+client (CLI, worker, flow run) at this server.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PrefectStack:
+    """A ``prefect server start`` on a free loopback port, plus any workers started through it."""
+
+    def __init__(self, home: str | os.PathLike[str], database_url: str | None = None, port: int | None = None):
+        self.home = Path(home)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_url = f"{self.url}/api"
+        self.env = {
+            **os.environ,
+            "PREFECT_HOME": str(self.home),
+            "PREFECT_API_URL": self.api_url,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            # Workers poll every second, so a triggered run starts at once.
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+        }
+        if database_url:
+            self.env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
+        self.processes: list[subprocess.Popen] = []
+        self.logs = self.home / "logs"
+
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.log", "ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "prefect", *args], env=self.env, cwd=PROJECT_ROOT,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        self.processes.append(process)
+        return process
+
+    def start(self, timeout: float = 120) -> "PrefectStack":
+        server = self._spawn("server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2):
+                    return self
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"Prefect server did not start: see {self.logs / 'server.log'}")
+                time.sleep(0.5)
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """Run ``prefect <args>`` against this server, from the project root; raises on failure."""
+        result = subprocess.run(
+            [sys.executable, "-m", "prefect", "--no-prompt", *args], env=self.env, cwd=PROJECT_ROOT,
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"prefect {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def start_worker(self, pool: str, name: str | None = None) -> subprocess.Popen:
+        name = name or f"{pool}-worker-{len(self.processes)}"
+        return self._spawn(name, "worker", "start", "--pool", pool, "--name", name)
+
+    def log_text(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in sorted(self.logs.glob("*.log")))
+
+    def stop(self) -> None:
+        # Workers first: they would otherwise report the server gone.
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in reversed(self.processes):
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.processes.clear()
+
+    def __enter__(self) -> "PrefectStack":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()

@@ -1,0 +1,151 @@
+"""The torchrun worker under real distributed conditions: seeds, two nodes, a killed worker, divergence."""
+
+import os
+import shutil
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks import PipelineInputError, TrainingDivergedError, TrainingFailedError
+from tasks.fileio import sha256_file
+from tasks.model_directory import CHECKPOINT_FILE, WEIGHTS_FILE, ModelDirectory, driver_log_path
+from tasks.train import build_torchrun_command, read_metrics, run_training, worker_environment
+from tasks.training.config import TrainingParams
+from tests.conftest import free_port
+
+TIMING_FIELDS = {"train_images_per_s", "seconds"}
+
+
+def launch(data, spec, output, params, **options):
+    train, val = data
+    command = build_torchrun_command(
+        train_dir=train, validation_dir=val, model_spec_dir=spec, output_dir=output, params=params
+    )
+    return run_training(command, output, worker_environment(params), log=lambda line: None, **options)
+
+
+def figures(model_dir: ModelDirectory) -> list[dict]:
+    return [e.model_dump(exclude=TIMING_FIELDS) for e in model_dir.metrics().epochs]
+
+
+def test_same_seed_and_world_size_give_identical_metrics(tmp_path, colour_image_dirs, resnet_spec):
+    params = TrainingParams(epochs=2, batch_size=4, learning_rate=0.01, processes_per_node=2, device="cpu")
+    first = launch(colour_image_dirs, resnet_spec, tmp_path / "a", params)
+    second = launch(colour_image_dirs, resnet_spec, tmp_path / "b", params)
+    assert figures(first) == figures(second)
+    assert sha256_file(first.weights_path) == sha256_file(second.weights_path)
+
+
+def test_two_launchers_rendezvous_over_loopback_as_two_nodes(tmp_path, colour_image_dirs, resnet_spec):
+    params = TrainingParams(
+        epochs=1, batch_size=4, nodes=2, processes_per_node=1, device="cpu",
+        rendezvous_endpoint=f"127.0.0.1:{free_port()}", rendezvous_id="two-nodes-test",
+    )  # fmt: skip
+    results, errors = {}, {}
+
+    def node(index):
+        try:
+            results[index] = launch(colour_image_dirs, resnet_spec, tmp_path / "model", params)
+        except Exception as error:  # reported by the assertion below
+            errors[index] = error
+
+    nodes = [threading.Thread(target=node, args=(i,)) for i in range(2)]
+    for thread in nodes:
+        thread.start()
+    for thread in nodes:
+        thread.join(timeout=240)
+    assert not errors and len(results) == 2, errors
+    model_dir = results[0]
+    assert model_dir.metrics().world_size == 2
+    for rank in (0, 1):
+        assert "rank %d/2 on cpu (gloo)" % rank in driver_log_path(model_dir.root, rank).read_text()
+
+
+def worker_pids(output: Path) -> list[int]:
+    """PIDs of the worker processes (not the torchrun agent) training into ``output``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"tasks.training.worker" in argv and str(output).encode() in argv and b"torch.distributed.run" not in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_a_killed_worker_restarts_and_resumes_to_the_same_result(tmp_path, digits_image_dirs, resnet_spec):
+    params = TrainingParams(epochs=4, learning_rate=0.002, processes_per_node=2, device="cpu", max_restarts=1)
+    unbroken = launch(digits_image_dirs, resnet_spec, tmp_path / "unbroken", params)
+
+    output = tmp_path / "killed"
+    killed = []
+
+    def kill_after_first_checkpoint(metrics):
+        if not killed and 1 <= len(metrics.epochs) < params.epochs:
+            pids = worker_pids(output)
+            os.kill(pids[-1], signal.SIGKILL)
+            killed.append(pids[-1])
+
+    resumed = launch(digits_image_dirs, resnet_spec, output, params, on_metrics=kill_after_first_checkpoint,
+                     poll_seconds=0.1)  # fmt: skip
+
+    assert killed, "the training finished before a worker could be killed"
+    logs = "".join(driver_log_path(output, rank).read_text() for rank in (0, 1))
+    assert "restart 1" in logs and "resuming from" in logs
+    assert [e.epoch for e in resumed.metrics().epochs] == [1, 2, 3, 4]
+    assert abs(resumed.metrics().best_top1 - unbroken.metrics().best_top1) <= 0.01
+    # Epoch boundaries are seeded, so a resumed run is the unbroken run.
+    assert figures(resumed) == figures(unbroken)
+
+
+def test_without_restarts_a_killed_worker_is_named_in_the_error(tmp_path, digits_image_dirs, resnet_spec):
+    params = TrainingParams(epochs=3, processes_per_node=2, device="cpu", max_restarts=0)
+    output, killed = tmp_path / "model", {}
+
+    def kill_rank_one(metrics):
+        if not killed and (pids := worker_pids(output)):
+            ranks = {int(dict(v.split("=", 1) for v in Path(f"/proc/{p}/environ").read_text().split("\0") if "=" in v)
+                         ["RANK"]): p for p in pids}  # fmt: skip
+            os.kill(ranks[1], signal.SIGKILL)
+            killed[1] = ranks[1]
+
+    with pytest.raises(TrainingFailedError) as error:
+        launch(digits_image_dirs, resnet_spec, output, params, on_metrics=kill_rank_one, poll_seconds=0.1)
+    assert killed and error.value.rank == 1
+    assert "rank 1 first, exit code -9 (SIGKILL)" in str(error.value)
+    assert "driver_log_1.txt" in str(error.value)
+
+
+def test_divergence_stops_with_advice_and_keeps_the_best_model(tmp_path, trained_model, colour_image_dirs, resnet_spec):
+    output = tmp_path / "model"
+    shutil.copytree(trained_model, output)
+    best_before = sha256_file(output / WEIGHTS_FILE)
+    # A learning rate no network survives, planted in the resume state.
+    checkpoint = torch.load(output / CHECKPOINT_FILE, weights_only=True)
+    checkpoint["scheduler"]["base_lrs"] = [1e30]
+    torch.save(checkpoint, output / CHECKPOINT_FILE)
+
+    params = TrainingParams(epochs=4, batch_size=4, learning_rate=0.01, processes_per_node=2, device="cpu")
+    with pytest.raises(TrainingDivergedError) as error:
+        launch(colour_image_dirs, resnet_spec, output, params)
+    assert "lower the learning rate" in error.value.log_tail
+    assert isinstance(error.value, PipelineInputError), "divergence must not be retried"
+    assert sha256_file(output / WEIGHTS_FILE) == best_before
+    assert len(read_metrics(output).epochs) == 2
+
+
+def test_out_of_range_parameters_are_rejected_before_anything_launches(prefect_server, tmp_path):
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.pipeline import train_pipeline
+
+    for bad in ({"epochs": 0}, {"batch_size": -1}, {"learning_rate": 0}, {"patience": 0}, {"warmup_epochs": -1}):
+        with pytest.raises(ParameterTypeError):
+            train_pipeline(training=bad, work_dir=str(tmp_path / "runs"))
+    assert not (tmp_path / "runs").exists()
