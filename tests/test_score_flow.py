@@ -1,4 +1,4 @@
-"""The score and compare flows on a real Prefect server: folder and zip inputs, registry references on
+"""The score and compare flows on a real Prefect server: S3 prefix and zip inputs, registry references on
 disk and on S3, the PyTorch and ONNX runtimes."""
 
 import asyncio
@@ -12,6 +12,7 @@ from flows.score import compare_models, score_pipeline
 from tasks import ModelDirectory
 from tasks.onnx_export import export_onnx
 from tasks.registry import register_model
+from tasks.storage import s3_client
 from tests.conftest import COLOURS, write_class_folders, write_image
 from tests.test_pipeline import artifact_keys_and_task_runs
 
@@ -34,12 +35,15 @@ def run(flow, *args, **kwargs):
     return state.result(), keys
 
 
-def test_labeled_folder_scored_by_alias_from_an_s3_registry(prefect_server, trained_model, s3_bucket, tmp_path):
+def test_labeled_s3_prefix_scored_by_alias_from_an_s3_registry(prefect_server, trained_model, s3_bucket, tmp_path):
     registry = f"s3://{s3_bucket}/models"
     register_twice(registry, trained_model, tmp_path)
-    images = write_class_folders(tmp_path / "photos", 3, seed=7)
-    result, keys = run(score_pipeline, str(images), f"{NAME}@production", output_csv=str(tmp_path / "out" / "scores.csv"),
-                       registry=registry, work_dir=str(tmp_path / "runs"))  # fmt: skip
+    client = s3_client()
+    for image in write_class_folders(tmp_path / "photos", 3, seed=7).rglob("*.png"):
+        client.upload_file(str(image), s3_bucket, f"incoming/{image.parent.name}/{image.name}")
+    result, keys = run(score_pipeline, f"s3://{s3_bucket}/incoming", f"{NAME}@production",
+                       output_csv=str(tmp_path / "out" / "scores.csv"), registry=registry,
+                       work_dir=str(tmp_path / "runs"))  # fmt: skip
 
     table = pd.read_csv(result.scores, dtype=str)
     assert list(table.columns) == ["image", "Scored Labels", *PROBABILITIES, "label"] and len(table) == 9
@@ -49,7 +53,7 @@ def test_labeled_folder_scored_by_alias_from_an_s3_registry(prefect_server, trai
     assert {"score-images", "scores", "evaluation", "confusion-matrix"} <= keys
 
 
-def test_unlabeled_zip_scored_through_onnx_by_version(prefect_server, trained_model, tmp_path):
+def test_unlabeled_zip_through_onnx_by_version_and_a_folder_by_model_path(prefect_server, trained_model, tmp_path):
     registry = str(tmp_path / "registry")
     register_twice(registry, trained_model, tmp_path)
     archive = tmp_path / "photos.zip"
@@ -63,6 +67,11 @@ def test_unlabeled_zip_scored_through_onnx_by_version(prefect_server, trained_mo
     assert list(table.columns) == ["image", "Scored Labels", *PROBABILITIES] and result.evaluation is None
     assert sorted(table["image"]) == ["0.png", "1.png", "2.png"]
     assert "scores" in keys and "evaluation" not in keys
+
+    folder = write_class_folders(tmp_path / "photos", 2, classes=("red", "blue"), seed=9)
+    result, keys = run(score_pipeline, str(folder), str(trained_model), work_dir=str(tmp_path / "runs"))
+    assert result.model_dir == str(trained_model) and result.evaluation.classes == sorted(COLOURS)
+    assert result.evaluation.per_class[1].support == 0, "green: a class the model knows but these images lack"
 
     rows, keys = run(compare_models, f"{NAME}/1", f"{NAME}@production", registry=registry)
     assert rows == [{"figure": "accuracy", f"{NAME}/1 (left)": 0.8, f"{NAME}/1 (right)": 0.8, "difference": 0.0}]
