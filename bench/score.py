@@ -4,7 +4,7 @@ repetitions; the medians and their ratio are printed.
 
     python -m bench.score                                   # digits validation, ResNet-18 at 32 px
     python -m bench.score --image-size 224 --limit 128      # torchvision's usual input size
-    python -m bench.score --model runs/<run>/model --images runs/<run>/data/validation
+    python -m bench.score --model digits-resnet18@production --images runs/<run>/data/validation
     python -m bench.score --runtime onnx                    # the batched side through onnxruntime
 
 Without ``--model`` the network has random weights: throughput does not depend on what it learned.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -25,8 +26,17 @@ from PIL import Image
 from tasks.convert import convert_to_image_directory
 from tasks.datasets import export_digits
 from tasks.image_directory import ImageDirectory
-from tasks.model_directory import CLASSES_FILE, SPEC_FILE, WEIGHTS_FILE, ModelDirectory, ModelSpec, TrainedModelSpec
+from tasks.model_directory import (
+    CLASSES_FILE,
+    ONNX_FILE,
+    SPEC_FILE,
+    WEIGHTS_FILE,
+    ModelDirectory,
+    ModelSpec,
+    TrainedModelSpec,
+)
 from tasks.onnx_export import export_onnx
+from tasks.registry import load_model
 from tasks.score import score_images
 from tasks.training.data import choose_image_size, eval_transform
 from tasks.training.models import build_model, load_trained_model
@@ -57,7 +67,8 @@ def naive_scores(model_dir: ModelDirectory, images: ImageDirectory) -> list[list
 
 def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser(prog="python -m bench.score", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="a ModelDirectory (default: random-weight --architecture)")
+    parser.add_argument("--model", help="ModelDirectory or registry reference (default: random-weight --architecture)")
+    parser.add_argument("--registry", default="registry", help="where --model references resolve")
     parser.add_argument("--images", help="an ImageDirectory (default: the digits validation split)")
     parser.add_argument("--architecture", default="resnet18")
     parser.add_argument("--image-size", type=int, help="input side for the random-weight model (default: from the images)")
@@ -75,12 +86,13 @@ def main(argv: list[str] | None = None) -> float:
         if args.limit:
             images.manifest.images = images.manifest.images[: args.limit]
         if args.model:
-            model_dir = ModelDirectory(args.model)
+            model_dir = load_model(args.model, args.registry, scratch / "models")
         else:
             size = args.image_size or choose_image_size(images.median_side())
             model_dir = random_model_directory(scratch / "model", args.architecture, images.classes or ["a", "b"], size)
-        if args.runtime == "onnx":
-            export_onnx(model_dir)
+        if args.runtime == "onnx" and not (model_dir.root / ONNX_FILE).is_file():
+            # Exported into a copy: a registered version is never modified.
+            model_dir = export_onnx(ModelDirectory(shutil.copytree(model_dir.root, scratch / "onnx-model")))
 
         naive_scores(model_dir, images)  # warm-up: first-call allocations and file cache
         score_images(model_dir, images, runtime=args.runtime)

@@ -21,7 +21,8 @@ from tasks.evaluate import Evaluation, evaluate
 from tasks.model import build_model_directory
 from tasks.model_directory import ModelSpec
 from tasks.onnx_export import export_and_check_onnx
-from tasks.registry import Registration, register
+from tasks.registry import Registration
+from tasks.registry.prefect_tasks import register
 from tasks.score import score
 from tasks.train import train
 from tasks.training.config import TrainingParams

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from tasks.convert import convert
 from tasks.evaluate import Evaluation, compare, evaluate
-from tasks.registry import resolve_model
+from tasks.registry.prefect_tasks import resolve_model
 from tasks.score import BATCH_SIZE, Runtime, score
 
 

@@ -127,6 +127,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact  #
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from tasks.plots import plot_confusion_matrix  # noqa: E402
+from tasks.registry import resolve  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 from tasks.score import read_scores  # noqa: E402
 
@@ -151,8 +152,6 @@ def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
 
 def figures_of(side: str, registry: str) -> tuple[str, dict]:
     """(label, figures) of a scores CSV (evaluated here) or of a registry reference (its recorded metrics)."""
-    from tasks.registry import resolve
-
     if Path(side).is_file():
         return Path(side).name, evaluate_scores(read_scores(side)).figures()
     registration = resolve(registry, side)

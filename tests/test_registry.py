@@ -98,6 +98,15 @@ def test_failed_upload_leaves_no_record_and_its_number_is_not_reused(registry, t
     assert location.endswith(f"{NAME}/3")
 
 
+def test_versions_registered_before_claims_existed_are_never_claimed_again(tmp_path, trained_model):
+    first, _ = register(tmp_path, trained_model, accuracy=0.5)
+    (tmp_path / NAME / "1" / CLAIM_FILE).unlink()  # the layout of registries written before claims
+    assert register(tmp_path, trained_model)[0].version == 2
+    assert read_registration(tmp_path, NAME, 1) == first
+    for name, digest in first.files.items():
+        assert sha256_file(tmp_path / NAME / "1" / name) == digest
+
+
 def test_champion_challenger_promotion_is_recorded(registry, trained_model):
     first = register(registry, trained_model, accuracy=0.8, promote_to="production")[0]
     assert first.promotion.promoted and first.promotion.champion_version is None

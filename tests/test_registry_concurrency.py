@@ -1,13 +1,13 @@
 """Registrations racing each other, on local disk (processes) and on the real HTTP S3 endpoint (threads),
 through a proxy that fails a fifth of the requests, and a registration killed in the middle of an upload."""
 
-import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -49,9 +49,26 @@ def register_as(registry: str, model: Path, worker: int, start: threading.Barrie
     return registration.version
 
 
-def _register_in_process(registry: str, model: str, worker: int, start, results) -> None:
-    start.wait()
-    results.put(register_as(registry, Path(model), worker))
+# A registration in a fresh interpreter: it waits for the file ``go`` (when given) so that all start at once.
+REGISTER = """
+import pathlib, sys, time
+from tasks.model_directory import ModelDirectory
+from tasks.registry import register_model
+registry, name, model, worker, go = sys.argv[1:6]
+if go:
+    pathlib.Path(f"{go}.ready-{worker}").touch()
+    while not pathlib.Path(go).exists():
+        time.sleep(0.001)
+registration, _ = register_model(registry, name, ModelDirectory(model), metrics={"accuracy": int(worker) / 10},
+                                 params={}, datasets={}, tags={"worker": worker})
+print(registration.version)
+"""
+
+
+def start_registration(registry: str, model: Path, worker: int, go: Path | None = None, env: dict | None = None):
+    command = [sys.executable, "-c", REGISTER, registry, NAME, str(model), str(worker), str(go or "")]
+    return subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
 def check_every_version_holds_its_own_files(registry: str, models: list[Path], cache: Path) -> None:
@@ -69,19 +86,15 @@ def check_every_version_holds_its_own_files(registry: str, models: list[Path], c
 
 
 def test_eight_processes_registering_at_once_get_eight_versions_on_disk(distinct_models, tmp_path):
-    registry = str(tmp_path / "registry")
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(WORKERS), context.Queue()
-    processes = [
-        context.Process(target=_register_in_process, args=(registry, str(model), worker, start, results))
-        for worker, model in enumerate(distinct_models)
-    ]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=120)
-        assert process.exitcode == 0
-    assert sorted(results.get(timeout=5) for _ in processes) == list(range(1, WORKERS + 1))
+    registry, go = str(tmp_path / "registry"), tmp_path / "go"
+    processes = [start_registration(registry, model, worker, go) for worker, model in enumerate(distinct_models)]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.ready-*"))) < WORKERS and time.monotonic() < deadline:
+        time.sleep(0.05)
+    go.touch()
+    outcomes = [process.communicate(timeout=120) for process in processes]
+    assert all(p.returncode == 0 for p in processes), [err for _, err in outcomes]
+    assert sorted(int(out) for out, _ in outcomes) == list(range(1, WORKERS + 1))
     check_every_version_holds_its_own_files(registry, distinct_models, tmp_path / "cache")
 
 
@@ -101,21 +114,10 @@ def test_eight_registrations_through_a_failing_s3_endpoint_all_land(distinct_mod
     check_every_version_holds_its_own_files(registry, distinct_models, tmp_path / "cache")
 
 
-KILLED_REGISTRATION = """
-import sys
-from tasks.model_directory import ModelDirectory
-from tasks.registry import register_model
-register_model(sys.argv[1], sys.argv[2], ModelDirectory(sys.argv[3]), metrics={}, params={}, datasets={})
-"""
-
-
 def test_registration_killed_during_upload_leaves_no_version(trained_model, s3_endpoint, s3_bucket, tmp_path):
     registry = f"s3://{s3_bucket}/models"
     with FaultyProxy(s3_endpoint, failure_rate=0.0, hold_suffix=f"/{WEIGHTS_FILE}", lifetime_s=120) as proxy:
-        child = subprocess.Popen(
-            [sys.executable, "-c", KILLED_REGISTRATION, registry, NAME, str(trained_model)],
-            cwd=ROOT, env={**os.environ, "AWS_ENDPOINT_URL": proxy.url},
-        )  # fmt: skip
+        child = start_registration(registry, trained_model, 0, env={"AWS_ENDPOINT_URL": proxy.url})
         try:
             assert proxy.held.wait(timeout=90), "the registration never started uploading its weights"
         finally:

@@ -92,7 +92,10 @@ class LocalBackend(RegistryBackend):
         folder = self._path(prefix)
         if not folder.is_dir():
             return []
-        return sorted(p.relative_to(self.root).as_posix() for p in folder.rglob("*") if p.is_file())
+        # Names starting with "." are temporary files of writes in progress, not keys.
+        return sorted(
+            p.relative_to(self.root).as_posix() for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")
+        )
 
 
 def open_backend(location: str | os.PathLike[str]) -> RegistryBackend:

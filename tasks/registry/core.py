@@ -57,10 +57,11 @@ def list_versions(registry: Registry, name: str) -> list[int]:
 
 
 def read_registration(registry: Registry, name: str, version: int) -> Registration:
-    data = _backend(registry).read(version_key(name, version, REGISTRATION_FILE))
+    backend = _backend(registry)
+    data = backend.read(version_key(name, version, REGISTRATION_FILE))
     if data is None:
-        committed = list_versions(registry, name)
-        raise ModelNotFoundError(f"{name} has no version {version} in {_backend(registry).location}; "
+        committed = list_versions(backend, name)
+        raise ModelNotFoundError(f"{name} has no version {version} in {backend.location}; "
                                  f"committed versions: {committed or 'none'}")  # fmt: skip
     return Registration.model_validate_json(data)
 
@@ -115,7 +116,8 @@ def check_metric(metrics: dict[str, Any], metric: str) -> float:
 
 def challenge(registry: Registry, name: str, alias: str, metric: str, metrics: dict[str, Any]) -> Promotion:
     """Champion/challenger: should a version with ``metrics`` take ``alias``? Only by beating (strictly,
-    higher is better) the alias's current version on ``metric``; an alias not yet set is taken."""
+    higher is better) the alias's current version on ``metric``. An alias not yet set is taken; a champion
+    without that figure keeps it (nothing shows the challenger is better)."""
     value = check_metric(metrics, metric)
     backend = _backend(registry)
     current = backend.read(alias_key(name, alias))
@@ -130,7 +132,8 @@ def challenge(registry: Registry, name: str, alias: str, metric: str, metrics: d
 
 
 def _claim_version(backend: RegistryBackend, name: str, claim: bytes) -> int:
-    version = max(numbered(backend.list_keys(name), name, CLAIM_FILE), default=0) + 1
+    # Start above every number in use, claimed or not: versions registered before claims existed have none.
+    version = max(numbered(backend.list_keys(name), name), default=0) + 1
     while not _create_owned(backend, version_key(name, version, CLAIM_FILE), claim):
         version += 1
     return version

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from datetime import datetime
 from typing import Any
 
@@ -122,6 +123,17 @@ def parse_reference(reference: str) -> ModelReference:
     return ModelReference(check_model_name(match["name"]), int(version) if version else None, alias)
 
 
+def default_model_name(train_source: str, architecture: str) -> str:
+    """``<data set>-<architecture>``, the data set named by the training folder (or its parent for
+    ``.../train``), e.g. ``data/digits/train`` + resnet18 -> ``digits-resnet18``."""
+    source = Path(train_source)
+    stem = source.name.split(".")[0]
+    if stem.lower() in {"train", "training", "trainset"} and source.parent.name:
+        stem = source.parent.name
+    slug = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._") or "images"
+    return check_model_name(f"{slug}-{architecture}"[:100])
+
+
 def version_key(name: str, version: int, file_name: str = "") -> str:
     return "/".join(p for p in (check_model_name(name), str(version), file_name) if p)
 
@@ -130,11 +142,12 @@ def alias_key(name: str, alias: str) -> str:
     return f"{check_model_name(name)}/{ALIASES_FOLDER}/{check_alias(alias)}.json"
 
 
-def numbered(keys: list[str], name: str, file_name: str) -> set[int]:
-    """The versions of ``name`` among ``keys`` (relative to the registry root) that hold ``file_name``."""
+def numbered(keys: list[str], name: str, file_name: str | None = None) -> set[int]:
+    """The versions of ``name`` among ``keys`` (relative to the registry root) that hold ``file_name``
+    (any file when None)."""
     found = set()
     for key in keys:
         parts = key.split("/")
-        if len(parts) == 3 and parts[0] == name and parts[1].isdigit() and parts[2] == file_name:
+        if len(parts) >= 3 and parts[0] == name and parts[1].isdigit() and file_name in (None, "/".join(parts[2:])):
             found.add(int(parts[1]))
     return found

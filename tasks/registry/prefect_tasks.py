@@ -1,0 +1,89 @@
+"""The registry stage's Prefect tasks: register a trained model (with champion/challenger promotion) and
+resolve a model reference to a local ModelDirectory."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+from pydantic import BaseModel
+
+from tasks.evaluate import Evaluation
+from tasks.image_directory import ImageDirectory
+from tasks.model_directory import ModelDirectory
+from tasks.registry import DatasetLineage, Promotion, Registration, default_model_name, load_model, register_model
+from tasks.retrying import retry_unless_input_error
+
+
+class RegisteredModel(BaseModel):
+    registration: Registration
+    location: str
+
+
+def lineage(image_dir: str | os.PathLike[str]) -> DatasetLineage:
+    manifest = ImageDirectory(image_dir).manifest
+    return DatasetLineage(source=manifest.source, content_hash=manifest.content_hash, images=len(manifest.images))
+
+
+def _promotion_markdown(promotion: Promotion) -> str:
+    champion = "none (alias not set)" if promotion.champion_version is None else (
+        f"version {promotion.champion_version}: {promotion.champion if promotion.champion is not None else 'no value'}"
+    )  # fmt: skip
+    verdict = "promoted" if promotion.promoted else "not promoted: it does not beat the champion"
+    return (
+        f"### Promotion to `{promotion.alias}`: {verdict}\n\n| | {promotion.metric} |\n|---|---|\n"
+        f"| challenger (this version) | {promotion.challenger:.4f} |\n| champion | {champion} |\n"
+    )
+
+
+@task(name="register", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+def register(
+    registry: str,
+    name: str | None,
+    model_dir: str,
+    evaluation: Evaluation,
+    datasets: dict[str, str],
+    params: dict[str, Any],
+    promote_to: str | None = None,
+    promotion_metric: str = "accuracy",
+) -> RegisteredModel:
+    """Register with metrics, parameters and the lineage of ``datasets`` (role -> ImageDirectory).
+
+    ``name`` defaults to ``<training data set>-<architecture>``. Artifacts ``registered-model`` and, with
+    ``promote_to``, ``promotion`` (champion/challenger on ``promotion_metric``).
+    """
+    trained = ModelDirectory(model_dir)
+    training = trained.metrics()
+    name = name or default_model_name(ImageDirectory(datasets["train"]).manifest.source, trained.spec.architecture)
+    metrics = {
+        **evaluation.figures(),
+        "best_top1": training.best_top1,
+        "best_epoch": training.best_epoch,
+        "epochs_trained": len(training.epochs),
+    }
+    registration, location = register_model(
+        registry, name, trained,
+        metrics=metrics, params=params, datasets={role: lineage(d) for role, d in datasets.items()},
+        flow_run_id=flow_run.get_id(), promote_to=promote_to, promotion_metric=promotion_metric,
+    )  # fmt: skip
+    figures = "\n".join(f"| {k} | {v:.4f} |" for k, v in metrics.items() if isinstance(v, float))
+    create_markdown_artifact(
+        key="registered-model",
+        markdown=f"### {name} version {registration.version}\n\nStored in `{location}`\n\n"
+        f"| figure | value |\n|---|---|\n{figures}\n",
+    )
+    if registration.promotion:
+        create_markdown_artifact(key="promotion", markdown=_promotion_markdown(registration.promotion))
+    return RegisteredModel(registration=registration, location=location)
+
+
+@task(name="resolve-model", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+def resolve_model(model: str, registry: str, cache_dir: str) -> str:
+    """The local ModelDirectory for a ModelDirectory path or a registry reference (downloaded from S3 once)."""
+    model_dir = load_model(model, registry, cache_dir)
+    get_run_logger().info("model %s -> %s (%s)", model, model_dir.root, ", ".join(model_dir.classes))
+    return str(model_dir.root)
