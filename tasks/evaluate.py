@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 from sklearn import metrics as skm
 
 from tasks.errors import NotLabeledDatasetError
-from tasks.score import LABEL_COLUMN, SCORED_LABELS, probability_column, scored_classes
+from tasks.registry import resolve
+from tasks.score import LABEL_COLUMN, SCORED_LABELS, probability_column, read_scores, scored_classes
+from tasks.storage import is_s3_uri
 
 
 class ClassReport(BaseModel):
@@ -119,17 +123,21 @@ def comparison_rows(left: dict, right: dict, left_name: str, right_name: str) ->
     return rows
 
 
-# --- Prefect tasks ------------------------------------------------------------------------------
-from pathlib import Path  # noqa: E402
+def figures_of(side: str, registry: str) -> tuple[str, dict]:
+    """(label, figures) of a scores CSV (evaluated here) or of a registry reference (its recorded metrics)."""
+    if is_s3_uri(side) or Path(side).is_file():
+        return side.rsplit("/", 1)[-1], evaluate_scores(read_scores(side)).figures()
+    registration = resolve(registry, side)
+    return f"{registration.name}/{registration.version}", registration.metrics
 
+
+# --- Prefect tasks ------------------------------------------------------------------------------
 from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from tasks.plots import plot_confusion_matrix  # noqa: E402
-from tasks.registry import resolve  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
-from tasks.score import read_scores  # noqa: E402
 
 
 @task(name="evaluate", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
@@ -148,14 +156,6 @@ def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
         description="rows: true class, columns: predicted class",
     )  # fmt: skip
     return evaluation
-
-
-def figures_of(side: str, registry: str) -> tuple[str, dict]:
-    """(label, figures) of a scores CSV (evaluated here) or of a registry reference (its recorded metrics)."""
-    if Path(side).is_file():
-        return Path(side).name, evaluate_scores(read_scores(side)).figures()
-    registration = resolve(registry, side)
-    return f"{registration.name}/{registration.version}", registration.metrics
 
 
 @task(name="compare", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)

@@ -73,6 +73,12 @@ def test_unlabeled_zip_through_onnx_by_version_and_a_folder_by_model_path(prefec
     assert result.model_dir == str(trained_model) and result.evaluation.classes == sorted(COLOURS)
     assert result.evaluation.per_class[1].support == 0, "green: a class the model knows but these images lack"
 
+    rows, _ = run(compare_models, result.scores, f"{NAME}/2", registry=registry)
+    accuracy = next(row for row in rows if row["figure"] == "accuracy")
+    assert accuracy == {"figure": "accuracy", "scores.csv": result.evaluation.accuracy, f"{NAME}/2": 0.9,
+                        "difference": pytest.approx(0.9 - result.evaluation.accuracy)}  # fmt: skip
+    assert {row["figure"] for row in rows} >= {"f1_weighted", "precision_macro", "images"}
+
     rows, keys = run(compare_models, f"{NAME}/1", f"{NAME}@production", registry=registry)
     assert rows == [{"figure": "accuracy", f"{NAME}/1 (left)": 0.8, f"{NAME}/1 (right)": 0.8, "difference": 0.0}]
     rows, keys = run(compare_models, f"{NAME}/1", f"{NAME}/2", registry=registry)
