@@ -14,7 +14,7 @@ from tests.browser import chromium, click_text, wait_for_text
 
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
 STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "model-spec", "training-progress",
-                   "training-metrics", "scores", "evaluation", "registered-model"}  # fmt: skip
+                   "training-metrics", "training-curves", "scores", "evaluation", "registered-model"}  # fmt: skip
 
 
 def test_every_deployment_names_a_real_flow_with_valid_parameters(monkeypatch):
