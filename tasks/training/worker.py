@@ -23,6 +23,7 @@ import io
 import json
 import logging
 import os
+import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -356,6 +357,8 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
             write_training_log(output, metrics)
 
     logger.info("done: best top-1 %.4f at epoch %s", metrics.best_top1 or 0.0, metrics.best_epoch)
+    logger.info("peak memory %.0f MB%s", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                f", GPU {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MB" if use_cuda else "")  # fmt: skip
     if dist.is_initialized():
         # Nobody leaves before rank 0 has written the last files.
         dist.barrier()
