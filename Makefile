@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 PREFECT_SERVER_URL ?= http://127.0.0.1:4200/api
 POOL ?= gpu
 
-.PHONY: run test data server worker deploy serve clean
+.PHONY: run test browser bench data server worker deploy serve clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,17 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/python -m flows.pipeline $(RUN_ARGS)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The UI test drives Debian's Chromium with its matching driver; installed here (apt, as root) when missing.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+
+# Every benchmark side by side on this machine: a table, and bench/results/<date>-<host>.json.
+bench: $(VENV)/.installed
+	$(BIN)/python -m bench.run
 
 data: $(VENV)/.installed
 	$(BIN)/python -m tasks.datasets data/digits

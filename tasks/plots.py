@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import os
+from pathlib import Path
 
 import matplotlib
 
@@ -43,3 +45,9 @@ def plot_confusion_matrix(matrix: list[list[int]], classes: list[str], path: str
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def png_markdown(path: str | os.PathLike[str], alt: str) -> str:
+    """A markdown image with the PNG inline: the Prefect UI shows it in a markdown artifact, no file server needed."""
+    encoded = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return f"![{alt}](data:image/png;base64,{encoded})"

@@ -25,12 +25,13 @@ from typing import NoReturn
 
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import sha256_file
-from tasks.image_directory import QuarantinedFile
+from tasks.image_directory import MANIFEST_NAME, QuarantinedFile
 from tasks.storage import is_s3_uri, parse_s3_uri, s3_client
 
 DEFAULT_MAX_EXTRACTED_BYTES = 64 * 2**30
 ARCHIVE_KINDS = ".zip, .tar, .tar.gz/.tgz, .tar.bz2, .tar.xz, or a .gz of a tar"
-IGNORED_NAMES = frozenset({"__MACOSX", ".DS_Store", "Thumbs.db", "desktop.ini"})
+# An ImageDirectory given as a source is read as the class folders it is, without its manifest.
+IGNORED_NAMES = frozenset({"__MACOSX", ".DS_Store", "Thumbs.db", "desktop.ini", MANIFEST_NAME})
 _DOWNLOAD_THREADS = 8
 
 

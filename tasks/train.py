@@ -174,10 +174,15 @@ def run_training(
 import shlex  # noqa: E402
 
 from prefect import get_run_logger, task  # noqa: E402
-from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact  # noqa: E402
+from prefect.artifacts import (  # noqa: E402
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from tasks.plots import plot_training_curves  # noqa: E402
+from tasks.plots import plot_training_curves, png_markdown  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 
 
@@ -200,12 +205,16 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
     model_dir = run_training(command, output_dir, worker_environment(params), log=logger.info, on_metrics=on_metrics)
     metrics = model_dir.metrics()
     update_progress_artifact(progress, 100.0)
-    plot_training_curves(metrics, model_dir.root / TRAINING_CURVES_FILE)
+    curves = model_dir.root / TRAINING_CURVES_FILE
+    plot_training_curves(metrics, curves)
+    create_markdown_artifact(
+        key="training-curves", markdown=f"### Training curves\n\n{png_markdown(curves, 'loss and accuracy by epoch')}\n"
+    )
     create_table_artifact(
         key="training-metrics",
         table=[epoch.model_dump() for epoch in metrics.epochs],
         description=f"best top-1 {metrics.best_top1:.4f} at epoch {metrics.best_epoch}"
         + (" (stopped early)" if metrics.stopped_early else "")
-        + f"; curves in {model_dir.root / TRAINING_CURVES_FILE}",
+        + f"; curves in {curves}",
     )
     return str(model_dir.root)

@@ -313,3 +313,9 @@ def test_convert_task_reports_quarantine_and_is_not_retried_on_bad_input(prefect
 
     completed, *ids = run(str(tmp_path / "no-such-folder"))
     assert not completed and asyncio.run(artifacts_and_run_count(*ids)) == ({}, 1)
+
+
+def test_an_image_directory_given_as_a_source_converts_without_its_manifest(colour_source, tmp_path):
+    first = convert_to_image_directory(colour_source, tmp_path / "first")
+    again = convert_to_image_directory(first.root, tmp_path / "again")
+    assert again.manifest.quarantined == [] and again.manifest.counts == first.manifest.counts

@@ -10,10 +10,11 @@ from prefect.flows import load_flow_from_entrypoint
 
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.registry import list_versions, read_registration
+from tests.browser import chromium, click_text, wait_for_text
 
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
 STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "model-spec", "training-progress",
-                   "training-metrics", "scores", "evaluation", "registered-model"}  # fmt: skip
+                   "training-metrics", "training-curves", "scores", "evaluation", "registered-model"}  # fmt: skip
 
 
 def test_every_deployment_names_a_real_flow_with_valid_parameters(monkeypatch):
@@ -120,3 +121,28 @@ def test_serve_offers_the_same_deployments_as_the_deployment_file():
     for deployment, entry in zip(served, config["deployments"]):
         assert deployment.parameters == entry.get("parameters", {})
         assert [s.active for s in deployment.schedules] == [s.get("active", True) for s in entry.get("schedules", [])]
+
+
+def test_the_ui_shows_the_deployment_and_the_finished_run_with_its_artifacts(stack, finished_run):
+    """Headless Chromium against the same server; screenshots land in build/ui-check/ for a person to look at."""
+    run, _ = finished_run
+    shots = PROJECT_ROOT / "build" / "ui-check"
+    shots.mkdir(parents=True, exist_ok=True)
+    driver = chromium()
+    try:
+        driver.get(f"{stack.url}/runs/flow-run/{run.id}")
+        wait_for_text(driver, [run.name, "Completed", "train-pipeline", "retrain-digits", "gpu"])
+        driver.save_screenshot(str(shots / "flow-run.png"))
+        click_text(driver, "Artifacts")
+        wait_for_text(driver, sorted(STAGE_ARTIFACTS - {"training-progress"}))
+        driver.save_screenshot(str(shots / "flow-run-artifacts.png"))
+
+        driver.get(f"{stack.url}/deployments/deployment/{run.deployment_id}")
+        wait_for_text(driver, ["retrain-digits", "train-pipeline", "gpu", "At 03:00 AM, only on Monday", run.name])
+        driver.save_screenshot(str(shots / "deployment.png"))
+        click_text(driver, "Parameters")
+        wait_for_text(driver, ["train_data", "training", "model"])
+        driver.save_screenshot(str(shots / "deployment-parameters.png"))
+    finally:
+        driver.quit()
+    assert all((shots / name).stat().st_size > 10_000 for name in ("flow-run.png", "deployment.png"))

@@ -18,8 +18,8 @@ from tasks.training.config import TrainingParams
 from tests.conftest import write_class_folders
 
 STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "model-spec", "training-progress",
-                   "training-metrics", "scores", "evaluation", "confusion-matrix", "registered-model", "onnx-export",
-                   "promotion"}  # fmt: skip
+                   "training-metrics", "training-curves", "scores", "evaluation", "confusion-matrix", "registered-model",
+                   "onnx-export", "promotion"}  # fmt: skip
 
 
 async def artifact_keys_and_task_runs(flow_run_id):

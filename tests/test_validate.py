@@ -69,7 +69,7 @@ def test_model_spec_with_unknown_architecture_is_invalid(tmp_path):
 
 def test_pretrained_spec_whose_weights_file_is_missing_is_invalid(tmp_path):
     spec = ModelSpec(architecture="densenet121", pretrained=True, weights_path=str(tmp_path / "densenet121.pth"))
-    with pytest.raises(InvalidModelDirectoryError, match="densenet121.pth, which does not exist"):
+    with pytest.raises(InvalidModelDirectoryError, match="densenet121.pth for densenet121 does not exist"):
         create_model_directory(tmp_path / "model", spec)
 
 

@@ -33,6 +33,9 @@ class TrainingParams(BaseModel):
         None, ge=16, description="side in pixels images are resized to; empty: 224, or less for small images"
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA (NCCL) when present, else CPU (Gloo)")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU"
+    )
     data_workers: int | None = Field(
         None, ge=0, description="DataLoader workers per process; empty: from the CPUs per process"
     )

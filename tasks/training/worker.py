@@ -23,6 +23,7 @@ import io
 import json
 import logging
 import os
+import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -125,6 +126,12 @@ def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
+def autocast(device: torch.device, params: TrainingParams):
+    """bf16 autocast on CUDA (tensor cores); CPU stays fp32, where bf16 measured slower here."""
+    use_bf16 = params.precision == "bf16" or (params.precision == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16)
+
+
 def check_finite(loss_sum: torch.Tensor, epoch: int, step: int, params: TrainingParams) -> None:
     """Stop on a NaN or infinite loss before anything is saved: model.pt keeps the best finite epoch."""
     if not torch.isfinite(loss_sum):
@@ -146,10 +153,11 @@ def train_one_epoch(
     seen = 0
     started = time.perf_counter()
     for step, (images, labels) in enumerate(loader, start=1):
-        images = images.to(device, non_blocking=True)
+        images = images.to(device, non_blocking=True, memory_format=torch.channels_last)
         labels = labels.to(device, non_blocking=True)
-        logits = model(images)
-        loss = criterion(logits, labels)
+        with autocast(device, params):
+            logits = model(images)
+            loss = criterion(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -171,14 +179,15 @@ def train_one_epoch(
 
 
 @torch.inference_mode()
-def evaluate(model, loader, criterion, device, num_classes: int) -> tuple[float, float, float]:
+def evaluate(model, loader, criterion, device, num_classes: int, params) -> tuple[float, float, float]:
     """(loss, top-1, top-5) over the whole validation set; each rank scores its own shard."""
     model.eval()
     k = min(5, num_classes)
     sums = [0.0, 0.0, 0.0, 0.0]  # loss, top-1 hits, top-k hits, images
     for images, labels in loader:
-        images, labels = images.to(device), labels.to(device)
-        logits = model(images)
+        images, labels = images.to(device, memory_format=torch.channels_last), labels.to(device)
+        with autocast(device, params):
+            logits = model(images).float()
         top = logits.topk(k, dim=1).indices
         sums[0] += criterion(logits, labels).item() * labels.size(0)
         sums[1] += (top[:, 0] == labels).sum().item()
@@ -237,6 +246,8 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
     if use_cuda:
         torch.cuda.set_device(env.local_rank)
         device = torch.device("cuda", env.local_rank)
+        # Input sizes are fixed, so cuDNN's per-shape algorithm search pays for itself after one batch.
+        torch.backends.cudnn.benchmark = True
     else:
         device = torch.device("cpu")
     if env.world_size > 1:
@@ -262,7 +273,8 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
     trained_spec = TrainedModelSpec(**spec.model_dump(), num_classes=len(classes), image_size=image_size)
 
     torch.manual_seed(params.random_seed)
-    model = build_model(spec, len(classes)).to(device)
+    # channels_last: oneDNN (CPU) and cuDNN (GPU) convolutions run faster on NHWC; measured in bench/train.py.
+    model = build_model(spec, len(classes)).to(device, memory_format=torch.channels_last)
     ddp_model = DistributedDataParallel(model, device_ids=[env.local_rank] if use_cuda else None) if dist.is_initialized() else model
 
     workers = params.data_workers
@@ -322,7 +334,7 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
             # rank 0's on every rank, so the figures describe exactly the weights written to model.pt.
             for buffer in model.buffers():
                 dist.broadcast(buffer, src=0)
-        val_loss, top1, top5 = evaluate(model, val_loader, criterion, device, len(classes))
+        val_loss, top1, top5 = evaluate(model, val_loader, criterion, device, len(classes), params)
         record = EpochMetrics(
             epoch=epoch + 1, lr=lr, train_images_per_s=images_per_s, train_loss=train_loss,
             train_error=train_error, val_loss=val_loss, top1=top1, top5=top5, seconds=time.perf_counter() - started,
@@ -345,6 +357,8 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
             write_training_log(output, metrics)
 
     logger.info("done: best top-1 %.4f at epoch %s", metrics.best_top1 or 0.0, metrics.best_epoch)
+    logger.info("peak memory %.0f MB%s", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                f", GPU {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MB" if use_cuda else "")  # fmt: skip
     if dist.is_initialized():
         # Nobody leaves before rank 0 has written the last files.
         dist.barrier()

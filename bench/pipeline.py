@@ -1,0 +1,89 @@
+"""Orchestration overhead: `train_pipeline` against the same stages called as plain functions.
+
+    python -m bench.pipeline                 # digits, 1 epoch, 1 process, 2 alternating repetitions
+
+Both sides convert, validate, build the model spec, launch the same torchrun worker, score the validation
+set, evaluate and register. The Prefect side runs on a real (temporary) Prefect server started before the
+clock starts, as a deployment's runs would find one; it also draws the pictures and writes the artifacts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from bench.harness import Figure, alternate, table
+from tasks import check_training_data, convert_to_image_directory, evaluate_scores, export_digits, score_images
+from tasks.model import create_model_directory
+from tasks.model_directory import ModelSpec
+from tasks.registry import DatasetLineage, register_model
+from tasks.train import build_torchrun_command, run_training, worker_environment
+from tasks.training.config import TrainingParams
+
+PARAMS = TrainingParams(epochs=1, processes_per_node=1, device="cpu")
+
+
+def plain_functions(train_source: Path, validation_source: Path, out: Path) -> None:
+    train = convert_to_image_directory(train_source, out / "data" / "train")
+    validation = convert_to_image_directory(validation_source, out / "data" / "validation")
+    check_training_data(train, validation)
+    spec = create_model_directory(out / "model_spec", ModelSpec())
+    command = build_torchrun_command(
+        train_dir=train.root, validation_dir=validation.root, model_spec_dir=spec, output_dir=out / "model", params=PARAMS
+    )
+    model_dir = run_training(command, out / "model", worker_environment(PARAMS), log=lambda line: None)
+    scores = score_images(model_dir, validation)
+    scores.to_csv(out / "scores.csv", index=False)
+    evaluation = evaluate_scores(scores)
+    lineage = {
+        role: DatasetLineage(source=str(d.root), content_hash=d.manifest.content_hash, images=len(d))
+        for role, d in (("train", train), ("validation", validation))
+    }
+    register_model(out / "registry", "digits-resnet18", model_dir, metrics=evaluation.model_dump(),
+                   params=PARAMS.model_dump(), datasets=lineage)  # fmt: skip
+
+
+def figures(repetitions: int = 2) -> list[Figure]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.pipeline import train_pipeline
+
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as scratch, prefect_test_harness():
+        scratch = Path(scratch)
+        train_source, validation_source = export_digits(scratch / "digits")
+        counter = iter(range(10**6))
+
+        def timed(run):
+            def once() -> float:
+                start = time.perf_counter()
+                run(scratch / f"run-{next(counter)}")
+                return time.perf_counter() - start
+
+            return once
+
+        medians = alternate(
+            {
+                "flow": timed(lambda out: train_pipeline(
+                    train_data=str(train_source), validation_data=str(validation_source), training=PARAMS,
+                    registry=str(out / "registry"), work_dir=str(out),
+                )),
+                "plain": timed(lambda out: plain_functions(train_source, validation_source, out)),
+            },
+            repetitions,
+        )  # fmt: skip
+    overhead = medians["flow"] - medians["plain"]
+    return [
+        Figure(
+            "pipeline wall time: train_pipeline vs plain functions", medians["flow"], medians["plain"], "s",
+            "<= 1.10x or <= 5 s more", 1.10, higher_is_better=False, allowance=5.0,
+            notes=f"overhead {overhead:+.1f} s; digits, 1 epoch, 1 process; {repetitions} alternating repetitions",
+        )
+    ]  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repetitions", type=int, default=2)
+    print(table(figures(parser.parse_args().repetitions)))

@@ -1,0 +1,59 @@
+"""Headless Chromium (Debian's chromium and chromium-driver) driven by Selenium, with nothing downloaded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+# The flags keep Chromium from reaching out to the network this machine does not have.
+CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--window-size=1400,1000")  # fmt: skip
+
+
+def chromium():
+    """A Selenium driver for Debian's Chromium; a clear error when it is not installed."""
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        raise RuntimeError(
+            f"the browser check needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): "
+            "`make test` installs them with apt-get, or run `apt-get install chromium chromium-driver`"
+        )
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not try to download a browser or driver
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tempfile.mkdtemp(prefix='chromium-')}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def wait_for_text(driver, texts, timeout: float = 30) -> str:
+    """The page's visible text once it contains every one of ``texts`` (an SPA renders after load)."""
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout
+    while True:
+        body = driver.find_element(By.TAG_NAME, "body").text
+        if all(text in body for text in texts):
+            return body
+        if time.monotonic() > deadline:
+            missing = [text for text in texts if text not in body]
+            raise AssertionError(f"{driver.current_url} never showed {missing}; it showed:\n{body[:2000]}")
+        time.sleep(0.5)
+
+
+def click_text(driver, text: str, timeout: float = 30) -> None:
+    """Click the innermost element whose whole visible text is ``text`` (tabs and links wrap it in spans)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    locator = (By.XPATH, f"(//*[normalize-space(.)='{text}'])[last()]")
+    WebDriverWait(driver, timeout).until(expected_conditions.element_to_be_clickable(locator)).click()
