@@ -1,9 +1,9 @@
 """Batched scoring (tasks.score.score_images) against a naive loop: open each image with PIL, transform it,
 run the model on a batch of one. Both run in one process on the same images and model, in alternating
-repetitions; the medians and their ratio are printed.
+repetitions; the medians and their ratio are printed. Asserts nothing.
 
-    python -m bench.score                                   # digits validation, ResNet-18 at 32 px
-    python -m bench.score --image-size 224 --limit 128      # torchvision's usual input size
+    python -m bench.score                                   # digits validation: ResNet-18 at 32 px and at 224 px
+    python -m bench.score --image-size 224 --limit-at-224 0 # all 360 images at torchvision's usual size
     python -m bench.score --model digits-resnet18@production --images runs/<run>/data/validation
     python -m bench.score --runtime onnx                    # the batched side through onnxruntime
 
@@ -15,14 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from PIL import Image
 
+from bench.harness import Figure, alternate, table
 from tasks.convert import convert_to_image_directory
 from tasks.datasets import export_digits
 from tasks.image_directory import ImageDirectory
@@ -65,54 +66,84 @@ def naive_scores(model_dir: ModelDirectory, images: ImageDirectory) -> list[list
     return rows
 
 
-def main(argv: list[str] | None = None) -> float:
+def measure(model_dir: ModelDirectory, images: ImageDirectory, runtime: str, repetitions: int, what: str) -> Figure:
+    """Batched against naive, alternating repetitions after one warm-up of each (allocations, file cache)."""
+    naive_scores(model_dir, images)
+    score_images(model_dir, images, runtime=runtime)
+
+    def rate(run) -> Callable[[], float]:
+        def once() -> float:
+            started = time.perf_counter()
+            run()
+            return len(images) / (time.perf_counter() - started)
+
+        return once
+
+    medians = alternate(
+        {"batched": rate(lambda: score_images(model_dir, images, runtime=runtime)),
+         "naive": rate(lambda: naive_scores(model_dir, images))},
+        repetitions,
+    )  # fmt: skip
+    spec = model_dir.spec
+    return Figure(
+        what, medians["batched"], medians["naive"], "images/s", ">= 3x a per-image PIL + model loop", 3.0,
+        notes=f"{len(images)} images, {spec.architecture} at {spec.image_size} px, {runtime}, "
+        f"{repetitions} alternating repetitions, {torch.get_num_threads()} CPU threads",
+    )  # fmt: skip
+
+
+def figures(
+    model: str | None = None,
+    images: str | None = None,
+    registry: str = "registry",
+    architecture: str = "resnet18",
+    image_sizes: tuple[int, ...] = (0, 224),
+    limit_at_224: int = 96,
+    runtime: str = "torch",
+    repetitions: int = 5,
+) -> list[Figure]:
+    """One figure per image size (0: the images' own, rounded as training does); one for a given ``model``."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-score-") as scratch:
+        scratch = Path(scratch)
+        if images:
+            image_dir = ImageDirectory(images)
+        else:
+            image_dir = convert_to_image_directory(export_digits(scratch / "digits")[1], scratch / "images")
+        if model:
+            candidates = [load_model(model, registry, scratch / "models")]
+        else:
+            sizes = [size or choose_image_size(image_dir.median_side()) for size in image_sizes]
+            classes = image_dir.classes or ["a", "b"]
+            candidates = [random_model_directory(scratch / f"model-{s}", architecture, classes, s) for s in sizes]
+        for model_dir in candidates:
+            if runtime == "onnx" and not (model_dir.root / ONNX_FILE).is_file():
+                # Exported into a copy: a registered version is never modified.
+                copy = shutil.copytree(model_dir.root, scratch / f"onnx-{model_dir.root.name}")
+                model_dir = export_onnx(ModelDirectory(copy))
+            subset = ImageDirectory(image_dir.root)
+            if model_dir.spec.image_size >= 224 and limit_at_224:
+                # The naive loop manages a few images/s at 224 px on a small CPU: a subset keeps the run short.
+                subset.manifest.images = subset.manifest.images[:limit_at_224]
+            what = f"scoring at {model_dir.spec.image_size} px" + (" (onnx)" if runtime == "onnx" else "")
+            results.append(measure(model_dir, subset, runtime, repetitions, what))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.score", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="ModelDirectory or registry reference (default: random-weight --architecture)")
     parser.add_argument("--registry", default="registry", help="where --model references resolve")
     parser.add_argument("--images", help="an ImageDirectory (default: the digits validation split)")
     parser.add_argument("--architecture", default="resnet18")
-    parser.add_argument("--image-size", type=int, help="input side for the random-weight model (default: from the images)")
-    parser.add_argument("--limit", type=int, default=0, help="score only the first N images (0: all)")
+    parser.add_argument("--image-size", type=int, action="append", help="input side(s) of the random-weight model "
+                        "(default: the images' own and 224)")  # fmt: skip
+    parser.add_argument("--limit-at-224", type=int, default=96, help="images scored at 224 px and above (0: all)")
     parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch", help="runtime of the batched side")
     parser.add_argument("--repetitions", type=int, default=5)
     args = parser.parse_args(argv)
-
-    with tempfile.TemporaryDirectory(prefix="bench-score-") as scratch:
-        scratch = Path(scratch)
-        if args.images:
-            images = ImageDirectory(args.images)
-        else:
-            images = convert_to_image_directory(export_digits(scratch / "digits")[1], scratch / "images")
-        if args.limit:
-            images.manifest.images = images.manifest.images[: args.limit]
-        if args.model:
-            model_dir = load_model(args.model, args.registry, scratch / "models")
-        else:
-            size = args.image_size or choose_image_size(images.median_side())
-            model_dir = random_model_directory(scratch / "model", args.architecture, images.classes or ["a", "b"], size)
-        if args.runtime == "onnx" and not (model_dir.root / ONNX_FILE).is_file():
-            # Exported into a copy: a registered version is never modified.
-            model_dir = export_onnx(ModelDirectory(shutil.copytree(model_dir.root, scratch / "onnx-model")))
-
-        naive_scores(model_dir, images)  # warm-up: first-call allocations and file cache
-        score_images(model_dir, images, runtime=args.runtime)
-        naive, batched = [], []
-        for _ in range(args.repetitions):
-            started = time.perf_counter()
-            naive_scores(model_dir, images)
-            naive.append(len(images) / (time.perf_counter() - started))
-            started = time.perf_counter()
-            score_images(model_dir, images, runtime=args.runtime)
-            batched.append(len(images) / (time.perf_counter() - started))
-
-    ratio = statistics.median(batched) / statistics.median(naive)
-    spec = model_dir.spec
-    print(f"{len(images)} images, {spec.architecture} at {spec.image_size} px, {torch.get_num_threads()} CPU threads, "
-          f"{args.repetitions} alternating repetitions (median)")  # fmt: skip
-    print(f"  naive per-image PIL + model loop : {statistics.median(naive):8.1f} images/s")
-    print(f"  batched score_images ({args.runtime:5s})    : {statistics.median(batched):8.1f} images/s")
-    print(f"  ratio                            : {ratio:8.2f}x")
-    return ratio
+    print(table(figures(args.model, args.images, args.registry, args.architecture, tuple(args.image_size or (0, 224)),
+                        args.limit_at_224, args.runtime, args.repetitions)))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -39,11 +39,13 @@ def probability_column(class_name: str) -> str:
 def torch_predictor(model_dir: ModelDirectory) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
     """(batch of images -> probabilities, whether batches should be pinned for a GPU)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_trained_model(model_dir, device)
+    # channels_last: oneDNN (CPU) and cuDNN (GPU) convolutions run faster on NHWC, as in training.
+    model = load_trained_model(model_dir, device).to(memory_format=torch.channels_last)
 
     def predict(batch: torch.Tensor) -> np.ndarray:
         with torch.inference_mode():
-            return torch.softmax(model(batch.to(device, non_blocking=True)), dim=1).float().cpu().numpy()
+            images = batch.to(device, non_blocking=True, memory_format=torch.channels_last)
+            return torch.softmax(model(images), dim=1).float().cpu().numpy()
 
     return predict, device.type == "cuda"
 
