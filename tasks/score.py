@@ -22,7 +22,7 @@ from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ModelDirectory
 from tasks.storage import is_s3_uri, parse_s3_uri, s3_client
 from tasks.training.data import ImageFiles, eval_transform
-from tasks.training.models import load_trained_model
+from tasks.training.models import load_trained_model, memory_format
 
 SCORED_LABELS = "Scored Labels"
 PROBABILITY_PREFIX = "Scored Probabilities_"
@@ -39,12 +39,11 @@ def probability_column(class_name: str) -> str:
 def torch_predictor(model_dir: ModelDirectory) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
     """(batch of images -> probabilities, whether batches should be pinned for a GPU)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # channels_last: oneDNN (CPU) and cuDNN (GPU) convolutions run faster on NHWC, as in training.
-    model = load_trained_model(model_dir, device).to(memory_format=torch.channels_last)
+    model = load_trained_model(model_dir, device).to(memory_format=memory_format(device))
 
     def predict(batch: torch.Tensor) -> np.ndarray:
         with torch.inference_mode():
-            images = batch.to(device, non_blocking=True, memory_format=torch.channels_last)
+            images = batch.to(device, non_blocking=True, memory_format=memory_format(device))
             return torch.softmax(model(images), dim=1).float().cpu().numpy()
 
     return predict, device.type == "cuda"

@@ -18,6 +18,12 @@ _OLD_DENSENET_KEY = re.compile(
 )
 
 
+def memory_format(device: torch.device) -> torch.memory_format:
+    """channels_last on CUDA, where cuDNN's NHWC kernels (with bf16) are the fast path; contiguous on CPU,
+    where channels_last measured 0.85x on this project's 2-core AMD EPYC runs (ResNet-18, 32 px, batch 16)."""
+    return torch.channels_last if device.type == "cuda" else torch.contiguous_format
+
+
 def pretrained_weights_file(spec: ModelSpec) -> Path:
     """The local file with ImageNet weights for ``spec``: ``weights_path``, or torchvision's file in torch's cache.
 

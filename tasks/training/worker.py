@@ -55,7 +55,7 @@ from tasks.model_directory import (
 )
 from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
 from tasks.training.data import ImageFiles, choose_image_size, eval_transform, train_transform
-from tasks.training.models import build_model
+from tasks.training.models import build_model, memory_format
 
 logger = logging.getLogger("tasks.training.worker")
 
@@ -153,7 +153,7 @@ def train_one_epoch(
     seen = 0
     started = time.perf_counter()
     for step, (images, labels) in enumerate(loader, start=1):
-        images = images.to(device, non_blocking=True, memory_format=torch.channels_last)
+        images = images.to(device, non_blocking=True, memory_format=memory_format(device))
         labels = labels.to(device, non_blocking=True)
         with autocast(device, params):
             logits = model(images)
@@ -185,7 +185,7 @@ def evaluate(model, loader, criterion, device, num_classes: int, params) -> tupl
     k = min(5, num_classes)
     sums = [0.0, 0.0, 0.0, 0.0]  # loss, top-1 hits, top-k hits, images
     for images, labels in loader:
-        images, labels = images.to(device, memory_format=torch.channels_last), labels.to(device)
+        images, labels = images.to(device, memory_format=memory_format(device)), labels.to(device)
         with autocast(device, params):
             logits = model(images).float()
         top = logits.topk(k, dim=1).indices
@@ -273,8 +273,7 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
     trained_spec = TrainedModelSpec(**spec.model_dump(), num_classes=len(classes), image_size=image_size)
 
     torch.manual_seed(params.random_seed)
-    # channels_last: oneDNN (CPU) and cuDNN (GPU) convolutions run faster on NHWC; measured in bench/train.py.
-    model = build_model(spec, len(classes)).to(device, memory_format=torch.channels_last)
+    model = build_model(spec, len(classes)).to(device, memory_format=memory_format(device))
     ddp_model = DistributedDataParallel(model, device_ids=[env.local_rank] if use_cuda else None) if dist.is_initialized() else model
 
     workers = params.data_workers
