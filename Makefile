@@ -53,6 +53,9 @@ worker: $(VENV)/.installed
 
 deploy: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
 deploy: $(VENV)/.installed
+	for pool in gpu default; do \
+		$(BIN)/prefect work-pool inspect $$pool >/dev/null 2>&1 || $(BIN)/prefect work-pool create $$pool --type process; \
+	done
 	$(BIN)/prefect --no-prompt deploy --prefect-file deployments/prefect.yaml --all
 
 # Single-process alternative to worker + deploy (flow.serve).

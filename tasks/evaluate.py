@@ -136,7 +136,7 @@ from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from tasks.plots import plot_confusion_matrix  # noqa: E402
+from tasks.plots import plot_confusion_matrix, png_markdown  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 
 
@@ -148,7 +148,11 @@ def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
     picture_path = Path(picture) if picture else Path(scores_csv).with_name("confusion_matrix.png")
     picture_path.parent.mkdir(parents=True, exist_ok=True)
     plot_confusion_matrix(evaluation.confusion_matrix, evaluation.classes, picture_path)
-    create_markdown_artifact(key="evaluation", markdown=evaluation_markdown(evaluation) + f"\nPicture: `{picture_path}`\n")
+    create_markdown_artifact(
+        key="evaluation",
+        markdown=evaluation_markdown(evaluation)
+        + f"\n{png_markdown(picture_path, 'confusion matrix')}\n\nAlso saved as `{picture_path}`.\n",
+    )
     create_table_artifact(
         key="confusion-matrix",
         table=[{"true class": name, **dict(zip(evaluation.classes, row))} for name, row in

@@ -30,9 +30,10 @@ def test_every_deployment_names_a_real_flow_with_valid_parameters(monkeypatch):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """Server, `gpu` pool, deployments from deployments/prefect.yaml, one worker: stopped after the module."""
+    """Server, `gpu` and `default` pools, deployments from deployments/prefect.yaml, a `gpu` worker."""
     with PrefectStack(home=tmp_path_factory.mktemp("prefect-home")) as running:
-        running.cli("work-pool", "create", "gpu", "--type", "process")
+        for pool in ("gpu", "default"):
+            running.cli("work-pool", "create", pool, "--type", "process")
         running.cli("deploy", "--prefect-file", str(DEPLOYMENT_FILE), "--all")
         running.start_worker("gpu")
         yield running

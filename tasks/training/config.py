@@ -37,7 +37,7 @@ class TrainingParams(BaseModel):
         "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU"
     )
     data_workers: int | None = Field(
-        None, ge=0, description="DataLoader workers per process; empty: from the CPUs per process"
+        None, ge=0, description="DataLoader workers per process; empty: 0 on CPU, from the CPUs per process on GPU"
     )
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD (Nesterov) momentum")
     weight_decay: float = Field(1e-4, ge=0, description="SGD weight decay")

@@ -278,7 +278,10 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
 
     workers = params.data_workers
     if workers is None:
-        workers = min(4, max(0, (os.cpu_count() or 1) // (env.world_size if not use_cuda else 1) - 1))
+        # On CPU the compute threads already use every core: loader processes would only compete with them
+        # (measured 0.70x of a plain in-process loop with one loader worker on 2 cores). On GPU the CPUs are
+        # free to decode ahead of the device.
+        workers = min(8, max(1, (os.cpu_count() or 1) // env.world_size - 1)) if use_cuda else 0
     train_set = ImageFiles(train_dir.samples(), train_transform(image_size, trained_spec.mean, trained_spec.std))
     val_set = ImageFiles(val_dir.samples(), eval_transform(image_size, trained_spec.mean, trained_spec.std))
     sampler = DistributedSampler(train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed)
