@@ -18,7 +18,7 @@ from bench.harness import Figure, alternate, table
 from tasks import check_training_data, convert_to_image_directory, evaluate_scores, export_digits, score_images
 from tasks.model import create_model_directory
 from tasks.model_directory import ModelSpec
-from tasks.registry import DatasetLineage, register_model
+from tasks.registry import lineage, register_model
 from tasks.train import build_torchrun_command, run_training, worker_environment
 from tasks.training.config import TrainingParams
 
@@ -37,12 +37,8 @@ def plain_functions(train_source: Path, validation_source: Path, out: Path) -> N
     scores = score_images(model_dir, validation)
     scores.to_csv(out / "scores.csv", index=False)
     evaluation = evaluate_scores(scores)
-    lineage = {
-        role: DatasetLineage(source=str(d.root), content_hash=d.manifest.content_hash, images=len(d))
-        for role, d in (("train", train), ("validation", validation))
-    }
-    register_model(out / "registry", "digits-resnet18", model_dir, metrics=evaluation.model_dump(),
-                   params=PARAMS.model_dump(), datasets=lineage)  # fmt: skip
+    register_model(out / "registry", "digits-resnet18", model_dir, metrics=evaluation.figures(),
+                   params=PARAMS.model_dump(), datasets={"train": lineage(train.root), "validation": lineage(validation.root)})  # fmt: skip
 
 
 def figures(repetitions: int = 2) -> list[Figure]:

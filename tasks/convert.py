@@ -39,7 +39,7 @@ from tasks.image_directory import (
 )
 from tasks.labelling import SourceFile, find_base_folder, plan_source, read_labels_file
 from tasks.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source
-from tasks.storage import is_s3_uri, parse_s3_uri, s3_client
+from tasks.storage import is_s3_uri, read_bytes
 
 # Formats whose encoder would otherwise pick a low default quality when re-encoding a normalised image.
 _SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"quality": 95}}
@@ -104,14 +104,10 @@ def stored_path(file: SourceFile, folders: dict[str, str], by_class_folder: bool
 
 
 def read_location(location: str) -> bytes:
-    """A small file's bytes from a local path or an ``s3://bucket/key``."""
-    if is_s3_uri(location):
-        where = parse_s3_uri(location)
-        return s3_client().get_object(Bucket=where.bucket, Key=where.prefix)["Body"].read()
-    path = Path(location)
-    if not path.is_file():
+    """A labels file's bytes from a local path or an ``s3://bucket/key``."""
+    if not is_s3_uri(location) and not Path(location).is_file():
         raise InvalidDatasetError(f"labels file {location} does not exist")
-    return path.read_bytes()
+    return read_bytes(location)
 
 
 def _check_locations(source: Source, output: Path) -> None:

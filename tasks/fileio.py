@@ -15,10 +15,12 @@ _CHUNK = 1 << 20
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
+def atomic_write(path: str | os.PathLike[str], mode: str = "w", *, exclusive: bool = False) -> Iterator[IO]:
     """Open a temporary file beside ``path``; on success ``os.replace`` it into place.
 
     Readers (and a process restarted after a crash) see the old file or the new one, never half of one.
+    With ``exclusive`` the finished file is hard-linked into place instead: an exclusive create that raises
+    FileExistsError when ``path`` exists (open(O_EXCL) then write() would show a reader half a file).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -28,7 +30,11 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

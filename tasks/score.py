@@ -20,7 +20,7 @@ from tasks.errors import InvalidDatasetError
 from tasks.fileio import atomic_write
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ModelDirectory
-from tasks.storage import is_s3_uri, parse_s3_uri, s3_client
+from tasks.storage import is_s3_uri, parse_s3_uri, read_bytes, s3_client
 from tasks.training.data import ImageFiles, eval_transform
 from tasks.training.models import load_trained_model, memory_format
 
@@ -88,10 +88,7 @@ def scored_classes(scores: pd.DataFrame) -> list[str]:
 
 def read_scores(location: str | Path) -> pd.DataFrame:
     """Read a scores CSV (a path or s3:// URI) keeping class names as text ('01' stays '01')."""
-    if is_s3_uri(location):
-        source = parse_s3_uri(str(location))
-        location = io.BytesIO(s3_client().get_object(Bucket=source.bucket, Key=source.prefix)["Body"].read())
-    return pd.read_csv(location, dtype={IMAGE_COLUMN: str, SCORED_LABELS: str, LABEL_COLUMN: str})
+    return pd.read_csv(io.BytesIO(read_bytes(location)), dtype={IMAGE_COLUMN: str, SCORED_LABELS: str, LABEL_COLUMN: str})
 
 
 def write_scores(table: pd.DataFrame, location: str) -> str:

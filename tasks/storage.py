@@ -41,6 +41,15 @@ def parse_s3_uri(uri: str) -> S3Location:
     return S3Location(bucket=bucket, prefix=prefix.strip("/"))
 
 
+def read_bytes(location: str | os.PathLike[str]) -> bytes:
+    """A small file's bytes from a local path or an ``s3://bucket/key``."""
+    if is_s3_uri(location):
+        where = parse_s3_uri(str(location))
+        return s3_client().get_object(Bucket=where.bucket, Key=where.prefix)["Body"].read()
+    with open(location, "rb") as handle:
+        return handle.read()
+
+
 def s3_client(max_attempts: int = RETRY_ATTEMPTS):
     """A boto3 S3 client with standard-mode retries; honours ``AWS_ENDPOINT_URL``."""
     import boto3

@@ -15,6 +15,7 @@ from tasks.registry.backends import LocalBackend, RegistryBackend, open_backend
 from tasks.registry.core import (
     challenge,
     fetch_model,
+    lineage,
     list_versions,
     load_model,
     read_aliases,
@@ -39,6 +40,6 @@ from tasks.registry.layout import (
 __all__ = [
     "CLAIM_FILE", "REGISTRATION_FILE", "AliasRecord", "DatasetLineage", "LocalBackend", "ModelReference", "Promotion",
     "Registration", "RegistryBackend", "challenge", "check_model_name", "default_model_name", "fetch_model",
-    "list_versions", "load_model", "open_backend", "parse_reference", "read_aliases", "read_registration",
+    "lineage", "list_versions", "load_model", "open_backend", "parse_reference", "read_aliases", "read_registration",
     "register_model", "resolve", "set_alias",
 ]  # fmt: skip

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -53,22 +52,12 @@ class LocalBackend(RegistryBackend):
         return self.root.joinpath(*key.split("/"))
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Written in full first, then hard-linked into place: link() is an exclusive create that never
-        # shows a reader a half-written record (open(O_EXCL) followed by write() would).
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "wb") as handle:
+            with atomic_write(self._path(key), "wb", exclusive=True) as handle:
                 handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.link(tmp, path)
             return True
         except FileExistsError:
             return False
-        finally:
-            os.unlink(tmp)
 
     def write(self, key: str, data: bytes) -> None:
         with atomic_write(self._path(key), "wb") as handle:

@@ -18,6 +18,7 @@ from typing import Any
 
 from tasks.errors import InvalidModelNameError, ModelNotFoundError, PipelineInputError
 from tasks.fileio import sha256_file
+from tasks.image_directory import ImageDirectory
 from tasks.model_directory import MODEL_FILES, ONNX_FILE, ModelDirectory
 from tasks.registry.backends import LocalBackend, RegistryBackend, open_backend
 from tasks.registry.layout import (
@@ -49,6 +50,12 @@ def _create_owned(backend: RegistryBackend, key: str, data: bytes) -> bool:
     """Exclusive create that survives a lost answer: when a retried write finds the key taken, the key
     may hold our own first attempt, which counts as ours."""
     return backend.create_exclusive(key, data) or backend.read(key) == data
+
+
+def lineage(image_dir: str | os.PathLike[str]) -> DatasetLineage:
+    """What a registration records of a data set: its source, content hash and size."""
+    manifest = ImageDirectory(image_dir).manifest
+    return DatasetLineage(source=manifest.source, content_hash=manifest.content_hash, images=len(manifest.images))
 
 
 def list_versions(registry: Registry, name: str) -> list[int]:

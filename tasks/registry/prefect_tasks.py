@@ -3,7 +3,6 @@ resolve a model reference to a local ModelDirectory."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -15,18 +14,13 @@ from pydantic import BaseModel
 from tasks.evaluate import Evaluation
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ModelDirectory
-from tasks.registry import DatasetLineage, Promotion, Registration, default_model_name, load_model, register_model
+from tasks.registry import Promotion, Registration, default_model_name, lineage, load_model, register_model
 from tasks.retrying import retry_unless_input_error
 
 
 class RegisteredModel(BaseModel):
     registration: Registration
     location: str
-
-
-def lineage(image_dir: str | os.PathLike[str]) -> DatasetLineage:
-    manifest = ImageDirectory(image_dir).manifest
-    return DatasetLineage(source=manifest.source, content_hash=manifest.content_hash, images=len(manifest.images))
 
 
 def _promotion_markdown(promotion: Promotion) -> str:

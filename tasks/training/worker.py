@@ -55,6 +55,7 @@ from tasks.model_directory import (
 )
 from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
 from tasks.training.data import ImageFiles, choose_image_size, eval_transform, train_transform
+from tasks.training.checkpoint import load_checkpoint, save_checkpoint
 from tasks.training.models import build_model, memory_format
 
 logger = logging.getLogger("tasks.training.worker")
@@ -204,36 +205,6 @@ def write_training_log(output: Path, metrics: TrainingMetrics) -> None:
     writer.writerows(epoch.model_dump() for epoch in metrics.epochs)
     write_text_atomic(output / TRAINING_LOG_FILE, buffer.getvalue())
     write_text_atomic(output / METRICS_FILE, metrics.model_dump_json(indent=2))
-
-
-def save_checkpoint(path: Path, model, optimizer, scheduler, metrics: TrainingMetrics, classes, config) -> None:
-    """Everything a restarted worker needs to continue: weights, optimizer and schedule, metrics so far."""
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "epoch": len(metrics.epochs),
-        "metrics": metrics.model_dump(),
-        "classes": classes,
-        "config": config,
-    }
-    with atomic_write(path, "wb") as handle:
-        torch.save(state, handle)
-
-
-def load_checkpoint(path: Path, model, optimizer, scheduler, classes) -> TrainingMetrics | None:
-    """Restore a checkpoint into the model, optimizer and scheduler; None when there is none."""
-    if not path.is_file():
-        return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if state["classes"] != classes:
-        raise InvalidDatasetError(
-            f"{path} was trained on classes {state['classes']}, the data now has {classes}: use a new output directory"
-        )
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return TrainingMetrics.model_validate(state["metrics"])
 
 
 def main(args: argparse.Namespace) -> TrainingMetrics:

@@ -1,0 +1,41 @@
+"""The resume state of the training worker: written by rank 0 after every epoch, read by every rank on start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tasks.errors import InvalidDatasetError
+from tasks.fileio import atomic_write
+from tasks.model_directory import TrainingMetrics
+
+
+def save_checkpoint(path: Path, model, optimizer, scheduler, metrics: TrainingMetrics, classes, config) -> None:
+    """Everything a restarted worker needs to continue: weights, optimizer and schedule, metrics so far."""
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "epoch": len(metrics.epochs),
+        "metrics": metrics.model_dump(),
+        "classes": classes,
+        "config": config,
+    }
+    with atomic_write(path, "wb") as handle:
+        torch.save(state, handle)
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler, classes) -> TrainingMetrics | None:
+    """Restore a checkpoint into the model, optimizer and scheduler; None when there is none."""
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state["classes"] != classes:
+        raise InvalidDatasetError(
+            f"{path} was trained on classes {state['classes']}, the data now has {classes}: use a new output directory"
+        )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return TrainingMetrics.model_validate(state["metrics"])
