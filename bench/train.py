@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torchvision
 from torch.utils.data import DataLoader
+from torchvision import transforms as T
 
 from bench.harness import Figure, alternate, table
 from tasks import convert_to_image_directory, export_digits
@@ -32,7 +33,6 @@ from tasks.model import create_model_directory
 from tasks.model_directory import ModelSpec, driver_log_path
 from tasks.train import build_torchrun_command, run_training, worker_environment
 from tasks.training.config import TrainingParams
-from tasks.training.data import train_transform
 
 IMAGE_SIZE = 32
 _PEAK = re.compile(r"peak memory (\d+) MB")
@@ -59,7 +59,14 @@ def plain_loop_images_per_s(train_source: Path, params: TrainingParams, epochs: 
     ``plain_loop_in_subprocess``)."""
     torch.set_num_threads(int(worker_environment(params)["OMP_NUM_THREADS"]))
     torch.manual_seed(params.random_seed)
-    transform = train_transform(IMAGE_SIZE, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    # Written the usual way, on PIL images; it computes exactly what our train_transform does
+    # (tests/test_train.py checks that they agree to the bit).
+    transform = T.Compose([
+        T.Resize((IMAGE_SIZE, IMAGE_SIZE)),
+        T.RandomCrop(IMAGE_SIZE, padding=IMAGE_SIZE // 8, padding_mode="edge"),
+        T.ToTensor(),
+        T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    ])  # fmt: skip
     dataset = torchvision.datasets.ImageFolder(str(train_source), transform=transform)
     loader = DataLoader(dataset, batch_size=params.batch_size, shuffle=True)
     model = torchvision.models.resnet18(num_classes=len(dataset.classes))

@@ -18,8 +18,9 @@ from tasks.model_directory import (
 )
 from tasks.train import build_torchrun_command, run_training, worker_environment
 from tasks.training.config import TrainingParams, params_from_flags
-from tasks.training.worker import get_args_parser, warmup_poly_schedule
-from tests.conftest import run_worker
+from tasks.training.data import ImageFiles, eval_transform, train_transform
+from tasks.training.worker import get_args_parser, make_optimizer, warmup_poly_schedule
+from tests.conftest import run_worker, write_class_folders
 
 DIRS = {"train_dir": "/d/train", "validation_dir": "/d/val", "model_spec_dir": "/d/spec", "output_dir": "/d/model"}
 
@@ -69,6 +70,60 @@ def test_environment_shares_cpu_threads_and_makes_the_project_importable():
     env = worker_environment(TrainingParams(processes_per_node=2), base={"PATH": "/bin"})
     assert env["OMP_NUM_THREADS"] == str(max(1, (__import__("os").cpu_count() or 1) // 2))
     assert env["PYTHONUNBUFFERED"] == "1" and env["PYTHONPATH"]
+
+
+def test_environment_keeps_freed_memory_unless_the_user_set_the_allocator():
+    env = worker_environment(TrainingParams(), base={})
+    assert int(env["MALLOC_MMAP_THRESHOLD_"]) >= 2**20 and int(env["MALLOC_TRIM_THRESHOLD_"]) >= 2**20
+    mine = worker_environment(TrainingParams(), base={"MALLOC_MMAP_THRESHOLD_": "131072"})
+    assert mine["MALLOC_MMAP_THRESHOLD_"] == "131072" and "MALLOC_TRIM_THRESHOLD_" not in mine
+
+
+def test_transforms_compute_what_the_usual_pil_pipeline_computes():
+    """Our two-stage transforms (cacheable decode, then crop/normalise on tensors) against the torchvision
+    composition everyone writes on PIL images: same random crops from the same seed, same values to the bit."""
+    from PIL import Image
+    from torchvision import transforms as T
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    generator = torch.Generator().manual_seed(0)
+    for shape, size in (((8, 8, 3), 32), ((37, 50, 3), 64), ((200, 300, 3), 224)):
+        image = Image.fromarray(torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator).numpy())
+        usual_train = T.Compose([T.Resize((size, size)), T.RandomCrop(size, padding=size // 8, padding_mode="edge"),
+                                 T.ToTensor(), T.Normalize(mean, std)])  # fmt: skip
+        usual_eval = T.Compose([T.Resize((size, size)), T.ToTensor(), T.Normalize(mean, std)])
+        torch.manual_seed(3)
+        expected = [usual_train(image) for _ in range(4)]
+        torch.manual_seed(3)
+        ours = [train_transform(size, mean, std)(image) for _ in range(4)]
+        assert all(torch.equal(a, b) for a, b in zip(expected, ours))
+        assert torch.equal(usual_eval(image), eval_transform(size, mean, std)(image))
+
+
+def test_decoded_images_are_kept_in_memory_up_to_the_budget(tmp_path):
+    source = write_class_folders(tmp_path / "images", per_class=3)
+    samples = [(path, 0) for path in sorted(source.rglob("*.png"))]
+    transform = eval_transform(32, (0.5,) * 3, (0.5,) * 3)
+    uncached = [image for image, _ in ImageFiles(samples, transform)]
+    per_image = 3 * 32 * 32
+    cached = ImageFiles(samples, transform, cache_bytes=5 * per_image + 7)
+    assert cached.cache_capacity == 5 and cached.cached_images == 0
+    first = [image for image, _ in cached]
+    assert cached.cached_images == 5
+    for path, _ in samples:
+        path.unlink()  # later epochs read the first five from memory, the rest from disk
+    assert all(torch.equal(a, b) for a, b in zip(uncached, first))
+    assert all(torch.equal(cached[i][0], uncached[i]) for i in range(5))
+    with pytest.raises(FileNotFoundError):
+        cached[5]
+
+
+def test_optimizer_is_fused_nesterov_sgd():
+    model = torch.nn.Linear(4, 2)
+    optimizer = make_optimizer(model, 0.1, TrainingParams(momentum=0.8, weight_decay=0.01))
+    group = optimizer.param_groups[0]
+    assert (group["lr"], group["momentum"], group["nesterov"], group["weight_decay"]) == (0.1, 0.8, True, 0.01)
+    assert group["fused"]
 
 
 def test_warmup_then_polynomial_decay():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -25,33 +26,76 @@ def choose_image_size(median_side: int) -> int:
     return max(SMALLEST_IMAGE_SIZE, math.ceil(median_side / 32) * 32)
 
 
-def train_transform(size: int, mean: Sequence[float], std: Sequence[float]) -> Callable:
+@dataclass(frozen=True)
+class ImageTransform:
+    """A PIL image to a normalised tensor in two stages.
+
+    ``decode`` is deterministic (RGB, resized to ``size`` x ``size``, uint8 channels-first), so its result can be
+    kept and reused; ``finish`` runs every time (the random crop when training, scaling to [0, 1], normalising).
+    Calling the object runs both, like a torchvision ``Compose``.
+    """
+
+    size: int
+    decode: Callable[[Image.Image], torch.Tensor]
+    finish: Callable[[torch.Tensor], torch.Tensor]
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        return self.finish(self.decode(image))
+
+
+def _decode(size: int) -> Callable[[Image.Image], torch.Tensor]:
+    return T.Compose([T.Resize((size, size)), T.PILToTensor()])
+
+
+def _to_float(mean: Sequence[float], std: Sequence[float]) -> list[Callable]:
+    return [T.ConvertImageDtype(torch.float32), T.Normalize(mean, std)]
+
+
+def train_transform(size: int, mean: Sequence[float], std: Sequence[float]) -> ImageTransform:
     # No flips: they would turn some classes (digits, text, arrows) into others.
-    return T.Compose(
-        [
-            T.Resize((size, size)),
-            T.RandomCrop(size, padding=size // 8, padding_mode="edge"),
-            T.ToTensor(),
-            T.Normalize(mean, std),
-        ]
-    )
+    crop = T.RandomCrop(size, padding=size // 8, padding_mode="edge")
+    return ImageTransform(size, _decode(size), T.Compose([crop, *_to_float(mean, std)]))
 
 
-def eval_transform(size: int, mean: Sequence[float], std: Sequence[float]) -> Callable:
-    return T.Compose([T.Resize((size, size)), T.ToTensor(), T.Normalize(mean, std)])
+def eval_transform(size: int, mean: Sequence[float], std: Sequence[float]) -> ImageTransform:
+    return ImageTransform(size, _decode(size), T.Compose(_to_float(mean, std)))
 
 
 class ImageFiles(Dataset):
-    """(image tensor, class index) for a list of (path, class index) pairs; images are decoded as RGB."""
+    """(image tensor, class index) for a list of (path, class index) pairs; images are decoded as RGB.
 
-    def __init__(self, samples: Sequence[tuple[Path, int]], transform: Callable) -> None:
+    With ``cache_bytes``, decoded and resized images are kept in memory (uint8, up to that many bytes; the
+    first images in ``samples`` order when not all fit), so later epochs skip file reads, decoding and
+    resizing. The cache lives in this process: it is for loading without DataLoader worker processes.
+    """
+
+    def __init__(self, samples: Sequence[tuple[Path, int]], transform: ImageTransform, cache_bytes: int = 0) -> None:
         self.samples = list(samples)
         self.transform = transform
+        side = transform.size
+        capacity = min(len(self.samples), cache_bytes // (3 * side * side))
+        self._cache = torch.empty((capacity, 3, side, side), dtype=torch.uint8)
+        self._cached = [False] * capacity
+
+    @property
+    def cached_images(self) -> int:
+        return sum(self._cached)
+
+    @property
+    def cache_capacity(self) -> int:
+        return len(self._cached)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
-        with Image.open(path) as image:
-            return self.transform(image.convert("RGB")), label
+        if index < len(self._cached) and self._cached[index]:
+            pixels = self._cache[index]
+        else:
+            with Image.open(path) as image:
+                pixels = self.transform.decode(image.convert("RGB"))
+            if index < len(self._cached):
+                self._cache[index] = pixels
+                self._cached[index] = True
+        return self.transform.finish(pixels), label

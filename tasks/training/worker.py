@@ -133,6 +133,18 @@ def autocast(device: torch.device, params: TrainingParams):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16)
 
 
+def make_optimizer(model: nn.Module, learning_rate: float, params: TrainingParams) -> torch.optim.SGD:
+    """Nesterov SGD with the fused kernel: one pass over each parameter, its gradient and momentum instead of
+    one per arithmetic step. On 2 CPU cores the default (foreach) step took 10-25 ms of a ResNet-18 batch
+    and the fused one 3-4 ms (same update; bench/train.py measures the whole loop)."""
+    options = dict(lr=learning_rate, momentum=params.momentum, nesterov=True, weight_decay=params.weight_decay)
+    try:
+        return torch.optim.SGD(model.parameters(), fused=True, **options)
+    except (RuntimeError, TypeError, ValueError) as error:  # a torch build without the fused kernel for this device
+        logger.info("fused SGD unavailable (%s); using the default implementation", error)
+        return torch.optim.SGD(model.parameters(), **options)
+
+
 def check_finite(loss_sum: torch.Tensor, epoch: int, step: int, params: TrainingParams) -> None:
     """Stop on a NaN or infinite loss before anything is saved: model.pt keeps the best finite epoch."""
     if not torch.isfinite(loss_sum):
@@ -253,8 +265,13 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         # (measured 0.70x of a plain in-process loop with one loader worker on 2 cores). On GPU the CPUs are
         # free to decode ahead of the device.
         workers = min(8, max(1, (os.cpu_count() or 1) // env.world_size - 1)) if use_cuda else 0
-    train_set = ImageFiles(train_dir.samples(), train_transform(image_size, trained_spec.mean, trained_spec.std))
-    val_set = ImageFiles(val_dir.samples(), eval_transform(image_size, trained_spec.mean, trained_spec.std))
+    # Loader processes would each fill a cache of their own: the decoded-image cache is for in-process loading.
+    cache_bytes = params.image_cache_mb * 2**20 if workers == 0 else 0
+    train_set = ImageFiles(train_dir.samples(), train_transform(image_size, trained_spec.mean, trained_spec.std), cache_bytes)
+    val_set = ImageFiles(
+        val_dir.samples(), eval_transform(image_size, trained_spec.mean, trained_spec.std),
+        max(0, cache_bytes - train_set.cache_capacity * 3 * image_size**2),
+    )  # fmt: skip
     sampler = DistributedSampler(train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed)
     loader_options = {"num_workers": workers, "pin_memory": use_cuda, "persistent_workers": workers > 0}
     train_loader = DataLoader(train_set, batch_size=params.batch_size, sampler=sampler, drop_last=False, **loader_options)
@@ -263,13 +280,7 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
     val_loader = DataLoader(val_shard, batch_size=params.batch_size * 2, **loader_options)
 
     criterion = nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(
-        model.parameters(),
-        lr=params.learning_rate * env.world_size,
-        momentum=params.momentum,
-        nesterov=True,
-        weight_decay=params.weight_decay,
-    )
+    optimizer = make_optimizer(model, params.learning_rate * env.world_size, params)
     steps = len(train_loader)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_poly_schedule(params.warmup_epochs * steps, params.epochs * steps)
@@ -287,9 +298,11 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         write_text_atomic(output / SPEC_FILE, trained_spec.model_dump_json(indent=2))
         write_text_atomic(output / CLASSES_FILE, json.dumps(classes, indent=2))
     logger.info(
-        "training %s on %d images (%d classes) at %d px, validating on %d; batch %d x %d processes, %d loader workers",
+        "training %s on %d images (%d classes) at %d px, validating on %d; batch %d x %d processes, %d loader workers; "
+        "decoded images kept in memory: %d of %d training, %d of %d validation",
         spec.architecture, len(train_set), len(classes), image_size, len(val_set),
         params.batch_size, env.world_size, workers,
+        train_set.cache_capacity, len(train_set), val_set.cache_capacity, len(val_set),
     )  # fmt: skip
 
     for epoch in range(start_epoch, params.epochs):
