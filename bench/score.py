@@ -1,11 +1,14 @@
 """Batched scoring (tasks.score.score_images) against a naive loop: open each image with PIL, transform it,
-run the model on a batch of one. Both run in one process on the same images and model, in alternating
-repetitions; the medians and their ratio are printed. Asserts nothing.
+run the model on a batch of one. Both run on the same images and model, in alternating repetitions; the
+medians and their ratio are printed. Asserts nothing.
 
     python -m bench.score                                   # digits validation: ResNet-18 at 32 px and at 224 px
     python -m bench.score --image-size 224 --limit-at-224 0 # all 360 images at torchvision's usual size
     python -m bench.score --model digits-resnet18@production --images runs/<run>/data/validation
-    python -m bench.score --runtime onnx                    # the batched side through onnxruntime
+    python -m bench.score --runtime onnx                    # the batched side through onnxruntime only
+
+The naive loop runs in a fresh process each time (a first script's process: default allocator, no warm
+state of ours); the batched side runs here.
 
 Without ``--model`` the network has random weights: throughput does not depend on what it learned.
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,7 +43,7 @@ from tasks.model_directory import (
 )
 from tasks.onnx_export import export_onnx
 from tasks.registry import load_model
-from tasks.score import score_images
+from tasks.score import BATCH_SIZE, score_images
 from tasks.training.data import choose_image_size, eval_transform
 from tasks.training.models import build_model, load_trained_model
 
@@ -66,30 +71,43 @@ def naive_scores(model_dir: ModelDirectory, images: ImageDirectory) -> list[list
     return rows
 
 
+def naive_in_subprocess(model_dir: ModelDirectory, images: ImageDirectory) -> float:
+    """images/s of the naive loop in a fresh process, as a first script runs: with the C library's default
+    allocator (scoring sets this process's to keep freed memory: tasks/allocator.py) and none of our threads.
+    One warm-up pass, then one timed pass, as on our side."""
+    command = [sys.executable, "-m", "bench.score", "--naive", str(model_dir.root), "--images", str(images.root),
+               "--limit", str(len(images))]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent)
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def images_per_s(run: Callable[[], object], count: int) -> float:
+    started = time.perf_counter()
+    run()
+    return count / (time.perf_counter() - started)
+
+
 def measure(model_dir: ModelDirectory, images: ImageDirectory, runtime: str, repetitions: int, what: str) -> Figure:
-    """Batched against naive, alternating repetitions after one warm-up of each (allocations, file cache)."""
-    naive_scores(model_dir, images)
+    """Batched against naive, alternating repetitions after one warm-up of ours (allocations, file cache)."""
     score_images(model_dir, images, runtime=runtime)
-
-    def rate(run) -> Callable[[], float]:
-        def once() -> float:
-            started = time.perf_counter()
-            run()
-            return len(images) / (time.perf_counter() - started)
-
-        return once
-
     medians = alternate(
-        {"batched": rate(lambda: score_images(model_dir, images, runtime=runtime)),
-         "naive": rate(lambda: naive_scores(model_dir, images))},
+        {"batched": lambda: images_per_s(lambda: score_images(model_dir, images, runtime=runtime), len(images)),
+         "naive": lambda: naive_in_subprocess(model_dir, images)},
         repetitions,
     )  # fmt: skip
     spec = model_dir.spec
     return Figure(
         what, medians["batched"], medians["naive"], "images/s", ">= 3x a per-image PIL + model loop", 3.0,
-        notes=f"{len(images)} images, {spec.architecture} at {spec.image_size} px, {runtime}, "
+        notes=f"{len(images)} images, {spec.architecture} at {spec.image_size} px, {runtime}, batch {BATCH_SIZE}, "
         f"{repetitions} alternating repetitions, {torch.get_num_threads()} CPU threads",
     )  # fmt: skip
+
+
+def limited(image_dir: ImageDirectory, limit: int) -> ImageDirectory:
+    """The same directory with only its first ``limit`` images (in memory: nothing on disk changes)."""
+    subset = ImageDirectory(image_dir.root)
+    subset.manifest.images = subset.manifest.images[:limit]
+    return subset
 
 
 def figures(
@@ -99,10 +117,12 @@ def figures(
     architecture: str = "resnet18",
     image_sizes: tuple[int, ...] = (0, 224),
     limit_at_224: int = 96,
-    runtime: str = "torch",
+    runtimes: tuple[str, ...] = ("torch",),
     repetitions: int = 5,
+    onnx_at_224: bool = True,
 ) -> list[Figure]:
-    """One figure per image size (0: the images' own, rounded as training does); one for a given ``model``."""
+    """One figure per image size (0: the images' own, rounded as training does) and runtime; one per runtime for
+    a given ``model``. ``onnx_at_224`` adds onnxruntime at 224 px, the CPU's faster runtime there."""
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-score-") as scratch:
         scratch = Path(scratch)
@@ -117,16 +137,16 @@ def figures(
             classes = image_dir.classes or ["a", "b"]
             candidates = [random_model_directory(scratch / f"model-{s}", architecture, classes, s) for s in sizes]
         for model_dir in candidates:
-            if runtime == "onnx" and not (model_dir.root / ONNX_FILE).is_file():
-                # Exported into a copy: a registered version is never modified.
-                copy = shutil.copytree(model_dir.root, scratch / f"onnx-{model_dir.root.name}")
-                model_dir = export_onnx(ModelDirectory(copy))
-            subset = ImageDirectory(image_dir.root)
-            if model_dir.spec.image_size >= 224 and limit_at_224:
+            large = model_dir.spec.image_size >= 224
+            for runtime in dict.fromkeys(runtimes + (("onnx",) if large and onnx_at_224 else ())):
+                if runtime == "onnx" and not (model_dir.root / ONNX_FILE).is_file():
+                    # Exported into a copy: a registered version is never modified.
+                    copy = shutil.copytree(model_dir.root, scratch / f"onnx-{model_dir.root.name}")
+                    model_dir = export_onnx(ModelDirectory(copy))
                 # The naive loop manages a few images/s at 224 px on a small CPU: a subset keeps the run short.
-                subset.manifest.images = subset.manifest.images[:limit_at_224]
-            what = f"scoring at {model_dir.spec.image_size} px" + (" (onnx)" if runtime == "onnx" else "")
-            results.append(measure(model_dir, subset, runtime, repetitions, what))
+                subset = limited(image_dir, limit_at_224) if large and limit_at_224 else image_dir
+                what = f"scoring at {model_dir.spec.image_size} px" + (" (onnx)" if runtime == "onnx" else "")
+                results.append(measure(model_dir, subset, runtime, repetitions, what))
     return results
 
 
@@ -139,11 +159,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--image-size", type=int, action="append", help="input side(s) of the random-weight model "
                         "(default: the images' own and 224)")  # fmt: skip
     parser.add_argument("--limit-at-224", type=int, default=96, help="images scored at 224 px and above (0: all)")
-    parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch", help="runtime of the batched side")
+    parser.add_argument("--runtime", choices=("torch", "onnx"), action="append", help="runtime(s) of the batched "
+                        "side (default: torch, and onnx at 224 px)")  # fmt: skip
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--naive", metavar="MODEL_DIR", help="only time the naive loop of MODEL_DIR on --images")
+    parser.add_argument("--limit", type=int, help="with --naive: the first LIMIT images")
     args = parser.parse_args(argv)
+    if args.naive:
+        model_dir, image_dir = ModelDirectory(args.naive), limited(ImageDirectory(args.images), args.limit)
+        naive_scores(model_dir, image_dir)
+        print(images_per_s(lambda: naive_scores(model_dir, image_dir), len(image_dir)))
+        return
     print(table(figures(args.model, args.images, args.registry, args.architecture, tuple(args.image_size or (0, 224)),
-                        args.limit_at_224, args.runtime, args.repetitions)))  # fmt: skip
+                        args.limit_at_224, tuple(args.runtime or ("torch",)), args.repetitions,
+                        onnx_at_224=not args.runtime)))  # fmt: skip
 
 
 if __name__ == "__main__":
