@@ -1,8 +1,8 @@
 """Keep freed memory for reuse: glibc's allocator settings for processes that run a network batch after batch.
 
 By default glibc serves every block above 128 KiB with a fresh ``mmap`` and hands it back to the kernel on
-``free``, so each batch page-faults its activations in afresh: about 8,000 faults per ResNet-18 training step
-at 32 px, 480,000 for 64 images scored at 224 px. Raising both thresholds keeps freed blocks in the heap for
+``free``, so each batch page-faults its activations in afresh: 4,600-8,300 faults per ResNet-18 training
+step at 32 px, 480,000 for 64 images scored at 224 px. Raising both thresholds keeps freed blocks in the heap for
 the next batch. Measured on 2 CPU cores: training 1.24x the steps per second, scoring at 224 px 45 -> 83
 images/s at batch 64, with the same peak memory (bench/train.py, bench/score.py). The trim threshold alone
 is worse than the default (0.4x): both are set, or neither.
