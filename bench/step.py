@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench.harness import Figure, alternate, table
-from tasks.allocator import ENVIRONMENT
+from tasks.allocator import ENVIRONMENT, peak_rss_mb
 
 VARIANTS = {  # name: (fused optimizer, allocator settings, torch.compile)
     "default": (False, False, False),
@@ -61,7 +61,7 @@ def one_variant(fused: bool, compiled: bool, size: int, batch: int, steps: int, 
         "images_per_s": batch * steps / elapsed,
         "ms": [round(t / steps * 1e3, 1) for t in times],
         "faults_per_step": (usage.ru_minflt - faults) / steps,
-        "peak_mb": usage.ru_maxrss / 1024,
+        "peak_mb": peak_rss_mb(),
     }
 
 

@@ -27,3 +27,14 @@ def test_settings_the_user_chose_are_left_alone():
 def test_subprocess_environment_gets_both_thresholds_or_neither():
     assert allocator_environment({"A": "1"}) == {"A": "1", **ENVIRONMENT}
     assert allocator_environment({"MALLOC_TRIM_THRESHOLD_": "0"}) == {"MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def test_peak_memory_is_the_process_own_not_its_parents():
+    # getrusage's ru_maxrss would report the parent's 400 MB here: it survives fork and exec.
+    ballast = bytearray(400 * 2**20)
+    ballast[:: 2**12] = b"x" * len(ballast[:: 2**12])  # touch every page: resident, not just reserved
+    probe = "from tasks.allocator import peak_rss_mb; print(peak_rss_mb())"
+    project = Path(__file__).resolve().parent.parent
+    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=project)
+    assert 1 < float(child.stdout) < 200
+    del ballast

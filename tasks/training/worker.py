@@ -23,7 +23,6 @@ import io
 import json
 import logging
 import os
-import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from tasks.allocator import peak_rss_mb
 from tasks.fileio import atomic_write, write_text_atomic
 from tasks.image_directory import ImageDirectory
 from tasks.errors import InvalidDatasetError
@@ -135,8 +135,8 @@ def autocast(device: torch.device, params: TrainingParams):
 
 def make_optimizer(model: nn.Module, learning_rate: float, params: TrainingParams) -> torch.optim.SGD:
     """Nesterov SGD with the fused kernel: one pass over each parameter, its gradient and momentum instead of
-    one per arithmetic step. On 2 CPU cores the default (foreach) step took 10-25 ms of a ResNet-18 batch
-    and the fused one 3-4 ms (same update; bench/train.py measures the whole loop)."""
+    one per arithmetic step. On 2 CPU cores the default (foreach) step took 9-15 ms of a ResNet-18 batch at
+    32 px and the fused one 4-5 ms (same update; `python -m bench.step`)."""
     options = dict(lr=learning_rate, momentum=params.momentum, nesterov=True, weight_decay=params.weight_decay)
     try:
         return torch.optim.SGD(model.parameters(), fused=True, **options)
@@ -343,7 +343,7 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
             write_training_log(output, metrics)
 
     logger.info("done: best top-1 %.4f at epoch %s", metrics.best_top1 or 0.0, metrics.best_epoch)
-    logger.info("peak memory %.0f MB%s", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    logger.info("peak memory %.0f MB%s", peak_rss_mb(),
                 f", GPU {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MB" if use_cuda else "")  # fmt: skip
     if dist.is_initialized():
         # Nobody leaves before rank 0 has written the last files.
