@@ -3,8 +3,8 @@
 By default glibc serves every block above 128 KiB with a fresh ``mmap`` and hands it back to the kernel on
 ``free``, so each batch page-faults its activations in afresh: 4,600-8,300 faults per ResNet-18 training
 step at 32 px, 480,000 for 64 images scored at 224 px. Raising both thresholds keeps freed blocks in the heap for
-the next batch. Measured on 2 CPU cores: training 1.24x the steps per second, scoring at 224 px 45 -> 83
-images/s at batch 64, with the same peak memory (bench/train.py, bench/score.py). The trim threshold alone
+the next batch. Measured on 2 CPU cores: training steps 1.22-1.38x per second (bench/step.py), scoring at 224 px 45 -> 83
+images/s at batch 64 (a stand-alone loop), with the same peak memory. The trim threshold alone
 is worse than the default (0.4x): both are set, or neither.
 
 A subprocess gets them through its environment (glibc reads ``MALLOC_*_`` at start); a process that is
