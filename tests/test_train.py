@@ -167,7 +167,10 @@ def test_trained_model_directory_is_complete(trained_model, colour_image_dirs):
     state = torch.load(model_dir.weights_path, weights_only=True)
     assert state["fc.weight"].shape == (3, 512)
     for rank in (0, 1):
-        assert "training resnet18 on 24 images" in driver_log_path(trained_model, rank).read_text()
+        log = driver_log_path(trained_model, rank).read_text()
+        assert "training resnet18 on 24 images" in log
+        # 1024 MB per machine, 512 MB to each of the 2 processes: every 32 px image fits
+        assert "decoded images kept in memory: 24 of 24 training, 12 of 12 validation" in log
     header = (trained_model / "training_log.csv").read_text().splitlines()[0]
     assert header == "epoch,lr,train_images_per_s,train_loss,train_error,val_loss,top1,top5,seconds"
 

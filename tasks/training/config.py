@@ -40,8 +40,8 @@ class TrainingParams(BaseModel):
         None, ge=0, description="DataLoader workers per process; empty: 0 on CPU, from the CPUs per process on GPU"
     )
     image_cache_mb: int = Field(
-        1024, ge=0, description="keep decoded, resized images in memory up to this many MB per process, so later "
-        "epochs skip decoding (used when data_workers is 0, the CPU default); 0: off",
+        1024, ge=0, description="keep decoded, resized images in memory up to this many MB per machine (shared out "
+        "between its processes), so later epochs skip decoding; used when data_workers is 0, the CPU default; 0: off",
     )
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD (Nesterov) momentum")
     weight_decay: float = Field(1e-4, ge=0, description="SGD weight decay")

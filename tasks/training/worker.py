@@ -66,6 +66,7 @@ class DistributedEnv:
     rank: int
     world_size: int
     local_rank: int
+    local_world_size: int  # processes on this machine
     restart_count: int
 
     @classmethod
@@ -75,6 +76,7 @@ class DistributedEnv:
             rank=int(os.environ.get("RANK", 0)),
             world_size=int(os.environ.get("WORLD_SIZE", 1)),
             local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
             restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
         )
 
@@ -264,9 +266,10 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         # On CPU the compute threads already use every core: loader processes would only compete with them
         # (measured 0.70x of a plain in-process loop with one loader worker on 2 cores). On GPU the CPUs are
         # free to decode ahead of the device.
-        workers = min(8, max(1, (os.cpu_count() or 1) // env.world_size - 1)) if use_cuda else 0
+        workers = min(8, max(1, (os.cpu_count() or 1) // env.local_world_size - 1)) if use_cuda else 0
     # Loader processes would each fill a cache of their own: the decoded-image cache is for in-process loading.
-    cache_bytes = params.image_cache_mb * 2**20 if workers == 0 else 0
+    # The budget is per machine, shared out between its processes (each caches every image it is dealt).
+    cache_bytes = params.image_cache_mb * 2**20 // env.local_world_size if workers == 0 else 0
     train_set = ImageFiles(train_dir.samples(), train_transform(image_size, trained_spec.mean, trained_spec.std), cache_bytes)
     val_set = ImageFiles(
         val_dir.samples(), eval_transform(image_size, trained_spec.mean, trained_spec.std),
