@@ -1,0 +1,38 @@
+"""The benchmark scripts run (small settings, real code paths). Nothing here asserts a speed: the figures only
+have to be measured — positive numbers with the names and units BENCHMARKS.md reports."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU stand-in; a CUDA host measures the real figure")
+def test_accelerator_benchmark_runs_its_cpu_stand_in():
+    from bench.gpu import figures
+
+    training, ceiling = figures(images=48)
+    assert training.name.startswith("training resnet18") and training.target == "pending: no GPU"
+    assert training.ours > 0 and training.met is None
+    assert ceiling.name.startswith("data-loading ceiling") and ceiling.ours > 0
+
+
+def test_scoring_benchmark_measures_ours_against_the_naive_loop_in_a_fresh_process():
+    from bench.score import figures
+
+    (figure,) = figures(image_sizes=(0,), repetitions=1)
+    assert figure.name == "scoring at 32 px" and figure.unit == "images/s"
+    assert figure.ours > 0 and figure.baseline > 0 and figure.ratio is not None
+
+
+def test_step_benchmark_compares_each_variant_with_the_default():
+    result = subprocess.run([sys.executable, "-m", "bench.step", "--steps", "2", "--repetitions", "1"],
+                            capture_output=True, text=True, cwd=PROJECT)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    for variant in ("default", "fused SGD", "kept blocks", "fused SGD + kept blocks (ours)"):
+        assert any(line.startswith(variant) and "page faults/step" in line for line in result.stdout.splitlines())
+    assert result.stdout.count("vs default") == 3
