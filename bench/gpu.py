@@ -73,7 +73,7 @@ def gpu_utilisation(samples: list[float], stop: threading.Event) -> None:
             samples.append(float(result.stdout.split()[0]))
 
 
-def figures(images: int | None = None) -> list[Figure]:
+def figures(images: int | None = None, ceiling_seconds: float | None = None) -> list[Figure]:
     cuda = torch.cuda.is_available()
     architecture, size, batch = ("resnet50", 224, 256) if cuda else ("resnet18", 64, 32)
     images = images or (4096 if cuda else 192)
@@ -82,7 +82,7 @@ def figures(images: int | None = None) -> list[Figure]:
         scratch = Path(scratch)
         write_jpegs(scratch / "jpegs", images, side=size + size // 7)
         image_dir = convert_to_image_directory(scratch / "jpegs", scratch / "images").root
-        ceiling = loader_ceiling(image_dir, size, batch, workers, seconds=20 if cuda else 5)
+        ceiling = loader_ceiling(image_dir, size, batch, workers, seconds=ceiling_seconds or (20 if cuda else 5))
 
         spec = create_model_directory(scratch / "spec", ModelSpec(architecture=architecture))
         params = TrainingParams(epochs=2, batch_size=batch, image_size=size, data_workers=workers,
