@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -44,6 +49,16 @@ def alternate(runs: dict[str, Callable[[], float]], repetitions: int) -> dict[st
         for name, run in runs.items():
             results[name].append(run())
     return {name: statistics.median(values) for name, values in results.items()}
+
+
+def in_fresh_process(module: str, *args: str, env: Mapping[str, str] | None = None) -> str:
+    """Run ``python -m module args`` in a new process from the project root; its last line of output.
+
+    Baselines run so: a first script's process has none of our settings (allocator, threads), and a run in
+    this process would leave OpenMP threads spinning that steal the cores from the next measurement."""
+    result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, check=True,
+                            cwd=PROJECT_ROOT, env=None if env is None else dict(env))  # fmt: skip
+    return result.stdout.strip().splitlines()[-1]
 
 
 def table(figures: list[Figure]) -> str:

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,7 +26,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from bench.harness import Figure, alternate, table
+from bench.harness import Figure, alternate, in_fresh_process, table
 from tasks.convert import convert_to_image_directory
 from tasks.datasets import export_digits
 from tasks.image_directory import ImageDirectory
@@ -75,10 +73,8 @@ def naive_in_subprocess(model_dir: ModelDirectory, images: ImageDirectory) -> fl
     """images/s of the naive loop in a fresh process, as a first script runs: with the C library's default
     allocator (scoring sets this process's to keep freed memory: tasks/allocator.py) and none of our threads.
     One warm-up pass, then one timed pass, as on our side."""
-    command = [sys.executable, "-m", "bench.score", "--naive", str(model_dir.root), "--images", str(images.root),
-               "--limit", str(len(images))]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent)
-    return float(result.stdout.strip().splitlines()[-1])
+    return float(in_fresh_process("bench.score", "--naive", str(model_dir.root), "--images", str(images.root),
+                                  "--limit", str(len(images))))  # fmt: skip
 
 
 def images_per_s(run: Callable[[], object], count: int) -> float:

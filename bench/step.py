@@ -14,13 +14,10 @@ import argparse
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-from bench.harness import Figure, alternate, table
-from tasks.allocator import ENVIRONMENT, peak_rss_mb
+from bench.harness import Figure, alternate, in_fresh_process, table
+from tasks.allocator import ENVIRONMENT, allocator_environment, peak_rss_mb
 
 VARIANTS = {  # name: (fused optimizer, allocator settings, torch.compile)
     "default": (False, False, False),
@@ -66,13 +63,9 @@ def one_variant(fused: bool, compiled: bool, size: int, batch: int, steps: int, 
 
 
 def run_variant(fused: bool, kept: bool, compiled: bool, size: int, batch: int, steps: int, threads: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ENVIRONMENT}
-    if kept:
-        env.update(ENVIRONMENT)
-    command = [sys.executable, "-m", "bench.step", "--one", json.dumps([fused, compiled, size, batch, steps, threads])]
-    result = subprocess.run(command, capture_output=True, text=True, check=True, env=env,
-                            cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    plain = {k: v for k, v in os.environ.items() if k not in ENVIRONMENT}
+    env = allocator_environment(plain) if kept else plain
+    return json.loads(in_fresh_process("bench.step", "--one", json.dumps([fused, compiled, size, batch, steps, threads]), env=env))
 
 
 def figures(size: int = 32, batch: int = 16, steps: int = 60, repetitions: int = 3, compiled: bool = False) -> list[Figure]:

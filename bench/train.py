@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +25,7 @@ import torchvision
 from torch.utils.data import DataLoader
 from torchvision import transforms as T
 
-from bench.harness import Figure, alternate, table
+from bench.harness import Figure, alternate, in_fresh_process, table
 from tasks import convert_to_image_directory, export_digits
 from tasks.model import create_model_directory
 from tasks.model_directory import ModelSpec, driver_log_path
@@ -89,11 +87,7 @@ def plain_loop_images_per_s(train_source: Path, params: TrainingParams, epochs: 
 def plain_loop_in_subprocess(train_source: Path, params: TrainingParams) -> float:
     """The baseline in a fresh process, like the worker: run in this one, its OpenMP threads would keep
     spinning after it returns and steal the cores from the next worker (measured: ours 0.70x instead of ~1x)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.train", "--plain-loop", str(train_source), "--batch-size", str(params.batch_size)],
-        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
-    )  # fmt: skip
-    return float(result.stdout.strip().splitlines()[-1])
+    return float(in_fresh_process("bench.train", "--plain-loop", str(train_source), "--batch-size", str(params.batch_size)))
 
 
 def figures(repetitions: int = 3) -> list[Figure]:

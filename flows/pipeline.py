@@ -10,11 +10,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from prefect import flow
-from prefect.runtime import flow_run
 from pydantic import BaseModel
 
+from flows import run_folder
 from tasks.convert import convert
 from tasks.datasets import sources
 from tasks.evaluate import Evaluation, evaluate
@@ -89,8 +88,7 @@ def train_pipeline(
         promotion_metric: Figure compared for promotion, higher is better (accuracy, f1_macro, auc_ovr, ...).
         export_onnx: Also export model.onnx (checked against PyTorch with onnxruntime) and register it.
     """
-    # Named after the flow run, so that a retried run finds its checkpoints again.
-    run_dir = Path(work_dir).resolve() / f"{flow_run.get_name()}-{flow_run.get_id()[:8]}"
+    run_dir = run_folder(work_dir)  # a retried run finds its checkpoints again
     train_source, validation_source = sources(train_data, validation_data, work_dir)
     train_dir = convert(train_source, str(run_dir / "data" / "train"), "train")
     validation_dir = convert(validation_source, str(run_dir / "data" / "validation"), "validation")

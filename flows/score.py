@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
-from prefect.runtime import flow_run
 from pydantic import BaseModel
 
+from flows import run_folder
 from tasks.convert import convert
 from tasks.evaluate import Evaluation, compare, evaluate
 from tasks.registry.prefect_tasks import resolve_model
@@ -49,7 +49,7 @@ def score_pipeline(
         batch_size: Images per forward pass.
         work_dir: Folder for each run's converted images, scores and the cache of models fetched from S3.
     """
-    run_dir = Path(work_dir).resolve() / f"score-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
+    run_dir = run_folder(work_dir, prefix="score-")
     image_dir = convert(images, str(run_dir / "images"), "score")
     model_dir = resolve_model(model, registry, str(Path(work_dir).resolve() / "models"))
     scored = score(model_dir, image_dir, output_csv or str(run_dir / "scores.csv"), runtime, batch_size)

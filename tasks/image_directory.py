@@ -137,9 +137,8 @@ class ImageDirectory:
         self.manifest = ImageDirectoryManifest.model_validate_json(manifest_path.read_text(encoding="utf-8"))
 
     @classmethod
-    def write(cls, root: Path, manifest: ImageDirectoryManifest) -> "ImageDirectory":
+    def write(cls, root: Path, manifest: ImageDirectoryManifest) -> None:
         write_text_atomic(root / MANIFEST_NAME, manifest.model_dump_json(indent=2))
-        return cls(root)
 
     @property
     def labeled(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tasks.model_directory import ModelSpec, read_model_spec, write_model_spec
+from tasks.model_directory import ModelSpec, write_model_spec
 
 
 def create_model_directory(output: str | os.PathLike[str], spec: ModelSpec) -> Path:
@@ -17,9 +17,7 @@ def create_model_directory(output: str | os.PathLike[str], spec: ModelSpec) -> P
         from tasks.training.models import build_model
 
         build_model(spec, num_classes=2)
-    root = write_model_spec(output, spec)
-    read_model_spec(root)
-    return root
+    return write_model_spec(output, spec)
 
 
 # --- Prefect task -------------------------------------------------------------------------------

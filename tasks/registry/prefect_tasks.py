@@ -12,7 +12,6 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel
 
 from tasks.evaluate import Evaluation
-from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ModelDirectory
 from tasks.registry import Promotion, Registration, default_model_name, lineage, load_model, register_model
 from tasks.retrying import retry_unless_input_error
@@ -52,7 +51,8 @@ def register(
     """
     trained = ModelDirectory(model_dir)
     training = trained.metrics()
-    name = name or default_model_name(ImageDirectory(datasets["train"]).manifest.source, trained.spec.architecture)
+    lineages = {role: lineage(d) for role, d in datasets.items()}  # each manifest read once
+    name = name or default_model_name(lineages["train"].source, trained.spec.architecture)
     metrics = {
         **evaluation.figures(),
         "best_top1": training.best_top1,
@@ -61,7 +61,7 @@ def register(
     }
     registration, location = register_model(
         registry, name, trained,
-        metrics=metrics, params=params, datasets={role: lineage(d) for role, d in datasets.items()},
+        metrics=metrics, params=params, datasets=lineages,
         flow_run_id=flow_run.get_id(), promote_to=promote_to, promotion_metric=promotion_metric,
     )  # fmt: skip
     figures = "\n".join(f"| {k} | {v:.4f} |" for k, v in metrics.items() if isinstance(v, float))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -84,6 +84,10 @@ class ImageFiles(Dataset):
     @property
     def cache_capacity(self) -> int:
         return len(self._cached)
+
+    @property
+    def cache_bytes(self) -> int:
+        return self._cache.nbytes
 
     def __len__(self) -> int:
         return len(self.samples)

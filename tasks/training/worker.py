@@ -273,7 +273,7 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
     train_set = ImageFiles(train_dir.samples(), train_transform(image_size, trained_spec.mean, trained_spec.std), cache_bytes)
     val_set = ImageFiles(
         val_dir.samples(), eval_transform(image_size, trained_spec.mean, trained_spec.std),
-        max(0, cache_bytes - train_set.cache_capacity * 3 * image_size**2),
+        cache_bytes - train_set.cache_bytes,
     )  # fmt: skip
     sampler = DistributedSampler(train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed)
     loader_options = {"num_workers": workers, "pin_memory": use_cuda, "persistent_workers": workers > 0}
