@@ -30,7 +30,7 @@ from tasks import convert_to_image_directory
 from tasks.image_directory import ImageDirectory
 from tasks.model import create_model_directory
 from tasks.model_directory import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
-from tasks.train import build_torchrun_command, run_training, worker_environment
+from tasks.train import launch_training
 from tasks.training.config import TrainingParams
 from tasks.training.data import ImageFiles, train_transform
 
@@ -87,15 +87,13 @@ def figures(images: int | None = None, ceiling_seconds: float | None = None) -> 
         spec = create_model_directory(scratch / "spec", ModelSpec(architecture=architecture))
         params = TrainingParams(epochs=2, batch_size=batch, image_size=size, data_workers=workers,
                                 learning_rate=0.1, print_frequency=10**6)  # fmt: skip
-        command = build_torchrun_command(train_dir=image_dir, validation_dir=image_dir, model_spec_dir=spec,
-                                         output_dir=scratch / "model", params=params)  # fmt: skip
         utilisation: list[float] = []
         stop = threading.Event()
         sampler = threading.Thread(target=gpu_utilisation, args=(utilisation, stop), daemon=True)
         if cuda:
             sampler.start()
         try:
-            model_dir = run_training(command, scratch / "model", worker_environment(params), log=lambda line: None)
+            model_dir = launch_training(image_dir, image_dir, spec, scratch / "model", params, log=lambda level, line: None)
         finally:
             stop.set()
         training = model_dir.metrics().epochs[-1].train_images_per_s

@@ -19,7 +19,7 @@ from tasks import check_training_data, convert_to_image_directory, evaluate_scor
 from tasks.model import create_model_directory
 from tasks.model_directory import ModelSpec
 from tasks.registry import lineage, register_model
-from tasks.train import build_torchrun_command, run_training, worker_environment
+from tasks.train import launch_training
 from tasks.training.config import TrainingParams
 
 PARAMS = TrainingParams(epochs=1, processes_per_node=1, device="cpu")
@@ -30,10 +30,7 @@ def plain_functions(train_source: Path, validation_source: Path, out: Path) -> N
     validation = convert_to_image_directory(validation_source, out / "data" / "validation")
     check_training_data(train, validation)
     spec = create_model_directory(out / "model_spec", ModelSpec())
-    command = build_torchrun_command(
-        train_dir=train.root, validation_dir=validation.root, model_spec_dir=spec, output_dir=out / "model", params=PARAMS
-    )
-    model_dir = run_training(command, out / "model", worker_environment(PARAMS), log=lambda line: None)
+    model_dir = launch_training(train.root, validation.root, spec, out / "model", PARAMS, log=lambda level, line: None)
     scores = score_images(model_dir, validation)
     scores.to_csv(out / "scores.csv", index=False)
     evaluation = evaluate_scores(scores)

@@ -29,7 +29,7 @@ from bench.harness import Figure, alternate, in_fresh_process, table
 from tasks import convert_to_image_directory, export_digits
 from tasks.model import create_model_directory
 from tasks.model_directory import ModelSpec, driver_log_path
-from tasks.train import build_torchrun_command, run_training, worker_environment
+from tasks.train import launch_training, worker_environment
 from tasks.training.config import TrainingParams
 
 IMAGE_SIZE = 32
@@ -45,11 +45,8 @@ def digits(scratch: Path) -> tuple[Path, Path, Path, Path]:
 
 
 def run_worker(train: Path, val: Path, spec: Path, output: Path, params: TrainingParams, on_metrics=None):
-    command = build_torchrun_command(
-        train_dir=train, validation_dir=val, model_spec_dir=spec, output_dir=output, params=params
-    )
     options = {"on_metrics": on_metrics} if on_metrics else {}
-    return run_training(command, output, worker_environment(params), log=lambda line: None, **options)
+    return launch_training(train, val, spec, output, params, log=lambda level, line: None, **options)
 
 
 def plain_loop_images_per_s(train_source: Path, params: TrainingParams, epochs: int = 2) -> float:

@@ -12,6 +12,7 @@ _EXPORTS = {
     "check_training_data": "tasks.validate",
     "create_model_directory": "tasks.model",
     "build_torchrun_command": "tasks.train",
+    "launch_training": "tasks.train",
     "run_training": "tasks.train",
     "score_images": "tasks.score",
     "evaluate_scores": "tasks.evaluate",
@@ -29,6 +30,9 @@ _EXPORTS = {
     "InvalidModelNameError": "tasks.errors",
     "TrainingFailedError": "tasks.errors",
     "TrainingDivergedError": "tasks.errors",
+    "TrainingHungError": "tasks.errors",
+    "TrainingTimeoutError": "tasks.errors",
+    "OutputInUseError": "tasks.errors",
 }
 __all__ = sorted(_EXPORTS)
 

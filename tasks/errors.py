@@ -50,5 +50,17 @@ class TrainingFailedError(RuntimeError):
         self.log_tail = log_tail
 
 
+class TrainingHungError(TrainingFailedError):
+    """A training process stopped answering (no heartbeat) or no process made progress; every process was stopped."""
+
+
+class TrainingTimeoutError(TrainingFailedError):
+    """Training ran past ``timeout_minutes``; every process was stopped (a retry resumes from the checkpoint)."""
+
+
+class OutputInUseError(RuntimeError):
+    """Training processes of an earlier attempt still hold the output folder; a new attempt would write beside them."""
+
+
 class TrainingDivergedError(TrainingFailedError, PipelineInputError):
     """The loss became NaN or infinite: the same parameters would diverge again, so it is not retried."""

@@ -8,18 +8,40 @@ the failing rank and carries that rank's log tail.
 from __future__ import annotations
 
 import collections
+import contextlib
+import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from uuid import UUID
 
 import tasks
+from tasks import errors
 from tasks.allocator import allocator_environment
-from tasks.errors import PipelineInputError, TrainingDivergedError, TrainingFailedError
+from tasks.errors import (
+    OutputInUseError,
+    PipelineInputError,
+    TrainingDivergedError,
+    TrainingFailedError,
+    TrainingHungError,
+    TrainingTimeoutError,
+)
+from tasks.lifeline import (
+    HangWatch,
+    TrainingHang,
+    local_pids,
+    output_lock,
+    read_failure,
+    read_heartbeats,
+)
 from tasks.model_directory import (
     DIVERGED_MARKER,
     FAILURE_MARKER,
@@ -111,32 +133,149 @@ def read_metrics(output_dir: Path) -> TrainingMetrics | None:
         return None
 
 
+_WORKER_LEVEL = re.compile(r"^\[rank \d+\] (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+_TORCH_LEVEL = re.compile(r"^([DIWEF])\d{4} \d\d:\d\d:\d\d")
+_GLOG_LEVELS = {"D": logging.DEBUG, "I": logging.INFO, "W": logging.WARNING, "E": logging.ERROR, "F": logging.CRITICAL}
+
+
+class LineLevels:
+    """The logging level of each line torchrun prints: the workers' ``[rank N] LEVEL`` and torch's ``W1122 …``
+    prefixes; a line without one (a traceback's frames) continues the level of the line before it.
+
+    torchrun's own closing traceback (ChildFailedError and its table) repeats a failure the ranks have already
+    logged and the launcher raises: it goes at INFO, so each failure is an error once."""
+
+    def __init__(self) -> None:
+        self.level = logging.INFO
+        self.from_torchrun = False
+
+    def __call__(self, line: str) -> int:
+        worker, torch_line = _WORKER_LEVEL.match(line), _TORCH_LEVEL.match(line)
+        if worker:
+            self.level, self.from_torchrun = logging.getLevelName(worker[1]), False
+        elif torch_line:
+            self.level, self.from_torchrun = _GLOG_LEVELS[torch_line[1]], True
+        elif self.from_torchrun and line.startswith("Traceback (most recent call last)"):
+            self.level = logging.INFO
+        return self.level
+
+
+def print_line(level: int, line: str) -> None:
+    print(line)
+
+
+@dataclass(frozen=True)
+class WatchLimits:
+    """How long a training may run, and how long a process may stay silent or stuck (tasks/lifeline.py)."""
+
+    timeout_s: float | None = None
+    hang_timeout_s: float = 120.0
+    stall_timeout_s: float = 600.0
+    # A retry starts seconds after a failure: the old attempt's workers die with their launcher by then.
+    output_lock_wait_s: float = 60.0
+    # With nodes > 1 every node's launcher shares the output folder: none of them may claim it alone.
+    claim_output: bool = True
+
+    @classmethod
+    def of(cls, params: TrainingParams) -> "WatchLimits":
+        return cls(
+            timeout_s=params.timeout_minutes * 60 if params.timeout_minutes else None,
+            hang_timeout_s=params.hang_timeout_s, stall_timeout_s=params.stall_timeout_s, claim_output=params.nodes == 1,
+        )  # fmt: skip
+
+
+def claim_output(log_dir: Path, wait_seconds: float) -> None:
+    """Make sure no process of an earlier attempt still writes here, then forget its heartbeats and failures."""
+    try:
+        with output_lock(log_dir, shared=False, wait_seconds=wait_seconds):
+            for stale in [*log_dir.glob("heartbeat_*.json"), *log_dir.glob("failure_*.json")]:
+                stale.unlink(missing_ok=True)
+    except BlockingIOError:
+        holders = ", ".join(f"rank {rank} pid {b['pid']} on {b['host']}" for rank, b in sorted(read_heartbeats(log_dir).items()))
+        raise OutputInUseError(
+            f"training processes of an earlier attempt still write {log_dir.parent} ({holders or 'pids unknown'}) "
+            f"after {wait_seconds:g} s: stop them, or train into another output folder"
+        ) from None
+
+
+def stop_training(process: subprocess.Popen, log_dir: Path, grace_seconds: float = 10.0) -> None:
+    """torchrun first, politely (it stops its workers); then SIGKILL for what is left, stopped processes included."""
+    workers = local_pids(read_heartbeats(log_dir))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def input_error_of(failure: dict | None) -> type[PipelineInputError] | None:
+    """The worker raised a mistake in the input (by type name, across the process boundary): retrying cannot help."""
+    found = getattr(errors, failure["type"], None) if failure and failure.get("module") == errors.__name__ else None
+    if isinstance(found, type) and issubclass(found, PipelineInputError) and not issubclass(found, TrainingFailedError):
+        return found
+    return None
+
+
+def training_failure(output_dir: Path, returncode: int, launcher_output: list[str]) -> Exception:
+    """The exception for a torchrun that exited non-zero, its first line the one a person should read."""
+    rank, how = failure_origin(output_dir, "\n".join(launcher_output))
+    rank_log = driver_log_path(output_dir, rank) if rank is not None else None
+    failure = read_failure(output_dir / LOGS_DIR, rank) if rank is not None else None
+    where = f"rank {rank} first, {how}; its full log is {rank_log}" if rank is not None else "no rank logged a failure"
+    input_error = input_error_of(failure)
+    if input_error is not None:
+        return input_error(f"{failure['message']}\n(raised by training rank {rank}; its full log is {rank_log})")
+    tail = (log_tail(rank_log) if rank_log else "") or "\n".join(launcher_output[-LOG_TAIL_LINES:])
+    options = dict(returncode=returncode, rank=rank, log_tail=tail)
+    message = failure["message"] if failure else ""
+    if DIVERGED_MARKER in message or DIVERGED_MARKER in tail:
+        headline = message or next(line for line in tail.splitlines() if DIVERGED_MARKER in line)
+        return TrainingDivergedError(f"{headline[headline.index(DIVERGED_MARKER):]}\n({where})", **options)
+    headline = f"training failed on {where}" + (f": {failure['type']}: {message}" if failure else "")
+    return TrainingFailedError(f"{headline}\n(torchrun exit code {returncode})", **options)
+
+
 def run_training(
     command: list[str],
     output_dir: str | os.PathLike[str],
     env: dict[str, str],
     *,
-    log: Callable[[str], None] = print,
+    log: Callable[[int, str], None] = print_line,
     on_metrics: Callable[[TrainingMetrics], None] = lambda metrics: None,
+    limits: WatchLimits = WatchLimits(),
     poll_seconds: float = 1.0,
 ) -> ModelDirectory:
-    """Run the torchrun command to completion; stream its lines to ``log``, new epochs to ``on_metrics``."""
+    """Run the torchrun command to completion; stream its lines to ``log`` (level, line), new epochs to
+    ``on_metrics``. A silent or stuck rank, or a run past its time, stops every process and raises."""
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = output_dir / LOGS_DIR
+    if limits.claim_output:
+        claim_output(log_dir, limits.output_lock_wait_s)
+    watch = HangWatch(silent_seconds=limits.hang_timeout_s, stall_seconds=limits.stall_timeout_s)
+    watch.ignore(read_heartbeats(log_dir))
     # Enough of torchrun's output to hold its closing failure report.
     output: collections.deque[str] = collections.deque(maxlen=10 * LOG_TAIL_LINES)
+    # Through tasks.lifeline: torchrun gets SIGTERM (and stops its workers) if this process dies, even by SIGKILL.
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-        env=env, start_new_session=True,
+        [sys.executable, "-m", "tasks.lifeline", *command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, errors="replace", env=env, start_new_session=True,
     )  # fmt: skip
 
     def pump() -> None:
+        level_of = LineLevels()
         for line in process.stdout:
             output.append(line.rstrip("\n"))
-            log(line.rstrip("\n"))
+            log(level_of(line), line.rstrip("\n"))
 
     reader = threading.Thread(target=pump, name="torchrun-output", daemon=True)
     reader.start()
+    started = time.monotonic()
     epochs_seen = -1
     try:
         while True:
@@ -148,33 +287,62 @@ def run_training(
             if finished:
                 break
             try:
+                watch.check(read_heartbeats(log_dir))
+            except TrainingHang as hang:
+                stop_training(process, log_dir)
+                raise TrainingHungError(
+                    f"training hung: {hang}; every training process was stopped",
+                    returncode=process.returncode, rank=hang.ranks[0],
+                    log_tail=log_tail(driver_log_path(output_dir, hang.ranks[0])),
+                ) from None  # fmt: skip
+            if limits.timeout_s is not None and time.monotonic() - started > limits.timeout_s:
+                stop_training(process, log_dir)
+                raise TrainingTimeoutError(
+                    f"training ran past its limit of {limits.timeout_s / 60:g} minutes (timeout_minutes) after "
+                    f"{max(epochs_seen, 0)} epochs; every training process was stopped, a retry resumes from the checkpoint",
+                    returncode=process.returncode, rank=None, log_tail="\n".join(list(output)[-LOG_TAIL_LINES:]),
+                )  # fmt: skip
+            try:
                 process.wait(timeout=poll_seconds)
             except subprocess.TimeoutExpired:
                 pass
     finally:
         if process.poll() is None:
             # Cancelled or interrupted: take torchrun and all its workers down with us.
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait()
+            stop_training(process, log_dir)
         reader.join(timeout=10)
     if process.returncode != 0:
-        rank, how = failure_origin(output_dir, "\n".join(output))
-        rank_log = driver_log_path(output_dir, rank) if rank is not None else None
-        rank_tail = log_tail(rank_log) if rank_log else ""
-        error_type = TrainingDivergedError if DIVERGED_MARKER in rank_tail else TrainingFailedError
-        raise error_type(
-            f"training failed (torchrun exit code {process.returncode})"
-            + (f": rank {rank} first, {how}; its full log is {rank_log}" if rank is not None else ""),
-            returncode=process.returncode,
-            rank=rank,
-            log_tail=rank_tail or "\n".join(list(output)[-LOG_TAIL_LINES:]),
-        )
+        raise training_failure(output_dir, process.returncode, list(output))
     return ModelDirectory(output_dir)
 
 
-# --- Prefect task -------------------------------------------------------------------------------
-import shlex  # noqa: E402
+def launch_training(
+    train_dir: str | os.PathLike[str],
+    validation_dir: str | os.PathLike[str],
+    model_spec_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    params: TrainingParams,
+    *,
+    run_id: str = "image-classifier",
+    log: Callable[[int, str], None] = print_line,
+    on_metrics: Callable[[TrainingMetrics], None] = lambda metrics: None,
+    poll_seconds: float = 1.0,
+) -> ModelDirectory:
+    """Train: the torchrun command, the workers' environment, the run watched within ``params``' limits.
 
+    Everything that starts training (the train task, tests, benchmarks) comes through here."""
+    command = build_torchrun_command(
+        train_dir=train_dir, validation_dir=validation_dir, model_spec_dir=model_spec_dir,
+        output_dir=output_dir, params=params, run_id=run_id,
+    )  # fmt: skip
+    log(logging.INFO, f"launching {shlex.join(command)}")
+    return run_training(
+        command, output_dir, worker_environment(params), log=log, on_metrics=on_metrics,
+        limits=WatchLimits.of(params), poll_seconds=poll_seconds,
+    )  # fmt: skip
+
+
+# --- Prefect task -------------------------------------------------------------------------------
 from prefect import get_run_logger, task  # noqa: E402
 from prefect.artifacts import (  # noqa: E402
     create_markdown_artifact,
@@ -183,40 +351,71 @@ from prefect.artifacts import (  # noqa: E402
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType  # noqa: E402
+from prefect.runtime import task_run  # noqa: E402
 
 from tasks.plots import plot_training_curves, png_markdown  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 
 
+def significant(value, digits: int = 4):
+    """Floats rounded for people (4 significant digits); anything else as it is."""
+    return float(f"{value:.{digits}g}") if isinstance(value, float) else value
+
+
+def epochs_done(metrics: TrainingMetrics | None, total: int) -> str:
+    done = 0 if metrics is None else (total if metrics.stopped_early else len(metrics.epochs))
+    return f"{done} of {total} epochs" + (" (stopped early)" if metrics is not None and metrics.stopped_early else "")
+
+
+def progress_artifact(total_epochs: int) -> UUID:
+    """This task run's ``training-progress`` artifact: created on the first attempt, carried on by a retry
+    (a new one per attempt would leave the first stuck at the fraction it had reached)."""
+    task_run_id = task_run.id
+    if task_run_id is not None:
+        with get_client(sync_client=True) as client:
+            earlier = client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]), type=ArtifactFilterType(any_=["progress"])
+                ),
+                limit=1,
+            )  # fmt: skip
+        if earlier:
+            return earlier[0].id
+    return create_progress_artifact(0.0, key="training-progress", description=epochs_done(None, total_epochs))
+
+
 # One retry: the worker resumes from its last checkpoint, so a retry costs at most one epoch.
 @task(name="train", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
 def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str, params: TrainingParams) -> str:
-    """Artifacts ``training-progress`` (live, % of epochs) and ``training-metrics`` (one row per epoch)."""
+    """Artifacts ``training-progress`` (live, "3 of 5 epochs"), ``training-curves`` and ``training-metrics``."""
     logger = get_run_logger()
-    progress = create_progress_artifact(0.0, key="training-progress", description=f"epochs of {params.epochs} done")
+    progress = progress_artifact(params.epochs)
 
     def on_metrics(metrics: TrainingMetrics) -> None:
         done = params.epochs if metrics.stopped_early else len(metrics.epochs)
-        update_progress_artifact(progress, 100.0 * done / params.epochs)
+        update_progress_artifact(progress, 100.0 * done / params.epochs, description=epochs_done(metrics, params.epochs))
 
-    command = build_torchrun_command(
-        train_dir=train_dir, validation_dir=validation_dir, model_spec_dir=model_spec_dir,
-        output_dir=output_dir, params=params, run_id=Path(output_dir).parent.name,
+    model_dir = launch_training(
+        train_dir, validation_dir, model_spec_dir, output_dir, params,
+        run_id=Path(output_dir).parent.name, log=logger.log, on_metrics=on_metrics,
     )  # fmt: skip
-    logger.info("launching %s", shlex.join(command))
-    model_dir = run_training(command, output_dir, worker_environment(params), log=logger.info, on_metrics=on_metrics)
     metrics = model_dir.metrics()
-    update_progress_artifact(progress, 100.0)
+    update_progress_artifact(progress, 100.0, description=epochs_done(metrics, params.epochs))
     curves = model_dir.root / TRAINING_CURVES_FILE
     plot_training_curves(metrics, curves)
+    summary = f"best top-1 {metrics.best_top1:.4g} at epoch {metrics.best_epoch} of {len(metrics.epochs)}" + (
+        " (stopped early)" if metrics.stopped_early else ""
+    )
     create_markdown_artifact(
-        key="training-curves", markdown=f"### Training curves\n\n{png_markdown(curves, 'loss and accuracy by epoch')}\n"
+        key="training-curves",
+        markdown=f"### Training curves\n\n{png_markdown(curves, 'loss and accuracy by epoch')}\n",
+        description=summary,
     )
     create_table_artifact(
         key="training-metrics",
-        table=[epoch.model_dump() for epoch in metrics.epochs],
-        description=f"best top-1 {metrics.best_top1:.4f} at epoch {metrics.best_epoch}"
-        + (" (stopped early)" if metrics.stopped_early else "")
-        + f"; curves in {curves}",
+        table=[{name: significant(value) for name, value in epoch.model_dump().items()} for epoch in metrics.epochs],
+        description=f"{summary}; curves in {curves.resolve()}",
     )
     return str(model_dir.root)

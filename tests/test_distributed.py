@@ -12,7 +12,7 @@ import torch
 from tasks import PipelineInputError, TrainingDivergedError, TrainingFailedError
 from tasks.fileio import sha256_file
 from tasks.model_directory import CHECKPOINT_FILE, WEIGHTS_FILE, ModelDirectory, driver_log_path
-from tasks.train import build_torchrun_command, read_metrics, run_training, worker_environment
+from tasks.train import launch_training, read_metrics
 from tasks.training.config import TrainingParams
 from tests.conftest import free_port
 
@@ -21,10 +21,7 @@ TIMING_FIELDS = {"train_images_per_s", "seconds"}
 
 def launch(data, spec, output, params, **options):
     train, val = data
-    command = build_torchrun_command(
-        train_dir=train, validation_dir=val, model_spec_dir=spec, output_dir=output, params=params
-    )
-    return run_training(command, output, worker_environment(params), log=lambda line: None, **options)
+    return launch_training(train, val, spec, output, params, log=lambda level, line: None, **options)
 
 
 def figures(model_dir: ModelDirectory) -> list[dict]:
@@ -135,6 +132,10 @@ def test_divergence_stops_with_advice_and_keeps_the_best_model(tmp_path, trained
     with pytest.raises(TrainingDivergedError) as error:
         launch(colour_image_dirs, resnet_spec, output, params)
     assert "lower the learning rate" in error.value.log_tail
+    # The advice is the first line a person sees (the UI's state message), with the rate that really applied.
+    headline = str(error.value).splitlines()[0]
+    assert headline.startswith("training diverged: lower the learning rate: the effective rate 0.02 "), headline
+    assert "(learning_rate 0.01 x 2 processes)" in headline
     assert isinstance(error.value, PipelineInputError), "divergence must not be retried"
     assert sha256_file(output / WEIGHTS_FILE) == best_before
     assert len(read_metrics(output).epochs) == 2

@@ -33,6 +33,17 @@ async def artifact_keys_and_task_runs(flow_run_id):
     return {a.key for a in artifacts}, task_runs
 
 
+async def progress_artifacts(task_run_id):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType
+
+    async with get_client() as client:
+        return await client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]), type=ArtifactFilterType(any_=["progress"])
+            )
+        )
+
+
 def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset, tmp_path):
     train, val = digits_subset
     training = TrainingParams(epochs=4, processes_per_node=2, learning_rate=0.002)
@@ -108,3 +119,6 @@ def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_se
     _, task_runs = asyncio.run(artifact_keys_and_task_runs(result.registration.flow_run_id))
     train_run = next(t for t in task_runs if t.name.startswith("train"))
     assert train_run.run_count == 2 and train_run.state.is_completed()
+    # The retry carries on the first attempt's progress bar instead of leaving it stuck part-way.
+    progress = asyncio.run(progress_artifacts(train_run.id))
+    assert [(p.data, p.description) for p in progress] == [(100.0, "3 of 3 epochs")]

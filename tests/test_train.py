@@ -1,11 +1,12 @@
 import json
+import logging
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from tasks import PipelineInputError, TrainingFailedError
+from tasks import InvalidModelDirectoryError, PipelineInputError, TrainingFailedError
 from tasks.model_directory import (
     CHECKPOINT_FILE,
     MODEL_FILES,
@@ -16,7 +17,7 @@ from tasks.model_directory import (
     driver_log_path,
     write_model_spec,
 )
-from tasks.train import build_torchrun_command, run_training, worker_environment
+from tasks.train import build_torchrun_command, launch_training, worker_environment
 from tasks.training.config import TrainingParams, params_from_flags
 from tasks.training.data import ImageFiles, eval_transform, train_transform
 from tasks.training.worker import get_args_parser, make_optimizer, warmup_poly_schedule
@@ -191,21 +192,38 @@ def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
 
 
-def test_failing_worker_raises_typed_error_with_rank_and_log_tail(tmp_path, colour_image_dirs):
+def test_unreadable_weights_inside_the_worker_are_an_input_error_not_retried(tmp_path, colour_image_dirs):
     train, val = colour_image_dirs
     weights = tmp_path / "resnet18.pth"
     weights.write_bytes(b"these bytes are not a state dict")
     # Written straight through the contract: the model stage itself would refuse this file before launch.
     spec_dir = write_model_spec(tmp_path / "spec", ModelSpec(pretrained=True, weights_path=str(weights)))
     params = TrainingParams(epochs=1, processes_per_node=2, device="cpu")
-    command = build_torchrun_command(
-        train_dir=train, validation_dir=val, model_spec_dir=spec_dir, output_dir=tmp_path / "model", params=params
-    )
-    lines = []
+    with pytest.raises(InvalidModelDirectoryError) as error:
+        launch_training(train, val, spec_dir, tmp_path / "model", params, log=lambda level, line: None)
+    assert str(error.value).startswith(f"{weights} is not a readable PyTorch state dict")
+    assert isinstance(error.value, PipelineInputError) and not isinstance(error.value, TrainingFailedError)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA to make the workers fail")
+def test_failing_worker_raises_typed_error_with_rank_and_log_tail(tmp_path, colour_image_dirs, resnet_spec):
+    train, val = colour_image_dirs
+    spec_dir = resnet_spec
+    # A runtime failure, not a mistake in the data: asking for CUDA where there is none.
+    params = TrainingParams(epochs=1, processes_per_node=2, device="cuda")
+    logged: list[tuple[int, str]] = []
     with pytest.raises(TrainingFailedError) as error:
-        run_training(command, tmp_path / "model", worker_environment(params), log=lines.append)
+        launch_training(train, val, spec_dir, tmp_path / "model", params, log=lambda level, line: logged.append((level, line)))
     failure = error.value
     assert failure.returncode != 0 and failure.rank in (0, 1)
     assert "TRAINING FAILED on rank" in failure.log_tail and "Traceback" in failure.log_tail
-    assert f"driver_log_{failure.rank}.txt" in str(failure)
-    assert any("torch.distributed.run" in line or "rank" in line for line in lines)
+    assert str(failure).startswith(f"training failed on rank {failure.rank} first")
+    assert f"driver_log_{failure.rank}.txt" in str(failure).splitlines()[0]
+    lines = [line for _, line in logged]
+    assert any("torch.distributed.run" in line for line in lines)
+    # Each failing rank's traceback reaches the log once at ERROR (not at INFO, nor again from stderr);
+    # torchrun's own closing traceback about the same failure stays at INFO.
+    failed = [line for line in lines if "TRAINING FAILED on rank" in line]
+    tracebacks = [level for level, line in logged if line.startswith("Traceback (most recent call last)")]
+    assert failed and tracebacks.count(logging.ERROR) == len(failed)
+    assert set(tracebacks) <= {logging.ERROR, logging.INFO} and len(tracebacks) <= len(failed) + 1

@@ -43,6 +43,19 @@ class TrainingParams(BaseModel):
         1024, ge=0, description="keep decoded, resized images in memory up to this many MB per machine (shared out "
         "between its processes), so later epochs skip decoding; used when data_workers is 0, the CPU default; 0: off",
     )
+    timeout_minutes: float | None = Field(
+        None, gt=0, description="stop the training processes and fail after this many minutes; empty: no limit"
+    )
+    hang_timeout_s: float = Field(
+        120, gt=0, description="fail when a training process has sent no heartbeat for this long (stopped, frozen)"
+    )
+    stall_timeout_s: float = Field(
+        600, gt=0, description="fail when no training process has finished a batch for this long (stuck, e.g. waiting "
+        "on a lost peer)",
+    )
+    collective_timeout_s: float = Field(
+        300, gt=0, description="a collective operation (gradient all-reduce) waiting longer than this fails the rank"
+    )
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD (Nesterov) momentum")
     weight_decay: float = Field(1e-4, ge=0, description="SGD weight decay")
 

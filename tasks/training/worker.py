@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import datetime
 import io
 import json
 import logging
@@ -36,6 +37,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from tasks.allocator import peak_rss_mb
 from tasks.fileio import atomic_write, write_text_atomic
+from tasks.lifeline import Heartbeat, die_with_parent, output_lock, write_failure
 from tasks.image_directory import ImageDirectory
 from tasks.errors import InvalidDatasetError
 from tasks.model_directory import (
@@ -43,6 +45,7 @@ from tasks.model_directory import (
     CLASSES_FILE,
     DIVERGED_MARKER,
     FAILURE_MARKER,
+    LOGS_DIR,
     METRICS_FILE,
     SPEC_FILE,
     TRAINING_LOG_FILE,
@@ -54,7 +57,7 @@ from tasks.model_directory import (
     read_model_spec,
 )
 from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
-from tasks.training.data import ImageFiles, choose_image_size, eval_transform, train_transform
+from tasks.training.data import BatchesOfTwoOrMore, ImageFiles, choose_image_size, eval_transform, train_transform
 from tasks.training.checkpoint import load_checkpoint, save_checkpoint
 from tasks.training.models import build_model, memory_format
 
@@ -147,17 +150,18 @@ def make_optimizer(model: nn.Module, learning_rate: float, params: TrainingParam
         return torch.optim.SGD(model.parameters(), **options)
 
 
-def check_finite(loss_sum: torch.Tensor, epoch: int, step: int, params: TrainingParams) -> None:
+def check_finite(loss_sum: torch.Tensor, epoch: int, step: int, params: TrainingParams, world_size: int) -> None:
     """Stop on a NaN or infinite loss before anything is saved: model.pt keeps the best finite epoch."""
     if not torch.isfinite(loss_sum):
         raise FloatingPointError(
-            f"{DIVERGED_MARKER} the training loss became {loss_sum.item()} by epoch {epoch + 1}, batch {step}: "
-            f"lower the learning rate (now {params.learning_rate} per process)"
+            f"{DIVERGED_MARKER} lower the learning rate: the effective rate "
+            f"{params.learning_rate * world_size:g} (learning_rate {params.learning_rate:g} x {world_size} processes) "
+            f"made the training loss {loss_sum.item()} by epoch {epoch + 1}, batch {step}"
         )
 
 
 def train_one_epoch(
-    model, loader, criterion, optimizer, scheduler, device, epoch, params
+    model, loader, criterion, optimizer, scheduler, device, epoch, params, heartbeat: Heartbeat, world_size: int
 ) -> tuple[float, float, float, float]:
     """Returns (mean training loss, training error, images/s across all ranks, learning rate the epoch started with)."""
     model.train()
@@ -180,13 +184,14 @@ def train_one_epoch(
         loss_sum += loss.detach() * labels.size(0)
         correct += (logits.detach().argmax(dim=1) == labels).sum()
         seen += labels.size(0)
+        heartbeat.at("train", epoch, step)
         if step % params.print_frequency == 0:
-            check_finite(loss_sum, epoch, step, params)
+            check_finite(loss_sum, epoch, step, params, world_size)
             logger.info(
                 "epoch %d/%d batch %d/%d loss %.4f lr %.6f",
                 epoch + 1, params.epochs, step, len(loader), loss.item(), optimizer.param_groups[0]["lr"],
             )  # fmt: skip
-    check_finite(loss_sum, epoch, len(loader), params)
+    check_finite(loss_sum, epoch, len(loader), params, world_size)
     elapsed = time.perf_counter() - started
     total_loss, total_correct, total_seen = _all_reduce_sum([loss_sum.item(), correct.item(), seen], device)
     total_seen = max(1.0, total_seen)
@@ -194,12 +199,13 @@ def train_one_epoch(
 
 
 @torch.inference_mode()
-def evaluate(model, loader, criterion, device, num_classes: int, params) -> tuple[float, float, float]:
+def evaluate(model, loader, criterion, device, num_classes: int, params, heartbeat: Heartbeat, epoch: int) -> tuple[float, float, float]:
     """(loss, top-1, top-5) over the whole validation set; each rank scores its own shard."""
     model.eval()
     k = min(5, num_classes)
     sums = [0.0, 0.0, 0.0, 0.0]  # loss, top-1 hits, top-k hits, images
-    for images, labels in loader:
+    for step, (images, labels) in enumerate(loader, start=1):
+        heartbeat.at("validate", epoch, step)
         images, labels = images.to(device, memory_format=memory_format(device)), labels.to(device)
         with autocast(device, params):
             logits = model(images).float()
@@ -221,11 +227,10 @@ def write_training_log(output: Path, metrics: TrainingMetrics) -> None:
     write_text_atomic(output / METRICS_FILE, metrics.model_dump_json(indent=2))
 
 
-def main(args: argparse.Namespace) -> TrainingMetrics:
+def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     params: TrainingParams = params_from_flags(args)
     env = DistributedEnv.from_environ()
     output = Path(args.output)
-    setup_logging(output, env)
 
     use_cuda = params.device == "cuda" or (params.device == "auto" and torch.cuda.is_available())
     if use_cuda:
@@ -240,9 +245,11 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         # After a restart torchrun can hand the new worker group the store the failed group used; without a
         # per-restart prefix the new ranks may read the dead ranks' addresses and fail to connect.
         store = dist.PrefixStore(f"restart-{env.restart_count}", store)
+        # A collective that waits longer than this fails instead of hanging for torch's default 10-30 minutes.
         dist.init_process_group(
-            backend="nccl" if use_cuda else "gloo", store=store, rank=env.rank, world_size=env.world_size
-        )
+            backend="nccl" if use_cuda else "gloo", store=store, rank=env.rank, world_size=env.world_size,
+            timeout=datetime.timedelta(seconds=params.collective_timeout_s),
+        )  # fmt: skip
     logger.info(
         "rank %d/%d on %s (%s), restart %d, torch %s",
         env.rank, env.world_size, device, dist.get_backend() if dist.is_initialized() else "single process",
@@ -277,7 +284,7 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
     )  # fmt: skip
     sampler = DistributedSampler(train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed)
     loader_options = {"num_workers": workers, "pin_memory": use_cuda, "persistent_workers": workers > 0}
-    train_loader = DataLoader(train_set, batch_size=params.batch_size, sampler=sampler, drop_last=False, **loader_options)
+    train_loader = DataLoader(train_set, batch_sampler=BatchesOfTwoOrMore(sampler, params.batch_size), **loader_options)
     # A strided shard per rank covers every validation image exactly once (DistributedSampler would pad).
     val_shard = Subset(val_set, range(env.rank, len(val_set), env.world_size))
     val_loader = DataLoader(val_shard, batch_size=params.batch_size * 2, **loader_options)
@@ -316,14 +323,14 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         sampler.set_epoch(epoch)
         started = time.perf_counter()
         train_loss, train_error, images_per_s, lr = train_one_epoch(
-            ddp_model, train_loader, criterion, optimizer, scheduler, device, epoch, params
+            ddp_model, train_loader, criterion, optimizer, scheduler, device, epoch, params, heartbeat, env.world_size
         )
         if dist.is_initialized():
             # Each rank's last forward pass moved its own BatchNorm statistics: evaluate (and save)
             # rank 0's on every rank, so the figures describe exactly the weights written to model.pt.
             for buffer in model.buffers():
                 dist.broadcast(buffer, src=0)
-        val_loss, top1, top5 = evaluate(model, val_loader, criterion, device, len(classes), params)
+        val_loss, top1, top5 = evaluate(model, val_loader, criterion, device, len(classes), params, heartbeat, epoch)
         record = EpochMetrics(
             epoch=epoch + 1, lr=lr, train_images_per_s=images_per_s, train_loss=train_loss,
             train_error=train_error, val_loss=val_loss, top1=top1, top5=top5, seconds=time.perf_counter() - started,
@@ -336,6 +343,7 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
         is_best = metrics.add_epoch(record, patience=params.patience, total_epochs=params.epochs)
         if metrics.stopped_early:
             logger.info("stopping early: validation loss has not decreased for %d epochs", params.patience)
+        heartbeat.at("save", epoch)
         if env.is_main:
             # Order matters: whoever sees epoch N in metrics.json can rely on its checkpoint being there.
             if is_best:
@@ -356,12 +364,25 @@ def main(args: argparse.Namespace) -> TrainingMetrics:
 
 
 def run() -> None:
+    # torchrun gives each worker a session of its own: without this, killing torchrun leaves the worker training.
+    die_with_parent()
     args = get_args_parser().parse_args()
+    env = DistributedEnv.from_environ()
+    output = Path(args.output)
+    setup_logging(output, env)
+    log_dir = output / LOGS_DIR
+    heartbeat = Heartbeat(log_dir, env.rank).start()
     try:
-        main(args)
-    except BaseException:
-        logger.exception("%s %d", FAILURE_MARKER, DistributedEnv.from_environ().rank)
-        raise
+        # Shared with this attempt's other ranks; a launcher starting another attempt waits for it (tasks/train.py).
+        with output_lock(log_dir, shared=True):
+            main(args, heartbeat)
+    except BaseException as error:
+        heartbeat.stop("failed")
+        logger.exception("%s %d", FAILURE_MARKER, env.rank)
+        write_failure(log_dir, env.rank, error)
+        # Logged once above, with its level; re-raising would print the traceback a second time.
+        raise SystemExit(1) from None
+    heartbeat.stop()
 
 
 if __name__ == "__main__":
