@@ -17,6 +17,7 @@ import posixpath
 import tarfile
 import zipfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO, NoReturn
 
@@ -57,6 +58,12 @@ def _refuse_member(source: object, name: str, why: str) -> NoReturn:
     raise InvalidDatasetError(f"{source}: refusing archive member {name!r}: {why}; nothing was written to the output")
 
 
+def _relative(name: str, backslashes: bool = False) -> PurePosixPath:
+    """The path a member name stands for, without empty or ``.`` components; in a zip, ``\\`` separates too."""
+    text = name.replace("\\", "/") if backslashes else name
+    return PurePosixPath(*[part for part in text.split("/") if part not in ("", ".")])
+
+
 def archive_kind(path: Path) -> str | None:
     """'zip', 'tar', 'gz', 'bz2' or 'xz' from the first bytes, else from the name; None for neither."""
     with open(path, "rb") as handle:
@@ -86,14 +93,14 @@ class _Writer:
     def path(self, name: str, backslashes: bool = False) -> PurePosixPath:
         if unsafe_member_name(name):
             _refuse_member(self.source, name, "it points outside the archive")
-        parts = [p for p in (name.replace("\\", "/") if backslashes else name).split("/") if p not in ("", ".")]
-        for part in parts:
+        path = _relative(name, backslashes)
+        for part in path.parts:
             if len(os.fsencode(part)) > NAME_MAX:
                 _refuse_member(
                     self.source, name, f"its name {part[:40]!r}… is {len(os.fsencode(part))} bytes long, over the "
                     f"{NAME_MAX} bytes a file system allows in one name: shorten it and pack the archive again",
                 )  # fmt: skip
-        return PurePosixPath(*parts)
+        return path
 
     def skip(self, name: str, reason: str) -> None:
         self.skipped.append(QuarantinedFile(path=name, reason=reason))
@@ -118,7 +125,7 @@ class _Writer:
         if path.parts and self._claim(name, path, folder=True):
             (self.root / path).mkdir(parents=True, exist_ok=True)
 
-    def file(self, name: str, path: PurePosixPath, declared: int, open_member) -> None:
+    def file(self, name: str, path: PurePosixPath, declared: int, open_member: Callable[[], IO[bytes]]) -> None:
         if not path.parts:
             _refuse_member(self.source, name, "it is a file without a name")
         if not self._claim(name, path, folder=False):
@@ -137,7 +144,7 @@ class _Writer:
         where = target if hard else posixpath.join(posixpath.dirname(name), target)
         if target.startswith(("/", "\\")) or target[1:2] == ":" or unsafe_member_name(posixpath.normpath(where)):
             _refuse_member(self.source, name, f"it is a link to {target!r}, outside the archive")
-        if hard and self.folders.get(PurePosixPath(*[p for p in target.split("/") if p not in ("", ".")])) is not False:
+        if hard and self.folders.get(_relative(target)) is not False:
             _refuse_member(
                 self.source, name, f"it is a hard link to {target!r}, which no earlier member of the archive is: "
                 "the archive is damaged or was cut from a larger one",

@@ -65,7 +65,7 @@ def tar_member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: b
     [
         (tar_member("../../escaped.png", data=b"x"), "points outside the archive"),
         (tar_member("/tmp/absolute.png", data=b"x"), "points outside the archive"),
-        (tar_member("cats/passwd.png", tarfile.SYMTYPE, "../../../etc/passwd"), "link to '../../../etc/passwd', outside"),
+        (tar_member("cats/passwd.png", tarfile.SYMTYPE, "../../../etc/passwd"), "link to '../../../etc/passwd'"),
         (tar_member("cats/abs.png", tarfile.SYMTYPE, "/etc/passwd"), "link to '/etc/passwd', outside the archive"),
         (tar_member("cats/hard.png", tarfile.LNKTYPE, "../../outside.png"), "link to '../../outside.png', outside"),
     ],
