@@ -177,7 +177,7 @@ def _extract_zip(writer: _Writer, archive_path: Path) -> None:
 def _extract_tar(writer: _Writer, archive_path: Path, compression: str) -> None:
     with tarfile.open(archive_path, f"r:{compression}") as archive:
         count = 0
-        for count, member in enumerate(archive, 1):  # noqa: B007 - the count is reported below
+        for count, member in enumerate(archive, 1):
             path = writer.path(member.name)
             if member.issym() or member.islnk():
                 writer.link(member.name, path, member.linkname, hard=member.islnk())
@@ -217,7 +217,10 @@ def extract_archive(archive_path: Path, destination: Path, max_bytes: int) -> li
         raise InvalidDatasetError(f"{damaged}: {error}") from error
     except OSError as error:
         if error.errno == errno.ENAMETOOLONG:
-            raise InvalidDatasetError(f"{archive_path}: a member's path is too long for this file system: {error}")
+            raise InvalidDatasetError(
+                f"{archive_path}: a member's path is too long for this file system ({error.strerror}): "
+                f"…{os.fsdecode(error.filename)[-120:]}; put its files in fewer, shorter folders"
+            ) from error
         # gzip and bz2 report corrupt data as an OSError without errno; a full disk has one and is not the input's
         if error.errno is not None:
             raise

@@ -159,6 +159,17 @@ def tar_bytes(entries: dict[str, bytes | str], mode: str = "w") -> bytes:
     return buffer.getvalue()
 
 
+def rewrite_zip_headers(data: bytes, layout: str, value: int, local_at: int, central_at: int) -> bytes:
+    """One field of every member's local header and central directory entry set to ``value``."""
+    patched = bytearray(data)
+    for signature, at in ((b"PK\x03\x04", local_at), (b"PK\x01\x02", central_at)):
+        start = 0
+        while (start := patched.find(signature, start)) >= 0:
+            struct.pack_into(layout, patched, start + at, value)
+            start += 4
+    return bytes(patched)
+
+
 def damaged_in_the_middle(data: bytes) -> bytes:
     middle = len(data) // 2
     return data[:middle] + bytes(b ^ 0x5A for b in data[middle : middle + 64]) + data[middle + 64 :]
@@ -170,6 +181,7 @@ def broken_archives(tmp_path: Path) -> dict[str, tuple[bytes, str]]:
     set_of_six = {f"{'red' if i % 2 else 'blue'}/{i}.png": data for i, data in enumerate(pictures)}
     long_name = "é" * 130 + ".png"  # 264 bytes in UTF-8
     whole_zip = zip_bytes(set_of_six)
+    zstd_zip = rewrite_zip_headers(whole_zip, "<H", 93, local_at=8, central_at=10)  # compression method: zstd
     return {
         "damaged.tar.xz": (damaged_in_the_middle(tar_bytes(set_of_six, "w:xz")),
                            "looks like a xz-compressed tar archive but is damaged or truncated"),
@@ -187,27 +199,30 @@ def broken_archives(tmp_path: Path) -> dict[str, tuple[bytes, str]]:
                           "is 264 bytes long, over the 255 bytes a file system allows in one name"),
         "long-name.tar.gz": (tar_bytes({**set_of_six, f"{long_name[:-4]}/1.png": pictures[0]}, "w:gz"),
                              "is 260 bytes long, over the 255 bytes a file system allows in one name"),
+        "zstd.zip": (bytes(zstd_zip), "compression method is not supported; re-pack it with deflate, bzip2 or lzma"),
+        "deep.tar": (tar_bytes({**set_of_six, "/".join(["d" * 250] * 20) + "/1.png": pictures[0]}),
+                     "a member's path is too long for this file system .File name too long."),
     }  # fmt: skip
 
 
-def test_broken_archives_are_typed_errors_saying_what_is_wrong(tmp_path, scratch):
-    for name, (data, message) in broken_archives(tmp_path).items():
-        (tmp_path / name).write_bytes(data)
-        with pytest.raises(InvalidDatasetError, match=message):
-            convert_to_image_directory(tmp_path / name, tmp_path / "out")
-        assert not (tmp_path / "out").exists() and list(scratch.iterdir()) == [], name
-        assert (tmp_path / name).read_bytes() == data
+BROKEN = ["damaged.tar.xz", "damaged.tar.bz2", "truncated.zip", "hardlink.tar", "clash.zip", "clash.tar",
+          "long-name.zip", "long-name.tar.gz", "zstd.zip", "deep.tar"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", BROKEN)
+def test_broken_archives_are_typed_errors_saying_what_is_wrong(tmp_path, scratch, name):
+    data, message = broken_archives(tmp_path)[name]
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(InvalidDatasetError, match=message):
+        convert_to_image_directory(tmp_path / name, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and list(scratch.iterdir()) == []
+    assert (tmp_path / name).read_bytes() == data
 
 
 def test_zip_understating_its_sizes_writes_no_more_than_it_declares(tmp_path, scratch):
     zeros = b"\0" * (8 << 20)
-    data = bytearray(zip_bytes({"cats/a.png": zeros, "cats/b.png": zeros}))
-    # Declare 1 kB for each member, in its local header (offset 22) and in the central directory (offset 24).
-    for signature, at in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
-        start = 0
-        while (start := data.find(signature, start)) >= 0:
-            struct.pack_into("<I", data, start + at, 1024)
-            start += 4
+    data = zip_bytes({"cats/a.png": zeros, "cats/b.png": zeros})
+    data = rewrite_zip_headers(data, "<I", 1024, local_at=22, central_at=24)  # uncompressed size: 1 kB each
     archive_path = tmp_path / "liar.zip"
     archive_path.write_bytes(data)
     with pytest.raises(InvalidDatasetError, match="looks like a zip archive but is damaged or truncated: Bad CRC-32"):
