@@ -47,8 +47,9 @@ def everything_below(folder: Path) -> list[str]:
 
 
 def test_cve_2025_4517_link_chain_writes_nothing_outside_and_every_link_is_reported(tmp_path, scratch, png):
-    # Python <= 3.11.12's data filter resolves each link with os.path.realpath, which stops expanding once the
-    # path passes PATH_MAX: a chain of long folder names lets a link point anywhere while it looks inside.
+    # tarfile's data filter before the 2025 fixes (3.11.7 here) checks each link with os.path.realpath, which
+    # stops expanding once the path passes PATH_MAX: a chain of long folder names lets a link point anywhere
+    # while it looks inside. Python's own extraction writes tmp_path/escaped.png from this archive.
     extracted_at = len(os.fsencode(scratch / "convert-12345678" / "files"))  # tempfile names are 8 characters
     steps = "abcdefghijklmnop"
     long = "d" * ((os.pathconf(scratch, "PC_PATH_MAX") - extracted_at - 1) // (len(steps) + 1))
