@@ -1,35 +1,29 @@
 """Where Convert to Image Directory reads from: a folder, an archive, or an ``s3://bucket/prefix``.
 
 Each source gives a content fingerprint (cheap where the store already knows one: S3 ETags) and opens as
-a local folder to read: a folder is read in place; archives and S3 objects go to a temporary folder that
-is removed afterwards. Archives are checked before anything is extracted: members outside the archive
-(``../``, absolute paths), links pointing outside it and more declared bytes than ``max_extracted_bytes``
-are refused with ``InvalidDatasetError``.
+a local folder to read: a folder is read in place; archives (unpacked by ``tasks.archives``) and S3
+objects go to a temporary folder that is removed afterwards. More declared bytes than
+``max_extracted_bytes`` are refused with ``InvalidDatasetError`` before anything is written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import posixpath
 import shutil
-import tarfile
 import tempfile
-import zipfile
-import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import NoReturn
 
+from tasks.archives import extract_archive, refuse_oversize, unsafe_member_name
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import sha256_file
 from tasks.image_directory import MANIFEST_NAME, QuarantinedFile
 from tasks.storage import is_s3_uri, parse_s3_uri, s3_client
 
 DEFAULT_MAX_EXTRACTED_BYTES = 64 * 2**30
-ARCHIVE_KINDS = ".zip, .tar, .tar.gz/.tgz, .tar.bz2, .tar.xz, or a .gz of a tar"
 # An ImageDirectory given as a source is read as the class folders it is, without its manifest.
 IGNORED_NAMES = frozenset({"__MACOSX", ".DS_Store", "Thumbs.db", "desktop.ini", MANIFEST_NAME})
 _DOWNLOAD_THREADS = 8
@@ -40,89 +34,10 @@ def visible(relative: PurePosixPath) -> bool:
     return not any(part.startswith(".") or part in IGNORED_NAMES for part in relative.parts)
 
 
-def unsafe_member_name(name: str) -> bool:
-    """An archive (or S3 key) name that would land outside the folder it is extracted to."""
-    path = PurePosixPath(name.replace("\\", "/"))
-    return path.is_absolute() or ".." in path.parts or (len(name) > 1 and name[1] == ":")
-
-
 @dataclass
 class OpenedSource:
     folder: Path
     skipped: list[QuarantinedFile] = field(default_factory=list)  # left behind while opening, with the reason
-
-
-def _refuse_oversize(source: object, declared: int, limit: int) -> None:
-    if declared > limit:
-        raise InvalidDatasetError(
-            f"{source} declares {declared:,} bytes of files, over the limit of {limit:,} bytes "
-            "(max_extracted_bytes): refusing a possible archive bomb; raise the limit if the data is genuine"
-        )
-
-
-def _refuse_member(source: object, name: str, why: str) -> NoReturn:
-    raise InvalidDatasetError(f"{source}: refusing archive member {name!r}: {why}; nothing was written to the output")
-
-
-def _extract_zip(archive_path: Path, destination: Path, max_bytes: int) -> list[QuarantinedFile]:
-    skipped = []
-    with zipfile.ZipFile(archive_path) as archive:
-        members = archive.infolist()
-        _refuse_oversize(archive_path, sum(m.file_size for m in members), max_bytes)
-        regular = []
-        for member in members:
-            if unsafe_member_name(member.filename):
-                _refuse_member(archive_path, member.filename, "it points outside the archive")
-            # Unix link flags live in the high 16 bits of external_attr; zipfile would write the target as text.
-            if (member.external_attr >> 16) & 0o170000 == 0o120000:
-                target = archive.read(member).decode("utf-8", "replace")
-                resolved = posixpath.normpath(posixpath.join(posixpath.dirname(member.filename), target))
-                if target.startswith(("/", "\\")) or target[1:2] == ":" or resolved.split("/")[0] == "..":
-                    _refuse_member(archive_path, member.filename, f"it is a link to {target!r}, outside the archive")
-                reason = f"symbolic link to {target!r}: links in zip archives are not followed"
-                skipped.append(QuarantinedFile(path=member.filename, reason=reason))
-                continue
-            regular.append(member)
-        # zipfile stops reading each member at its declared size, so the check above bounds what is written.
-        archive.extractall(destination, members=regular)
-    return skipped
-
-
-def _extract_tar(archive_path: Path, destination: Path, max_bytes: int) -> None:
-    extracted = 0
-
-    def checked(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
-        nonlocal extracted
-        if unsafe_member_name(member.name):
-            _refuse_member(archive_path, member.name, "it points outside the archive")
-        extracted += member.size if member.isfile() else 0
-        _refuse_oversize(archive_path, extracted, max_bytes)
-        # The stdlib "data" filter refuses links leading outside, device files and unsafe permissions.
-        return tarfile.data_filter(member, path)
-
-    with tarfile.open(archive_path, "r:*") as archive:
-        try:
-            archive.extractall(destination, filter=checked)
-        except tarfile.FilterError as error:
-            _refuse_member(archive_path, error.tarinfo.name, str(error))
-
-
-def extract_archive(archive_path: Path, destination: Path, max_bytes: int) -> list[QuarantinedFile]:
-    """Extract a .zip or (compressed) tar into ``destination``; the members skipped, with the reason."""
-    destination.mkdir(parents=True, exist_ok=True)
-    try:
-        if zipfile.is_zipfile(archive_path):
-            return _extract_zip(archive_path, destination, max_bytes)
-        if tarfile.is_tarfile(archive_path):
-            _extract_tar(archive_path, destination, max_bytes)
-            return []
-    except (zipfile.BadZipFile, tarfile.ReadError, EOFError, zlib.error) as error:
-        raise InvalidDatasetError(f"{archive_path} is a damaged archive: {error}") from error
-    except RuntimeError as error:  # zipfile's "File is encrypted, password required"
-        raise InvalidDatasetError(f"{archive_path}: {error}") from error
-    raise InvalidDatasetError(
-        f"source {archive_path} is neither a folder nor an archive this stage reads ({ARCHIVE_KINDS})"
-    )
 
 
 @dataclass(frozen=True)
@@ -234,7 +149,7 @@ class Source:
             archive = self.path if not is_s3_uri(self.location) else None
             if archive is None:
                 objects = self._objects()
-                _refuse_oversize(self.location, sum(o.size for o in objects), self.max_bytes)
+                refuse_oversize(self.location, sum(o.size for o in objects), self.max_bytes)
                 single_object = len(objects) == 1 and objects[0].key == parse_s3_uri(self.location).prefix
                 download_s3(self.location, objects, scratch / ("download" if single_object else "files"))
                 if not single_object:
