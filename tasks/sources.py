@@ -142,7 +142,8 @@ def _s3_key_problem(relative: str) -> str | None:
     """Why an object key (relative to the prefix) cannot be a file below the local folder, if it cannot."""
     parts = relative.split("/")
     if any(part in ("", ".", "..") for part in parts) or "\\" in relative:
-        return "its key is not a plain relative path (it has '..', '.', '//' or '\\' in it): it could land outside the folder"
+        return ("its key is not a plain relative path (it has '..', '.', '//' or '\\' in it): "
+                "it could land outside the folder")
     return None
 
 
@@ -155,7 +156,8 @@ def _sort_s3_objects(listed: list[S3Object]) -> S3Listing:
         elif visible(PurePosixPath(obj.relative)):
             objects.append(obj)
     # S3 allows "cat" beside "cat/0.png"; a file system does not allow a file to be a folder too.
-    folders = {"/".join(o.relative.split("/")[:depth]): o.relative for o in objects for depth in range(1, o.relative.count("/") + 1)}
+    folders = {"/".join(o.relative.split("/")[:depth]): o.relative
+               for o in objects for depth in range(1, o.relative.count("/") + 1)}  # fmt: skip
     skipped += [QuarantinedFile(path=o.relative, reason=f"the object's key is also the folder of {folders[o.relative]!r}: "
                                 "a file cannot be a folder too") for o in objects if o.relative in folders]  # fmt: skip
     return S3Listing([o for o in objects if o.relative not in folders], skipped)
@@ -225,7 +227,8 @@ class Source:
             self._s3_listing = list_s3(self.location)
             if not self._s3_listing.objects:
                 skipped = "; ".join(f"{q.path!r}: {q.reason}" for q in self._s3_listing.skipped)
-                raise InvalidDatasetError(f"source {self.location} holds no objects" + (f" it can read (skipped {skipped})" if skipped else ""))
+                read = f" it can read (skipped {skipped})" if skipped else ""
+                raise InvalidDatasetError(f"source {self.location} holds no objects{read}")
         return self._s3_listing
 
     def fingerprint(self) -> str:

@@ -86,7 +86,8 @@ def _record(backend: RegistryBackend, name: str, version: int) -> Registration |
 
 def _registrations(backend: RegistryBackend, name: str, newest_first: bool = False) -> Iterator[Registration]:
     """Committed versions of ``name``; corrupt ones are left out with a warning."""
-    for version in sorted(numbered(backend.list_keys(check_model_name(name)), name, REGISTRATION_FILE), reverse=newest_first):
+    versions = numbered(backend.list_keys(check_model_name(name)), name, REGISTRATION_FILE)
+    for version in sorted(versions, reverse=newest_first):
         try:
             record = _record(backend, name, version)
         except CorruptRegistryRecordError as error:
@@ -305,7 +306,8 @@ def register_model(
         if not _create_owned(backend, version_key(name, version, REGISTRATION_FILE), record):
             raise RuntimeError(f"{backend.location}/{name}/{version} was committed by another registration despite our claim")
     if promote_to:
-        registration = registration.model_copy(update={"promotion": _promote(backend, registration, promote_to, promotion_metric)})
+        promotion = _promote(backend, registration, promote_to, promotion_metric)
+        registration = registration.model_copy(update={"promotion": promotion})
     return registration, f"{backend.location}/{version_key(name, registration.version)}"
 
 

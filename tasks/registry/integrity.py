@@ -53,7 +53,8 @@ def mismatched_files(folder: Path, expected: dict[str, str], memo: Path) -> dict
 def remember(folder: Path, hashes: dict[str, str], memo: Path) -> None:
     """Record hashes just computed for ``folder`` (a fresh download), so the next check need not recompute them."""
     known = _load_memo(memo)
-    known.update({str(folder / name): {"stamp": _stamp(folder / name), "sha256": digest} for name, digest in hashes.items()})
+    for name, digest in hashes.items():
+        known[str(folder / name)] = {"stamp": _stamp(folder / name), "sha256": digest}
     write_text_atomic(memo, json.dumps(known, indent=1))
 
 

@@ -117,7 +117,8 @@ def parse_registration(data: bytes, where: str, name: str, version: int) -> Regi
         raise CorruptRegistryRecordError(
             f"{where} (model {name}, version {version}) is not a readable registration record: {error}"
         ) from error
-    problems = [f"it says it is {record.name}/{record.version}"] if (record.name, record.version) != (name, version) else []
+    claimed = (record.name, record.version)
+    problems = [f"it says it is {record.name}/{record.version}"] if claimed != (name, version) else []
     problems += [f"file {f!r} is not one a version may hold ({', '.join(sorted(REGISTERED_FILES))})"
                  for f in record.files if f not in REGISTERED_FILES]  # fmt: skip
     problems += [f"file {f!r} has no sha256 hex digest ({h!r})" for f, h in record.files.items() if not _SHA256.fullmatch(h)]
@@ -131,7 +132,9 @@ def parse_alias(data: bytes, where: str, name: str, alias: str) -> AliasRecord:
     try:
         record = AliasRecord.model_validate_json(data)
     except ValueError as error:
-        raise CorruptRegistryRecordError(f"{where} (model {name}, alias {alias}) is not a readable alias record: {error}") from error
+        raise CorruptRegistryRecordError(
+            f"{where} (model {name}, alias {alias}) is not a readable alias record: {error}"
+        ) from error
     if record.alias != alias or record.version < 1:
         raise CorruptRegistryRecordError(
             f"{where} (model {name}, alias {alias}) is refused: it says alias {record.alias!r} -> version {record.version}"
