@@ -204,8 +204,11 @@ def _judge(backend: RegistryBackend, name: str, alias: str, metric: str, value: 
     """Champion/challenger against the alias as it is now: an alias not yet set (or already on ``version``)
     is taken; otherwise only by beating the champion strictly (higher is better). A champion without the
     figure keeps the alias: nothing shows the challenger is better."""
-    if current is None or current.version == version:
+    if current is None:
         return Promotion(alias=alias, metric=metric, challenger=value, champion_version=None, champion=None, promoted=True)
+    if current.version == version:  # a retry finding its own earlier promotion
+        return Promotion(alias=alias, metric=metric, challenger=value, champion_version=version, champion=value,
+                         promoted=True)  # fmt: skip
     best = read_registration(backend, name, current.version).metrics.get(metric)
     best = float(best) if isinstance(best, (int, float)) and not isinstance(best, bool) else None
     return Promotion(alias=alias, metric=metric, challenger=value, champion_version=current.version, champion=best,
