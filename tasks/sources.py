@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from tasks.archives import extract_archive, refuse_oversize, unsafe_member_name
+from tasks.archives import extract_archive, refuse_oversize
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import sha256_file
 from tasks.image_directory import MANIFEST_NAME, QuarantinedFile
-from tasks.storage import is_s3_uri, parse_s3_uri, s3_client
+from tasks.storage import download_s3_object, is_s3_uri, parse_s3_uri, s3_client
 
 DEFAULT_MAX_EXTRACTED_BYTES = 64 * 2**30
 # An ImageDirectory given as a source is read as the class folders it is, without its manifest.
@@ -48,15 +47,48 @@ class S3Object:
     etag: str
 
 
-def list_s3(uri: str) -> list[S3Object]:
-    """The visible objects below ``s3://bucket/prefix``; a URI naming one object (an archive) gives that object."""
+@dataclass(frozen=True)
+class S3Listing:
+    objects: list[S3Object]
+    skipped: list[QuarantinedFile]  # keys that cannot become files below the local folder, with the reason
+
+
+def _s3_key_problem(relative: str) -> str | None:
+    """Why an object key (relative to the prefix) cannot be a file below the local folder, if it cannot."""
+    parts = relative.split("/")
+    if any(part in ("", ".", "..") for part in parts) or "\\" in relative:
+        return ("its key is not a plain relative path (it has '..', '.', '//' or '\\' in it): "
+                "it could land outside the folder")
+    return None
+
+
+def _sort_s3_objects(listed: list[S3Object]) -> S3Listing:
+    """Keeps what can be written below one folder; reports the rest instead of failing half way through."""
+    objects, skipped = [], []
+    for obj in listed:
+        if problem := _s3_key_problem(obj.relative):
+            skipped.append(QuarantinedFile(path=obj.relative, reason=problem))
+        elif visible(PurePosixPath(obj.relative)):
+            objects.append(obj)
+    # S3 allows "cat" beside "cat/0.png"; a file system does not allow a file to be a folder too.
+    folders = {"/".join(o.relative.split("/")[:depth]): o.relative
+               for o in objects for depth in range(1, o.relative.count("/") + 1)}  # fmt: skip
+    skipped += [QuarantinedFile(path=o.relative, reason=f"the object's key is also the folder of {folders[o.relative]!r}: "
+                                "a file cannot be a folder too") for o in objects if o.relative in folders]  # fmt: skip
+    return S3Listing([o for o in objects if o.relative not in folders], skipped)
+
+
+def list_s3(uri: str) -> S3Listing:
+    """The visible objects below ``s3://bucket/prefix`` and the keys skipped; a URI naming one object (an
+    archive) gives that object."""
     from botocore.exceptions import ClientError
 
     location, client = parse_s3_uri(uri), s3_client()
     if location.prefix:
         try:
             head = client.head_object(Bucket=location.bucket, Key=location.prefix)
-            return [S3Object(location.prefix, PurePosixPath(location.prefix).name, head["ContentLength"], head["ETag"])]
+            name = PurePosixPath(location.prefix).name
+            return S3Listing([S3Object(location.prefix, name, head["ContentLength"], head["ETag"])], [])
         except ClientError as error:
             if error.response["Error"]["Code"] not in ("404", "NoSuchKey"):
                 raise
@@ -67,30 +99,26 @@ def list_s3(uri: str) -> list[S3Object]:
         if error.response["Error"]["Code"] == "NoSuchBucket":
             raise InvalidDatasetError(f"source {uri}: bucket {location.bucket!r} does not exist") from error
         raise
-    return [
+    return _sort_s3_objects([
         S3Object(o["Key"], o["Key"][len(prefix) :], o["Size"], o["ETag"])
         for page in pages
         for o in page.get("Contents", [])
-        if not o["Key"].endswith("/") and visible(PurePosixPath(o["Key"][len(prefix) :]))
-    ]
+        if not o["Key"].endswith("/")  # "folder/" markers of the S3 console
+    ])  # fmt: skip
 
 
 def download_s3(uri: str, objects: list[S3Object], destination: Path) -> None:
-    """Stream each object to a file below ``destination`` (chunked: no object is held in memory whole)."""
+    """Stream each object to a file below ``destination`` (chunked, each read again if its body is cut off)."""
     location, client = parse_s3_uri(uri), s3_client()
 
     def fetch(obj: S3Object) -> None:
-        target = destination / obj.relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        body = client.get_object(Bucket=location.bucket, Key=obj.key)["Body"]
-        with open(target, "wb") as handle:
-            shutil.copyfileobj(body, handle, 1 << 20)
+        download_s3_object(client, location.bucket, obj.key, destination / obj.relative)
 
     with ThreadPoolExecutor(max_workers=_DOWNLOAD_THREADS) as pool:
         list(pool.map(fetch, objects))
 
 
-def _digest(lines: Iterator[str]) -> str:
+def _digest(lines: Iterable[str]) -> str:
     digest = hashlib.sha256()
     for line in lines:
         digest.update(line.encode() + b"\n")
@@ -102,31 +130,30 @@ class Source:
 
     def __init__(self, location: str, max_extracted_bytes: int = DEFAULT_MAX_EXTRACTED_BYTES) -> None:
         self.location, self.max_bytes = location, max_extracted_bytes
-        self._s3_objects: list[S3Object] | None = None
+        self._s3_listing: S3Listing | None = None
         if not is_s3_uri(location):
             self.path = Path(location).resolve()
             if not self.path.exists():
                 raise InvalidDatasetError(f"source {self.path} does not exist")
             self.location = str(self.path)
 
-    def _objects(self) -> list[S3Object]:
-        if self._s3_objects is None:
-            self._s3_objects = list_s3(self.location)
-            if not self._s3_objects:
-                raise InvalidDatasetError(f"source {self.location} holds no objects")
-            for obj in self._s3_objects:
-                if unsafe_member_name(obj.relative):
-                    raise InvalidDatasetError(
-                        f"source {self.location}: refusing object key {obj.key!r}, which would land outside the folder"
-                    )
-        return self._s3_objects
+    def _objects(self) -> S3Listing:
+        if self._s3_listing is None:
+            self._s3_listing = list_s3(self.location)
+            if not self._s3_listing.objects:
+                skipped = "; ".join(f"{q.path!r}: {q.reason}" for q in self._s3_listing.skipped)
+                read = f" it can read (skipped {skipped})" if skipped else ""
+                raise InvalidDatasetError(f"source {self.location} holds no objects{read}")
+        return self._s3_listing
 
     def fingerprint(self) -> str:
         """A digest that changes whenever a file's content, name or place changes."""
         if is_s3_uri(self.location):
-            return _digest(
-                f"{o.relative}\0{o.etag}\0{o.size}" for o in sorted(self._objects(), key=lambda o: o.relative)
-            )
+            listing = self._objects()
+            return _digest([
+                *(f"{o.relative}\0{o.etag}\0{o.size}" for o in sorted(listing.objects, key=lambda o: o.relative)),
+                *sorted(f"skipped\0{q.path}\0{q.reason}" for q in listing.skipped),
+            ])  # fmt: skip
         if self.path.is_file():
             return sha256_file(self.path)
         files = sorted(
@@ -148,12 +175,12 @@ class Source:
             scratch = Path(scratch)
             archive = self.path if not is_s3_uri(self.location) else None
             if archive is None:
-                objects = self._objects()
+                objects = self._objects().objects
                 refuse_oversize(self.location, sum(o.size for o in objects), self.max_bytes)
                 single_object = len(objects) == 1 and objects[0].key == parse_s3_uri(self.location).prefix
                 download_s3(self.location, objects, scratch / ("download" if single_object else "files"))
                 if not single_object:
-                    yield OpenedSource(scratch / "files")
+                    yield OpenedSource(scratch / "files", list(self._objects().skipped))
                     return
                 archive = scratch / "download" / objects[0].relative
             skipped = extract_archive(archive, scratch / "files", self.max_bytes)

@@ -3,15 +3,33 @@
 S3 goes through boto3 with an explicit retry configuration (standard mode: 5xx, throttling and connection
 errors are retried with backoff). ``AWS_ENDPOINT_URL`` selects a non-AWS endpoint (MinIO, Ceph, moto);
 credentials come from boto3's usual chain (environment, ~/.aws, instance roles).
+
+botocore's retries end once a response's headers have arrived: a connection dropped in the middle of a
+GET body surfaces as an exception from ``read()`` (or as fewer bytes than ``ContentLength``). Every S3
+read in this project goes through ``read_s3_bytes`` / ``download_s3_object``, which ask again for the
+whole object when that happens.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import io
+import logging
 import os
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, ContextManager
+
+from tasks.fileio import atomic_write
 
 S3_SCHEME = "s3://"
 RETRY_ATTEMPTS = 10
+BODY_ATTEMPTS = 5
+_CHUNK = 1 << 20
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,7 +63,7 @@ def read_bytes(location: str | os.PathLike[str]) -> bytes:
     """A small file's bytes from a local path or an ``s3://bucket/key``."""
     if is_s3_uri(location):
         where = parse_s3_uri(str(location))
-        return s3_client().get_object(Bucket=where.bucket, Key=where.prefix)["Body"].read()
+        return read_s3_bytes(s3_client(), where.bucket, where.prefix)
     with open(location, "rb") as handle:
         return handle.read()
 
@@ -57,3 +75,62 @@ def s3_client(max_attempts: int = RETRY_ATTEMPTS):
 
     config = Config(retries={"mode": "standard", "max_attempts": max_attempts}, connect_timeout=10, read_timeout=60)
     return boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None, config=config)
+
+
+class IncompleteBodyError(ConnectionError):
+    """An S3 object's body ended before its ``ContentLength``; transient, so retried like a dropped connection."""
+
+
+def _body_errors() -> tuple[type[BaseException], ...]:
+    import urllib3.exceptions
+    from botocore.exceptions import HTTPClientError, IncompleteReadError
+
+    # HTTPClientError covers botocore's ResponseStreamingError, ReadTimeoutError and ConnectionClosedError;
+    # ConnectionError covers a reset socket and IncompleteBodyError.
+    return (HTTPClientError, IncompleteReadError, urllib3.exceptions.HTTPError, http.client.HTTPException,
+            ConnectionError, TimeoutError)  # fmt: skip
+
+
+def _get_body(client: Any, bucket: str, key: str, open_sink: Callable[[], ContextManager[IO[bytes]]]) -> None:
+    """GET ``key`` into a fresh sink per attempt; a sink is kept only when the whole body arrived."""
+    errors = _body_errors()
+    for attempt in range(1, BODY_ATTEMPTS + 1):
+        response = client.get_object(Bucket=bucket, Key=key)
+        body, expected = response["Body"], response["ContentLength"]
+        try:
+            with open_sink() as sink:
+                received = 0
+                while chunk := body.read(_CHUNK):
+                    sink.write(chunk)
+                    received += len(chunk)
+                if received != expected:
+                    raise IncompleteBodyError(f"{received:,} of {expected:,} bytes arrived")
+            return
+        except errors as error:
+            body.close()
+            if attempt == BODY_ATTEMPTS:
+                raise IncompleteBodyError(
+                    f"s3://{bucket}/{key}: the body was cut off {BODY_ATTEMPTS} times in a row, last: {error}"
+                ) from error
+            logger.warning("s3://%s/%s: body cut off (%s); reading it again (attempt %d of %d)",
+                           bucket, key, error, attempt + 1, BODY_ATTEMPTS)  # fmt: skip
+            time.sleep(min(2.0, 0.1 * 2**attempt))
+
+
+def read_s3_bytes(client: Any, bucket: str, key: str) -> bytes:
+    """An object's whole body, read again when the connection drops mid-way."""
+    parts: list[bytes] = []
+
+    @contextlib.contextmanager
+    def sink() -> Iterator[IO[bytes]]:
+        buffer = io.BytesIO()
+        yield buffer
+        parts.append(buffer.getvalue())
+
+    _get_body(client, bucket, key, sink)
+    return parts[-1]
+
+
+def download_s3_object(client: Any, bucket: str, key: str, path: str | os.PathLike[str]) -> None:
+    """Stream an object to ``path`` (atomically, in chunks), read again when the connection drops mid-way."""
+    _get_body(client, bucket, key, lambda: atomic_write(Path(path), "wb"))

@@ -2,7 +2,9 @@
 
 Of the requests it receives, a seeded fraction fail with a 5xx: half before reaching the endpoint (the
 write never happened), half after (the write happened, its answer is lost), which is what makes a
-retried conditional write meet its own first attempt. Requests whose path ends with ``hold_suffix``
+retried conditional write meet its own first attempt. Of the GETs of objects (not listings) that succeed,
+a seeded fraction ``cut_rate`` send their headers (with the full Content-Length) and half the body, then
+drop the connection: the failure botocore's own retries do not cover. Requests whose path ends with ``hold_suffix``
 are held unanswered until ``release`` (to interrupt a client in the middle of an upload).
 The proxy stops when its ``with`` block ends, or by itself after ``lifetime_s``.
 """
@@ -24,11 +26,12 @@ class FaultyProxy(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, upstream: str, failure_rate: float = 0.2, seed: int = 0, hold_suffix: str | None = None,
-                 lifetime_s: float = 300) -> None:  # fmt: skip
+                 lifetime_s: float = 300, cut_rate: float = 0.0) -> None:  # fmt: skip
         super().__init__(("127.0.0.1", 0), _Handler)
         target = urlsplit(upstream)
         self.upstream = (target.hostname, target.port)
         self.failure_rate, self.hold_suffix, self.lifetime_s = failure_rate, hold_suffix, lifetime_s
+        self.cut_rate = cut_rate
         self.random = random.Random(seed)
         self.lock = threading.Lock()
         self.counts: Counter[str] = Counter()
@@ -45,6 +48,12 @@ class FaultyProxy(ThreadingHTTPServer):
             fault = "ok" if roll >= self.failure_rate else ("before" if roll < self.failure_rate / 2 else "after")
             self.counts[fault] += 1
             return fault
+
+    def draw_cut(self) -> bool:
+        with self.lock:
+            cut = self.random.random() < self.cut_rate
+            self.counts["cut"] += cut
+            return cut
 
     def __enter__(self) -> "FaultyProxy":
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -116,6 +125,22 @@ class _Handler(BaseHTTPRequestHandler):
         keep = [(k, v) for k, v in response.getheaders() if k.lower() not in HOP_BY_HOP | {"content-length"}]
         if self.command == "HEAD" and response.getheader("Content-Length"):
             keep.append(("Content-Length", response.getheader("Content-Length")))
+        if self._is_object_get() and response.status == 200 and len(answer) > 1 and self.server.draw_cut():
+            return self._cut(keep, answer)
         self._reply(response.status, keep, answer)
+
+    def _is_object_get(self) -> bool:
+        # Path-style addressing: /<bucket>/<key>; a listing is /<bucket>/?list-type=2...
+        return self.command == "GET" and len([p for p in urlsplit(self.path).path.split("/") if p]) >= 2
+
+    def _cut(self, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.send_response(200)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body[: len(body) // 2])
+        self.wfile.flush()
+        self.close_connection = True
 
     do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward

@@ -1,17 +1,21 @@
 """The registry contract, run against both backends: a local folder and the real HTTP S3 endpoint."""
 
 import json
+import os
 import shutil
+import uuid
 
 import pytest
 
 from tasks import InvalidModelNameError, ModelDirectory, PipelineInputError
-from tasks.errors import ModelNotFoundError
+from tasks.errors import InvalidModelDirectoryError, ModelNotFoundError
 from tasks.fileio import sha256_file
 from tasks.registry import (
     CLAIM_FILE,
     REGISTRATION_FILE,
+    CorruptRegistryRecordError,
     DatasetLineage,
+    ModelIntegrityError,
     default_model_name,
     fetch_model,
     list_versions,
@@ -23,15 +27,17 @@ from tasks.registry import (
     resolve,
     set_alias,
 )
+from tests.faulty_proxy import FaultyProxy
 
 LINEAGE = {"train": DatasetLineage(source="/data/train", content_hash="ab" * 32, images=24)}
 NAME = "colours-resnet18"
 
 
 def register(registry, model, name=NAME, accuracy=0.9, **options):
+    """A registration by its own task run of flow run ``run-1``."""
     return register_model(
         registry, name, ModelDirectory(model), metrics={"accuracy": accuracy}, params={"epochs": 2},
-        datasets=LINEAGE, flow_run_id="run-1", tags={"team": "vision"}, **options,
+        datasets=LINEAGE, flow_run_id="run-1", task_run_id=uuid.uuid4().hex, tags={"team": "vision"}, **options,
     )  # fmt: skip
 
 
@@ -78,24 +84,22 @@ def test_references_and_aliases_resolve_and_move(registry, trained_model, tmp_pa
         resolve(registry, "other")
 
 
-def test_failed_upload_leaves_no_record_and_its_number_is_not_reused(registry, trained_model, tmp_path):
+def test_a_model_folder_missing_a_file_claims_no_version(registry, trained_model, tmp_path):
     register(registry, trained_model)
     broken = shutil.copytree(trained_model, tmp_path / "broken")
     # ModelDirectory checks what scoring needs; the log goes missing once the registration has started.
     model = ModelDirectory(broken)
     (broken / "training_log.csv").unlink()
-    with pytest.raises(FileNotFoundError):
+    (broken / "metrics.json").unlink()
+    (broken / "metrics.json").mkdir()  # present, but not a readable file
+    with pytest.raises(InvalidModelDirectoryError, match=r"cannot be registered: metrics.json \(Is a directory\), "
+                                                         r"training_log.csv \(No such file"):  # fmt: skip
         register_model(registry, NAME, model, metrics={}, params={}, datasets={})
-    backend = open_backend(registry)
-    assert backend.read(f"{NAME}/2/model.pt") is not None and backend.read(f"{NAME}/2/{CLAIM_FILE}") is not None
-    assert backend.read(f"{NAME}/2/{REGISTRATION_FILE}") is None
-    assert list_versions(registry, NAME) == [1] and resolve(registry, NAME).version == 1
-    with pytest.raises(ModelNotFoundError):
-        resolve(registry, f"{NAME}/2")
+    assert open_backend(registry).list_keys(f"{NAME}/2") == [], "nothing claimed, nothing uploaded"
 
     registration, location = register(registry, trained_model)
-    assert registration.version == 3 and list_versions(registry, NAME) == [1, 3]
-    assert location.endswith(f"{NAME}/3")
+    assert registration.version == 2 and list_versions(registry, NAME) == [1, 2]
+    assert location.endswith(f"{NAME}/2")
 
 
 def test_versions_registered_before_claims_existed_are_never_claimed_again(tmp_path, trained_model):
@@ -126,9 +130,14 @@ def test_champion_challenger_promotion_is_recorded(registry, trained_model):
 
 
 def test_references_and_names_are_checked(tmp_path, trained_model):
-    for bad in ("", "Digits", "../escape", "a/b", "x" * 101):
+    for bad in ("", "Digits", "../escape", "a/b", "x" * 101, "digits\n", "digits\n../x"):
         with pytest.raises(InvalidModelNameError):
             register(tmp_path, trained_model, name=bad)
+    for bad in ("production\n", "prod\nx"):
+        with pytest.raises(InvalidModelNameError):
+            register(tmp_path, trained_model, promote_to=bad)
+        with pytest.raises(InvalidModelNameError):
+            set_alias(tmp_path, NAME, bad, 1)
     for bad in ("digits/0", "digits@Prod", "digits@1x", "digits/1/2", "a@b@c"):
         with pytest.raises(InvalidModelNameError):
             resolve(tmp_path, bad)
@@ -151,3 +160,136 @@ def test_registration_json_is_plain_json_beside_the_model_files(tmp_path, traine
 def test_default_model_name_comes_from_the_data_set():
     assert default_model_name("/data/digits/train", "resnet18") == "digits-resnet18"
     assert default_model_name("/data/My Pets.zip", "densenet121") == "my-pets-densenet121"
+
+
+def tamper_record(registry, key, change):
+    backend = open_backend(registry)
+    record = json.loads(backend.read(key))
+    change(record)
+    backend.write(key, json.dumps(record).encode())
+
+
+@pytest.mark.parametrize("bad_name", ["../../escaped.pt", "/tmp/escaped.pt", "logs/driver_log_0.txt"])
+def test_a_record_naming_a_file_outside_the_allowed_set_is_refused(registry, trained_model, tmp_path, bad_name):
+    register(registry, trained_model)
+    key = f"{NAME}/1/{REGISTRATION_FILE}"
+    tamper_record(registry, key, lambda r: r["files"].update({bad_name: "0" * 64}))
+    cache = tmp_path / "deep" / "cache"
+    location = open_backend(registry).location
+    with pytest.raises(CorruptRegistryRecordError) as refused:
+        fetch_model(registry, f"{NAME}/1", cache)
+    assert f"{location}/{key} (model {NAME}, version 1) is refused: file {bad_name!r} is not one" in str(refused.value)
+    assert not list(tmp_path.rglob("escaped.pt")) and not cache.exists()
+    assert list_versions(registry, NAME) == [], "a refused record is no version"
+
+
+def test_a_record_claiming_another_version_is_refused(registry, trained_model):
+    register(registry, trained_model)
+    register(registry, trained_model)
+    tamper_record(registry, f"{NAME}/2/{REGISTRATION_FILE}", lambda r: r.update(version=1))
+    with pytest.raises(CorruptRegistryRecordError, match=f"it says it is {NAME}/1"):
+        read_registration(registry, NAME, 2)
+
+
+def test_corrupt_records_are_typed_errors_and_left_out_of_latest(registry, trained_model, caplog):
+    for accuracy in (0.7, 0.8):
+        register(registry, trained_model, accuracy=accuracy)
+    set_alias(registry, NAME, "production", 2)
+    set_alias(registry, NAME, "staging", 1)
+    backend = open_backend(registry)
+    backend.write(f"{NAME}/2/{REGISTRATION_FILE}", b'{"name": "colours-resnet18", "vers')
+    backend.write(f"{NAME}/aliases/staging.json", b"\x00not json")
+
+    assert list_versions(registry, NAME) == [1] and resolve(registry, NAME).version == 1
+    assert f"{backend.location}/{NAME}/2/{REGISTRATION_FILE} (model {NAME}, version 2)" in caplog.text
+    with pytest.raises(CorruptRegistryRecordError, match=r"registration.json \(model colours-resnet18, version 2\) is not a"):
+        resolve(registry, f"{NAME}@production")
+    with pytest.raises(CorruptRegistryRecordError, match=r"aliases/staging.json \(model colours-resnet18, alias staging\)"):
+        resolve(registry, f"{NAME}@staging")
+    assert set(read_aliases(registry, NAME)) == {"production"}
+    assert not issubclass(CorruptRegistryRecordError, json.JSONDecodeError)
+    assert issubclass(CorruptRegistryRecordError, PipelineInputError), "Prefect does not retry it"
+
+    assert set_alias(registry, NAME, "staging", 1).previous_version is None, "setting an alias repairs it"
+    assert resolve(registry, f"{NAME}@staging").version == 1
+    assert register(registry, trained_model)[0].version == 3, "the corrupt version's number is not reused"
+
+
+def test_a_local_version_whose_weights_changed_is_refused(tmp_path, trained_model):
+    register(tmp_path / "registry", trained_model)
+    cache = tmp_path / "cache"
+    assert fetch_model(tmp_path / "registry", NAME, cache).classes == ["blue", "green", "red"]
+    memo = json.loads((cache / ".sha256" / f"{NAME}.1.json").read_text())
+    assert len(memo) == 5, "the hashes are memoised: the next fetch does not read the weights again"
+    assert fetch_model(tmp_path / "registry", NAME, cache).classes == ["blue", "green", "red"]
+
+    weights = tmp_path / "registry" / NAME / "1" / "model.pt"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    stat = weights.stat()
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size and mtime: the ctime still tells
+    with pytest.raises(ModelIntegrityError, match=rf"{NAME}/1 does not hold what version 1 .* \(model.pt: sha256"):
+        fetch_model(tmp_path / "registry", NAME, cache)
+
+
+def test_a_tampered_s3_copy_is_downloaded_again_and_a_tampered_object_refused(s3_bucket, trained_model, tmp_path):
+    registry = f"s3://{s3_bucket}/models"
+    register(registry, trained_model)
+    cache = tmp_path / "cache"
+    weights = fetch_model(registry, NAME, cache).weights_path
+    weights.write_bytes(b"tampered")
+    assert sha256_file(fetch_model(registry, NAME, cache).weights_path) == sha256_file(trained_model / "model.pt")
+
+    open_backend(registry).write(f"{NAME}/1/model.pt", b"replaced on S3")
+    shutil.rmtree(cache)
+    with pytest.raises(ModelIntegrityError, match=rf"s3://{s3_bucket}/models/{NAME}/1 does not hold"):
+        fetch_model(registry, NAME, cache)
+    assert not (cache / NAME / "1").exists()
+
+
+def test_a_retry_after_a_failure_past_the_commit_returns_the_same_version(tmp_path, trained_model):
+    registry = tmp_path / "registry"
+    register(registry, trained_model, accuracy=0.5, promote_to="production")
+    # The alias's lock file path taken by a folder: the commit succeeds, moving the alias fails.
+    obstacle = registry / NAME / "aliases" / ".production.json.lock"
+    obstacle.unlink()
+    obstacle.mkdir()
+    ids = {"flow_run_id": "flow-7", "task_run_id": "task-7"}
+    with pytest.raises(IsADirectoryError):
+        register_model(registry, NAME, ModelDirectory(trained_model), metrics={"accuracy": 0.9}, params={},
+                       datasets={}, promote_to="production", **ids)  # fmt: skip
+    assert list_versions(registry, NAME) == [1, 2] and resolve(registry, f"{NAME}@production").version == 1
+    obstacle.rmdir()
+
+    again, _ = register_model(registry, NAME, ModelDirectory(trained_model), metrics={"accuracy": 0.9}, params={},
+                              datasets={}, promote_to="production", **ids)  # fmt: skip
+    assert again.version == 2 and list_versions(registry, NAME) == [1, 2], "the retry found its own version"
+    assert again.promotion.promoted and resolve(registry, f"{NAME}@production").version == 2
+    assert (read_registration(registry, NAME, 2).flow_run_id, again.task_run_id) == ("flow-7", "task-7")
+    other_task = register_model(registry, NAME, ModelDirectory(trained_model), metrics={}, params={}, datasets={},
+                                flow_run_id="flow-7", task_run_id="task-8")[0]  # fmt: skip
+    assert other_task.version == 3, "another task run of the same flow registers its own version"
+
+
+def test_a_registry_fetch_reads_again_the_bodies_cut_off_mid_way(s3_bucket, s3_endpoint, trained_model, tmp_path,
+                                                                  monkeypatch):  # fmt: skip
+    registry = f"s3://{s3_bucket}/models"
+    register(registry, trained_model)
+    with FaultyProxy(s3_endpoint, failure_rate=0.0, cut_rate=0.5, seed=2) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        model = fetch_model(registry, NAME, tmp_path / "cache")
+    for file_name in ("model.pt", "classes.json", "metrics.json"):
+        assert sha256_file(model.root / file_name) == sha256_file(trained_model / file_name)
+    assert proxy.counts["cut"] >= 2, proxy.counts
+
+
+def test_the_registered_model_artifact_is_absolute_with_a_one_line_figure(tmp_path, trained_model, monkeypatch):
+    from tasks.registry.prefect_tasks import registered_model_markdown
+
+    monkeypatch.chdir(tmp_path)
+    registration, location = register("relative-registry", trained_model, accuracy=0.98765)
+    markdown, description = registered_model_markdown(registration, location, "accuracy")
+    assert location == str(tmp_path / "relative-registry" / NAME / "1")
+    assert description == f"{NAME} v1, accuracy 0.9877"
+    assert f"Stored in `{location}`" in markdown and "| accuracy | 0.9877 |" in markdown

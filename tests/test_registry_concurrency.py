@@ -1,5 +1,6 @@
 """Registrations racing each other, on local disk (processes) and on the real HTTP S3 endpoint (threads),
-through a proxy that fails a fifth of the requests, and a registration killed in the middle of an upload."""
+through a proxy that fails a fifth of the requests, each promoting itself if it beats the champion; and a
+registration killed in the middle of an upload."""
 
 import os
 import shutil
@@ -18,7 +19,7 @@ from tasks import ModelDirectory
 from tasks.fileio import sha256_file
 from tasks.model_directory import MODEL_FILES, WEIGHTS_FILE
 from tasks.registry import CLAIM_FILE, REGISTRATION_FILE, fetch_model, list_versions, open_backend, read_registration
-from tasks.registry import register_model
+from tasks.registry import register_model, resolve
 from tests.faulty_proxy import FaultyProxy
 
 NAME = "race-resnet18"
@@ -39,12 +40,13 @@ def distinct_models(trained_model, tmp_path_factory) -> list[Path]:
     return models
 
 
-def register_as(registry: str, model: Path, worker: int, start: threading.Barrier | None = None) -> int:
+def register_as(registry: str, model: Path, worker: int, start: threading.Barrier | None = None,
+                promote: str | None = None) -> int:  # fmt: skip
     if start is not None:
         start.wait()
     registration, _ = register_model(
         registry, NAME, ModelDirectory(model), metrics={"accuracy": worker / 10}, params={}, datasets={},
-        tags={"worker": str(worker)},
+        tags={"worker": str(worker)}, promote_to=promote,
     )  # fmt: skip
     return registration.version
 
@@ -53,20 +55,21 @@ def register_as(registry: str, model: Path, worker: int, start: threading.Barrie
 REGISTER = """
 import pathlib, sys, time
 from tasks.model_directory import ModelDirectory
-from tasks.registry import register_model
-registry, name, model, worker, go = sys.argv[1:6]
+from tasks.registry import register_model, resolve
+registry, name, model, worker, go, promote = sys.argv[1:7]
 if go:
     pathlib.Path(f"{go}.ready-{worker}").touch()
     while not pathlib.Path(go).exists():
         time.sleep(0.001)
 registration, _ = register_model(registry, name, ModelDirectory(model), metrics={"accuracy": int(worker) / 10},
-                                 params={}, datasets={}, tags={"worker": worker})
+                                 params={}, datasets={}, tags={"worker": worker}, promote_to=promote or None)
 print(registration.version)
 """
 
 
-def start_registration(registry: str, model: Path, worker: int, go: Path | None = None, env: dict | None = None):
-    command = [sys.executable, "-c", REGISTER, registry, NAME, str(model), str(worker), str(go or "")]
+def start_registration(registry: str, model: Path, worker: int, go: Path | None = None, env: dict | None = None,
+                       promote: str = ""):  # fmt: skip
+    command = [sys.executable, "-c", REGISTER, registry, NAME, str(model), str(worker), str(go or ""), promote]
     return subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 
@@ -85,9 +88,17 @@ def check_every_version_holds_its_own_files(registry: str, models: list[Path], c
     assert workers == set(range(WORKERS)), "each registration landed exactly once"
 
 
-def test_eight_processes_registering_at_once_get_eight_versions_on_disk(distinct_models, tmp_path):
+def check_alias_on_the_best(registry: str) -> None:
+    """Every registration promoted itself if it beat the champion: the alias ends on accuracy 0.7, worker 7."""
+    champion = resolve(registry, f"{NAME}@production")
+    assert champion.tags["worker"] == str(WORKERS - 1), f"alias ended on worker {champion.tags['worker']}"
+
+
+@pytest.mark.parametrize("promote", ["", "production"])
+def test_eight_processes_registering_at_once_get_eight_versions_on_disk(distinct_models, tmp_path, promote):
     registry, go = str(tmp_path / "registry"), tmp_path / "go"
-    processes = [start_registration(registry, model, worker, go) for worker, model in enumerate(distinct_models)]
+    processes = [start_registration(registry, model, worker, go, promote=promote)
+                 for worker, model in enumerate(distinct_models)]  # fmt: skip
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("go.ready-*"))) < WORKERS and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -96,6 +107,8 @@ def test_eight_processes_registering_at_once_get_eight_versions_on_disk(distinct
     assert all(p.returncode == 0 for p in processes), [err for _, err in outcomes]
     assert sorted(int(out) for out, _ in outcomes) == list(range(1, WORKERS + 1))
     check_every_version_holds_its_own_files(registry, distinct_models, tmp_path / "cache")
+    if promote:
+        check_alias_on_the_best(registry)
 
 
 def test_eight_registrations_through_a_failing_s3_endpoint_all_land(distinct_models, s3_endpoint, s3_bucket, tmp_path,
@@ -105,13 +118,15 @@ def test_eight_registrations_through_a_failing_s3_endpoint_all_land(distinct_mod
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         start = threading.Barrier(WORKERS)
         with ThreadPoolExecutor(WORKERS) as pool:
-            versions = list(pool.map(lambda w: register_as(registry, distinct_models[w], w, start), range(WORKERS)))
+            versions = list(pool.map(lambda w: register_as(registry, distinct_models[w], w, start, "production"),
+                                     range(WORKERS)))  # fmt: skip
     assert sorted(versions) == list(range(1, WORKERS + 1))
     assert proxy.counts["before"] > 0 and proxy.counts["after"] > 0, proxy.counts
     print(f"proxy: {dict(proxy.counts)}")
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     check_every_version_holds_its_own_files(registry, distinct_models, tmp_path / "cache")
+    check_alias_on_the_best(registry)
 
 
 def test_registration_killed_during_upload_leaves_no_version(trained_model, s3_endpoint, s3_bucket, tmp_path):

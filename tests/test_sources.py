@@ -15,6 +15,7 @@ import pytest
 from tasks import InvalidDatasetError, convert_to_image_directory
 from tasks.storage import s3_client
 from tests.conftest import COLOURS, write_class_folders
+from tests.faulty_proxy import FaultyProxy
 
 
 @pytest.fixture
@@ -189,3 +190,37 @@ def test_s3_missing_bucket_empty_prefix_and_oversized_prefix_are_refused(s3_buck
     s3_client().put_object(Bucket=s3_bucket, Key="big/cats/a.png", Body=os.urandom(4096))
     with pytest.raises(InvalidDatasetError, match="over the limit of 1,024 bytes"):
         convert_to_image_directory(f"s3://{s3_bucket}/big", tmp_path / "out", max_extracted_bytes=1024)
+
+
+def test_s3_conversion_reads_again_the_bodies_cut_off_mid_way(s3_bucket, s3_endpoint, tmp_path, monkeypatch):
+    write_class_folders(tmp_path / "train", 6)
+    upload(tmp_path / "train", s3_bucket, "cut/train")
+    with FaultyProxy(s3_endpoint, failure_rate=0.0, cut_rate=0.3, seed=1) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        image_dir = convert_to_image_directory(f"s3://{s3_bucket}/cut/train", tmp_path / "out")
+    assert image_dir.manifest.counts == {c: 6 for c in COLOURS} and image_dir.manifest.quarantined == []
+    assert proxy.counts["cut"] >= 2, proxy.counts
+
+
+def test_s3_keys_that_cannot_be_files_are_skipped_and_reported(s3_bucket, tmp_path, scratch):
+    write_class_folders(tmp_path / "train", 3)
+    upload(tmp_path / "train", s3_bucket, "odd/train")
+    client = s3_client()
+    png = (tmp_path / "train" / "red" / "red_0.png").read_bytes()
+    for key in ("odd/train/red/../../../escaped.png", "odd/train/blue/./dot.png", "odd/train/green//twice.png",
+                "odd/train/red"):  # fmt: skip
+        client.put_object(Bucket=s3_bucket, Key=key, Body=png)
+
+    image_dir = convert_to_image_directory(f"s3://{s3_bucket}/odd/train", tmp_path / "out")
+    assert image_dir.manifest.counts == {c: 3 for c in COLOURS}
+    reasons = {q.path: q.reason for q in image_dir.manifest.quarantined}
+    assert set(reasons) == {"red/../../../escaped.png", "blue/./dot.png", "green//twice.png", "red"}
+    assert "could land outside the folder" in reasons["red/../../../escaped.png"]
+    assert "also the folder of 'red/red_" in reasons["red"]
+    assert not list(tmp_path.rglob("escaped.png")) and not list(scratch.iterdir())
+
+
+def test_s3_prefix_of_only_unusable_keys_says_what_was_skipped(s3_bucket, tmp_path):
+    s3_client().put_object(Bucket=s3_bucket, Key="bad/../x.png", Body=b"x")
+    with pytest.raises(InvalidDatasetError, match=r"holds no objects it can read \(skipped '\.\./x\.png': its key"):
+        convert_to_image_directory(f"s3://{s3_bucket}/bad", tmp_path / "out")

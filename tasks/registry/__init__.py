@@ -3,6 +3,7 @@
     layout.py     the contract: names, references, records and their keys
     backends.py   the storage interface and the local-disk backend; s3.py the S3 one
     core.py       register (claim, upload, commit), list, resolve, aliases, champion/challenger, fetch
+    integrity.py  model files checked against their registered sha256 (hashes memoised per file)
     prefect_tasks.py  the thin Prefect tasks: register, resolve-model
 
 Importing this package (or ``core``) imports neither Prefect nor torch: a registration is cheap to run
@@ -28,7 +29,9 @@ from tasks.registry.layout import (
     CLAIM_FILE,
     REGISTRATION_FILE,
     AliasRecord,
+    CorruptRegistryRecordError,
     DatasetLineage,
+    ModelIntegrityError,
     ModelReference,
     Promotion,
     Registration,
@@ -38,7 +41,8 @@ from tasks.registry.layout import (
 )
 
 __all__ = [
-    "CLAIM_FILE", "REGISTRATION_FILE", "AliasRecord", "DatasetLineage", "LocalBackend", "ModelReference", "Promotion",
+    "CLAIM_FILE", "REGISTRATION_FILE", "AliasRecord", "CorruptRegistryRecordError", "DatasetLineage", "LocalBackend",
+    "ModelIntegrityError", "ModelReference", "Promotion",
     "Registration", "RegistryBackend", "challenge", "check_model_name", "default_model_name", "fetch_model",
     "lineage", "list_versions", "load_model", "open_backend", "parse_reference", "read_aliases", "read_registration",
     "register_model", "resolve", "set_alias",

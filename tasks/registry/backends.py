@@ -1,11 +1,14 @@
 """Where registry keys live: one small interface, a local-disk backend here and an S3 one in ``s3.py``.
 
-Keys are ``/``-separated paths below the registry root (see ``layout.py``). The one operation that makes
-concurrent registrations safe is ``create_exclusive``: of several writers of one key, exactly one wins.
+Keys are ``/``-separated paths below the registry root (see ``layout.py``). Two operations make concurrent
+writers safe: ``create_exclusive`` (of several writers of one key, exactly one wins) and ``replace_if``, a
+compare-and-swap on a key read with ``read_tagged`` (an alias moves only from the state its mover judged).
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 from abc import ABC, abstractmethod
@@ -31,6 +34,15 @@ class RegistryBackend(ABC):
         """The content of ``key``, or None when there is no such key."""
 
     @abstractmethod
+    def read_tagged(self, key: str) -> tuple[bytes, str] | None:
+        """The content of ``key`` and a tag that changes whenever it does, or None when there is no such key."""
+
+    @abstractmethod
+    def replace_if(self, key: str, data: bytes, tag: str | None) -> bool:
+        """Write ``data`` to ``key`` only if it still has ``tag`` (None: only if it does not exist);
+        False when another writer came first."""
+
+    @abstractmethod
     def upload(self, key: str, path: Path) -> None:
         """Store the local file ``path`` as ``key``."""
 
@@ -45,11 +57,14 @@ class RegistryBackend(ABC):
 
 class LocalBackend(RegistryBackend):
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
+        self.root = Path(root).resolve()
         self.location = str(self.root)
 
     def _path(self, key: str) -> Path:
-        return self.root.joinpath(*key.split("/"))
+        parts = key.split("/")
+        if any(part in ("", ".", "..") or "\\" in part for part in parts):
+            raise ValueError(f"registry key {key!r} would leave {self.location}")
+        return self.root.joinpath(*parts)
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         try:
@@ -68,6 +83,22 @@ class LocalBackend(RegistryBackend):
             return self._path(key).read_bytes()
         except FileNotFoundError:
             return None
+
+    def read_tagged(self, key: str) -> tuple[bytes, str] | None:
+        data = self.read(key)
+        return None if data is None else (data, hashlib.sha256(data).hexdigest())
+
+    def replace_if(self, key: str, data: bytes, tag: str | None) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # flock is released by the kernel when its holder dies, so a crashed writer leaves no stale lock.
+        with open(path.parent / f".{path.name}.lock", "ab") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.read_tagged(key)
+            if (current[1] if current else None) != tag:
+                return False
+            self.write(key, data)
+            return True
 
     def upload(self, key: str, path: Path) -> None:
         with open(path, "rb") as source, atomic_write(self._path(key), "wb") as target:

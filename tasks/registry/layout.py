@@ -24,14 +24,28 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tasks.errors import InvalidModelNameError
+from tasks.errors import InvalidModelNameError, PipelineInputError
+from tasks.model_directory import MODEL_FILES, ONNX_FILE
 
 CLAIM_FILE = "claim.json"
 REGISTRATION_FILE = "registration.json"
 ALIASES_FOLDER = "aliases"
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
-_ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_REFERENCE = re.compile(r"^(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[^/@]+))?$")
+# The only file names a version may hold: a record naming any other is refused before it becomes a path.
+REGISTERED_FILES = frozenset({*MODEL_FILES, ONNX_FILE})
+# Always matched whole (re.fullmatch): "$" would also accept a trailing newline.
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
+_ALIAS = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_VERSION = re.compile(r"[1-9][0-9]{0,17}")
+_REFERENCE = re.compile(r"(?P<name>[^/@]+)(?:/(?P<version>[0-9]+)|@(?P<alias>[^/@]+))?")
+
+
+class CorruptRegistryRecordError(PipelineInputError):
+    """A record read from a registry (registration.json, an alias file) is unreadable or names something
+    it may not (a file outside the allowed set, another model or version). Reading it again cannot help."""
+
+
+class ModelIntegrityError(PipelineInputError):
+    """A stored model file does not match the sha256 recorded when its version was registered."""
 
 
 class DatasetLineage(BaseModel):
@@ -59,9 +73,10 @@ class Registration(BaseModel):
     params: dict[str, Any]
     datasets: dict[str, DatasetLineage]
     flow_run_id: str | None = None
+    task_run_id: str | None = Field(default=None, description="with flow_run_id: a retried task finds its own version")
     tags: dict[str, str] = {}
     files: dict[str, str] = Field(description="file name -> sha256")
-    promotion: Promotion | None = None
+    promotion: Promotion | None = Field(default=None, description="the champion/challenger verdict at commit time")
 
 
 class Claim(BaseModel):
@@ -90,8 +105,45 @@ class ModelReference:
         return f"{self.name}@{self.alias}" if self.alias else self.name
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def parse_registration(data: bytes, where: str, name: str, version: int) -> Registration:
+    """The record of ``where`` (``<registry>/<name>/<version>/registration.json``), checked to be about
+    that version and to name only allowed files, before any of it becomes a path."""
+    try:
+        record = Registration.model_validate_json(data)
+    except ValueError as error:
+        raise CorruptRegistryRecordError(
+            f"{where} (model {name}, version {version}) is not a readable registration record: {error}"
+        ) from error
+    claimed = (record.name, record.version)
+    problems = [f"it says it is {record.name}/{record.version}"] if claimed != (name, version) else []
+    problems += [f"file {f!r} is not one a version may hold ({', '.join(sorted(REGISTERED_FILES))})"
+                 for f in record.files if f not in REGISTERED_FILES]  # fmt: skip
+    problems += [f"file {f!r} has no sha256 hex digest ({h!r})" for f, h in record.files.items() if not _SHA256.fullmatch(h)]
+    if problems:
+        raise CorruptRegistryRecordError(f"{where} (model {name}, version {version}) is refused: {'; '.join(problems)}")
+    return record
+
+
+def parse_alias(data: bytes, where: str, name: str, alias: str) -> AliasRecord:
+    """The alias record of ``where``, checked to be about ``alias`` and to point at a plausible version."""
+    try:
+        record = AliasRecord.model_validate_json(data)
+    except ValueError as error:
+        raise CorruptRegistryRecordError(
+            f"{where} (model {name}, alias {alias}) is not a readable alias record: {error}"
+        ) from error
+    if record.alias != alias or record.version < 1:
+        raise CorruptRegistryRecordError(
+            f"{where} (model {name}, alias {alias}) is refused: it says alias {record.alias!r} -> version {record.version}"
+        )
+    return record
+
+
 def check_model_name(name: str) -> str:
-    if not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidModelNameError(
             f"model name {name!r} is not allowed: use 1-100 lowercase letters, digits, '.', '_' or '-', "
             "starting with a letter or digit (e.g. 'digits-resnet18')"
@@ -100,7 +152,7 @@ def check_model_name(name: str) -> str:
 
 
 def check_alias(alias: str) -> str:
-    if not _ALIAS.match(alias):
+    if not isinstance(alias, str) or not _ALIAS.fullmatch(alias):
         raise InvalidModelNameError(
             f"alias {alias!r} is not allowed: use 1-63 lowercase letters, digits, '_' or '-', "
             "starting with a letter (e.g. 'production', 'staging')"
@@ -110,7 +162,7 @@ def check_alias(alias: str) -> str:
 
 def parse_reference(reference: str) -> ModelReference:
     """``digits-resnet18``, ``digits-resnet18/3`` or ``digits-resnet18@production``."""
-    match = _REFERENCE.match(reference.strip())
+    match = _REFERENCE.fullmatch(reference.strip())
     if not match:
         raise InvalidModelNameError(
             f"model reference {reference!r} is not allowed: use 'name', 'name/<version>' or 'name@<alias>' "
@@ -148,6 +200,7 @@ def numbered(keys: list[str], name: str, file_name: str | None = None) -> set[in
     found = set()
     for key in keys:
         parts = key.split("/")
-        if len(parts) >= 3 and parts[0] == name and parts[1].isdigit() and file_name in (None, "/".join(parts[2:])):
+        # str.isdigit() would take "²" or "٣"; a version folder is plain ASCII digits.
+        if len(parts) >= 3 and parts[0] == name and _VERSION.fullmatch(parts[1]) and file_name in (None, "/".join(parts[2:])):
             found.add(int(parts[1]))
     return found

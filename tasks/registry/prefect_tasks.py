@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.runtime import flow_run
+from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel
 
 from tasks.evaluate import Evaluation
@@ -24,13 +24,29 @@ class RegisteredModel(BaseModel):
 
 def _promotion_markdown(promotion: Promotion) -> str:
     champion = "none (alias not set)" if promotion.champion_version is None else (
-        f"version {promotion.champion_version}: {promotion.champion if promotion.champion is not None else 'no value'}"
+        f"version {promotion.champion_version}: {_figure(promotion.champion) if promotion.champion is not None else 'no value'}"
     )  # fmt: skip
     verdict = "promoted" if promotion.promoted else "not promoted: it does not beat the champion"
     return (
         f"### Promotion to `{promotion.alias}`: {verdict}\n\n| | {promotion.metric} |\n|---|---|\n"
-        f"| challenger (this version) | {promotion.challenger:.4f} |\n| champion | {champion} |\n"
+        f"| challenger (this version) | {_figure(promotion.challenger)} |\n| champion | {champion} |\n"
     )
+
+
+def _figure(value: Any) -> str:
+    """Figures as a reader compares them: 4 significant digits."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def registered_model_markdown(registration: Registration, location: str, metric: str) -> tuple[str, str]:
+    """(markdown, one-line description) of the registered-model artifact."""
+    headline = f"{registration.name} v{registration.version}"
+    if metric in registration.metrics:
+        headline += f", {metric} {_figure(registration.metrics[metric])}"
+    rows = "\n".join(f"| {k} | {_figure(v)} |" for k, v in registration.metrics.items() if isinstance(v, (int, float)))
+    markdown = (f"### {registration.name} version {registration.version}\n\nStored in `{location}`\n\n"
+                f"| figure | value |\n|---|---|\n{rows}\n")  # fmt: skip
+    return markdown, headline
 
 
 @task(name="register", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
@@ -62,14 +78,11 @@ def register(
     registration, location = register_model(
         registry, name, trained,
         metrics=metrics, params=params, datasets=lineages,
-        flow_run_id=flow_run.get_id(), promote_to=promote_to, promotion_metric=promotion_metric,
+        flow_run_id=flow_run.get_id(), task_run_id=task_run.get_id(), promote_to=promote_to,
+        promotion_metric=promotion_metric,
     )  # fmt: skip
-    figures = "\n".join(f"| {k} | {v:.4f} |" for k, v in metrics.items() if isinstance(v, float))
-    create_markdown_artifact(
-        key="registered-model",
-        markdown=f"### {name} version {registration.version}\n\nStored in `{location}`\n\n"
-        f"| figure | value |\n|---|---|\n{figures}\n",
-    )
+    markdown, description = registered_model_markdown(registration, location, promotion_metric)
+    create_markdown_artifact(key="registered-model", markdown=markdown, description=description)
     if registration.promotion:
         create_markdown_artifact(key="promotion", markdown=_promotion_markdown(registration.promotion))
     return RegisteredModel(registration=registration, location=location)

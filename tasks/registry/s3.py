@@ -1,8 +1,10 @@
 """The registry on S3 (or any S3 endpoint: ``AWS_ENDPOINT_URL``), through ``tasks.storage.s3_client``.
 
 Exclusive creates are conditional writes, ``put_object(IfNoneMatch="*")``: S3 answers 412 when the key
-exists and 409 when another conditional write of the same key is in flight (then we ask again). Transient
-failures (5xx, throttling, dropped connections) are retried by the client's standard retry mode.
+exists and 409 when another conditional write of the same key is in flight (then we ask again). The
+compare-and-swap of an alias is ``put_object(IfMatch=etag)`` (412 when the key changed since it was read).
+Transient failures (5xx, throttling, dropped connections) are retried by the client's standard retry mode,
+bodies cut off mid-way by ``tasks.storage``'s reads.
 """
 
 from __future__ import annotations
@@ -12,12 +14,10 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from tasks.fileio import atomic_write
 from tasks.registry.backends import RegistryBackend
-from tasks.storage import parse_s3_uri, s3_client
+from tasks.storage import download_s3_object, parse_s3_uri, read_s3_bytes, s3_client
 
 CONFLICT_RETRIES = 20
-_CHUNK = 1 << 20
 
 
 def _status(error: ClientError) -> int:
@@ -31,12 +31,19 @@ class S3Backend(RegistryBackend):
         self.client = s3_client()
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
+        return self._put_conditional(key, data, IfNoneMatch="*")
+
+    def replace_if(self, key: str, data: bytes, tag: str | None) -> bool:
+        return self._put_conditional(key, data, **({"IfMatch": tag} if tag else {"IfNoneMatch": "*"}))
+
+    def _put_conditional(self, key: str, data: bytes, **condition: str) -> bool:
         for attempt in range(CONFLICT_RETRIES):
             try:
-                self.client.put_object(Bucket=self.root.bucket, Key=self.root.key(key), Body=data, IfNoneMatch="*")
+                self.client.put_object(Bucket=self.root.bucket, Key=self.root.key(key), Body=data, **condition)
                 return True
             except ClientError as error:
-                if _status(error) == 412:
+                # 404: IfMatch on a key deleted since it was read.
+                if _status(error) in (412, 404):
                     return False
                 if _status(error) != 409:
                     raise
@@ -49,11 +56,23 @@ class S3Backend(RegistryBackend):
 
     def read(self, key: str) -> bytes | None:
         try:
-            return self.client.get_object(Bucket=self.root.bucket, Key=self.root.key(key))["Body"].read()
+            return read_s3_bytes(self.client, self.root.bucket, self.root.key(key))
         except ClientError as error:
             if _status(error) == 404:
                 return None
             raise
+
+    def read_tagged(self, key: str) -> tuple[bytes, str] | None:
+        # The ETag read first is the one the swap is conditioned on: if the body read after it is of a newer
+        # object, the swap fails and the caller reads again, so pairing an old tag with new bytes is harmless.
+        try:
+            tag = self.client.head_object(Bucket=self.root.bucket, Key=self.root.key(key))["ETag"]
+        except ClientError as error:
+            if _status(error) == 404:
+                return None
+            raise
+        data = self.read(key)
+        return None if data is None else (data, tag)
 
     def upload(self, key: str, path: Path) -> None:
         # One PUT per file (S3 takes up to 5 GB so): a retried PUT is idempotent, where a retried
@@ -62,10 +81,7 @@ class S3Backend(RegistryBackend):
             self.client.put_object(Bucket=self.root.bucket, Key=self.root.key(key), Body=body)
 
     def download(self, key: str, path: Path) -> None:
-        body = self.client.get_object(Bucket=self.root.bucket, Key=self.root.key(key))["Body"]
-        with atomic_write(path, "wb") as target:
-            while chunk := body.read(_CHUNK):
-                target.write(chunk)
+        download_s3_object(self.client, self.root.bucket, self.root.key(key), path)
 
     def list_keys(self, prefix: str) -> list[str]:
         keys = []
