@@ -234,3 +234,28 @@ def test_each_line_keeps_the_level_it_was_logged_at():
     import logging
 
     assert [logging.getLevelName(levels(line)) for line, _ in lines] == [level for _, level in lines]
+
+
+def test_the_train_task_does_not_retry_an_input_error_raised_in_the_worker(prefect_server, tmp_path, colour_image_dirs):
+    from prefect import flow
+
+    from tasks.train import train as train_task
+
+    _, val = colour_image_dirs
+    empty_spec = tmp_path / "spec"
+    empty_spec.mkdir()
+
+    @flow
+    def train_once():
+        return train_task(str(colour_image_dirs[0]), str(val), str(empty_spec), str(tmp_path / "model"),
+                          TrainingParams(epochs=1, device="cpu"), return_state=True)  # fmt: skip
+
+    state = train_once(return_state=True).result(raise_on_failure=False)
+    assert state.is_failed() and "model_spec.json" in state.message
+    with pytest.raises(InvalidModelDirectoryError):
+        state.result()
+    assert state.state_details.task_run_id is not None
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        assert client.read_task_run(state.state_details.task_run_id).run_count == 1
