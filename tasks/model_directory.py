@@ -185,8 +185,9 @@ class ModelDirectory:
         except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError, ImportError) as error:
             raise InvalidModelDirectoryError(
                 f"{self.weights_path} cannot be read as a PyTorch state dict ({type(error).__name__}): {WEIGHTS_FILE} "
-                "must be the file training writes (torch.save of model.state_dict()); files that only load with "
-                "weights_only=False are refused, as loading them can run any code"
+                "must be the file training writes (torch.save of model.state_dict()). Only tensors are loaded "
+                "(torch.load with weights_only=True): a file holding other Python objects is refused, as "
+                "unpickling it could run any code"
             ) from None
         try:
             model.load_state_dict(state)
