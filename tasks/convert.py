@@ -143,27 +143,27 @@ def store_image(file: SourceFile, target: PurePosixPath, root: Path, settings: S
         width, height, mode = _store(file, destination, settings)
     except FileExistsError:
         raise  # two images planned to one path: a bug to surface, never a file to overwrite or quarantine
-    except (_Refused, Image.DecompressionBombError, UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as error:
-        destination.unlink(missing_ok=True)
-        if isinstance(error, _Refused):
-            reason = str(error)
-        elif isinstance(error, Image.DecompressionBombError):
-            reason = f"over Pillow's decompression-bomb guard: {error}"
-        elif isinstance(error, UnidentifiedImageError):
-            reason = "not an image: Pillow cannot identify the file's format"
-        else:
-            reason = f"damaged or truncated image: {error}"
-        return QuarantinedFile(path=where, reason=reason)
-    return ImageRecord(
-        path=target.as_posix(),
-        label=file.label,
-        sha256=sha256_file(destination),
-        size_bytes=destination.stat().st_size,
-        width=width,
-        height=height,
-        mode=mode,
-        source_path=where,
-    )
+    except _Refused as refused:
+        reason = str(refused)
+    except Image.DecompressionBombError as error:
+        reason = f"over Pillow's decompression-bomb guard: {error}"
+    except UnidentifiedImageError:
+        reason = "not an image: Pillow cannot identify the file's format"
+    except (OSError, SyntaxError, ValueError, EOFError) as error:
+        reason = f"damaged or truncated image: {error}"
+    else:
+        return ImageRecord(
+            path=target.as_posix(),
+            label=file.label,
+            sha256=sha256_file(destination),
+            size_bytes=destination.stat().st_size,
+            width=width,
+            height=height,
+            mode=mode,
+            source_path=where,
+        )
+    destination.unlink(missing_ok=True)  # this call created it (exclusively), or nothing is there
+    return QuarantinedFile(path=where, reason=reason)
 
 
 def stored_paths(files: list[SourceFile], folders: dict[str, str], by_class_folder: bool) -> tuple[list[PurePosixPath], list[str]]:

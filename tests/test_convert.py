@@ -421,6 +421,7 @@ def test_images_under_the_pixel_cap_share_a_decode_memory_budget(tmp_path):
     assert len(capped.quarantined) == 4 and len(capped.images) == 1
 
 
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 def test_a_raised_pixel_cap_records_pillows_decompression_bomb_warning(tmp_path):
     write_zero_png(tmp_path / "src" / "wide.png", 10_000, 9_000, colour_type=0)
     image_dir = convert_to_image_directory(tmp_path / "src", tmp_path / "out", max_image_pixels=10**8)
