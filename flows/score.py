@@ -37,6 +37,7 @@ def score_pipeline(
     runtime: Runtime = "torch",
     batch_size: int = BATCH_SIZE,
     work_dir: str = "runs",
+    labeled: bool | None = None,
 ) -> ScoreResult:
     """Score images with a trained model into a table of Azure's columns; evaluate it when the images are labeled.
 
@@ -48,9 +49,12 @@ def score_pipeline(
         runtime: 'torch', or 'onnx' for a model registered with its model.onnx (train with export_onnx).
         batch_size: Images per forward pass.
         work_dir: Folder for each run's converted images, scores and the cache of models fetched from S3.
+        labeled: Empty: inferred (two or more class folders, or a labels file, are evaluated; a single
+            folder of images is scored unlabeled); true: labels required, even a single class folder;
+            false: scored without labels whatever the folders.
     """
     run_dir = run_folder(work_dir, prefix="score-")
-    image_dir = convert(images, str(run_dir / "images"), "score")
+    image_dir = convert(images, str(run_dir / "images"), "score", labeled=labeled, single_class="unlabeled")
     model_dir = resolve_model(model, registry, str(Path(work_dir).resolve() / "models"))
     scored = score(model_dir, image_dir, output_csv or str(run_dir / "scores.csv"), runtime, batch_size)
     evaluation = evaluate(scored.table, str(run_dir / "confusion_matrix.png")) if scored.labeled else None
@@ -80,8 +84,12 @@ def main(argv: list[str] | None = None) -> ScoreResult:
     parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     parser.add_argument("--work-dir", default="runs")
+    parser.add_argument("--labeled", choices=("yes", "no"), help="default: inferred from the folders")
     args = parser.parse_args(argv)
-    result = score_pipeline(args.images, args.model, args.output, args.registry, args.runtime, args.batch_size, args.work_dir)
+    labeled = {"yes": True, "no": False, None: None}[args.labeled]
+    result = score_pipeline(
+        args.images, args.model, args.output, args.registry, args.runtime, args.batch_size, args.work_dir, labeled
+    )
     print(f"{result.images} images scored -> {result.scores}")
     if result.evaluation:
         print(f"accuracy {result.evaluation.accuracy:.4f}, F1 (macro) {result.evaluation.f1_macro:.4f}")

@@ -2,29 +2,35 @@
 
 Sources (``tasks.sources``): a folder, a .zip/.tar/.tar.gz/.tgz/.tar.bz2/.tar.xz archive (or a .gz of a
 tar), an ``s3://bucket/prefix``. Labels (``tasks.labelling``): class folders, a labels file, or none.
-Wrapper folders (``export/photos/<class>/...``) are skipped down to the real base folder; hidden files,
-``__MACOSX``, ``.DS_Store`` and ``Thumbs.db`` are ignored. Every image is decoded in full; one that cannot
-be (empty, damaged, truncated, not an image, over Pillow's decompression-bomb guard) is quarantined with
-the reason in the manifest. Images are copied byte for byte unless a ``Normalisation`` is given.
+Wrapper folders (``export/photos/<class>/...``) are skipped down to the real base folder; ``__MACOSX``,
+``.DS_Store`` and ``Thumbs.db`` are ignored; hidden entries, links leaving the source and special files are
+skipped and reported. Every image is identified from its header first (nothing is read whole), refused
+above ``max_image_pixels``, then decoded in full (truncation and damage only show then) while the threads
+together hold at most ``decode_memory_bytes`` of decoded pixels. One that cannot be read is quarantined
+with the reason in the manifest. Images are copied byte for byte unless a ``Normalisation`` is given.
 
-The source is only read, and nothing is written outside ``output``. An output already converted from the
-same content with the same settings (``conversion_hash``) is returned as it is.
+The source is only read, and nothing is written outside ``output``; no stored file is ever overwritten
+(names that collide once made safe get ``~2``, ``~3``). An output already converted from the same content
+with the same settings (``conversion_hash``) is returned as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import io
 import json
 import os
+import threading
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tasks.errors import InvalidDatasetError
-from tasks.fileio import staged_directory
+from tasks.fileio import sha256_file, staged_directory
 from tasks.image_directory import (
     FORMAT_VERSION,
     IMAGE_EXTENSIONS,
@@ -37,70 +43,151 @@ from tasks.image_directory import (
     class_folders,
     safe_name,
 )
-from tasks.labelling import SourceFile, find_base_folder, plan_source, read_labels_file
-from tasks.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source
+from tasks.labelling import SingleClass, SourceFile, plan_source, read_labels_file
+from tasks.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, list_folder
 from tasks.storage import is_s3_uri, read_bytes
 
+# A 48-megapixel phone photo fits; Pillow's own decompression-bomb warning starts at ~89 MP.
+DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
+DEFAULT_DECODE_MEMORY_BYTES = 2**30
+# Pillow holds RGB as 4 bytes a pixel; normalising adds the rotated and the converted copy.
+_BYTES_PER_PIXEL, _NORMALISING_BYTES_PER_PIXEL = 4, 12
+_CHUNK = 1 << 20
 # Formats whose encoder would otherwise pick a low default quality when re-encoding a normalised image.
 _SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"quality": 95}}
 
 
-def decode(data: bytes, normalisation: Normalisation | None) -> tuple[bytes, int, int, str]:
-    """Decode ``data`` in full (truncation and damage only show then): the bytes to store, width, height, mode."""
-    with Image.open(io.BytesIO(data)) as image:
-        if normalisation is None:
-            width, height, mode = image.width, image.height, image.mode
-            # A JPEG drafted to 1/8 scale is still entropy-decoded to its last byte, so truncation and damage
-            # still show, but most of the IDCT and colour conversion (needed only to re-encode) is skipped.
-            image.draft(None, (1, 1))
+class DecodeBudget:
+    """Bytes of decoded pixels all threads may hold at once; an image larger than the whole budget runs alone."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, amount: int) -> Iterator[None]:
+        amount = min(amount, self.limit)
+        with self._changed:
+            self._changed.wait_for(lambda: self.held + amount <= self.limit)
+            self.held += amount
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.held -= amount
+                self._changed.notify_all()
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    normalisation: Normalisation | None
+    max_pixels: int
+    budget: DecodeBudget
+
+
+class _Refused(Exception):
+    """An image that is quarantined, with the reason."""
+
+
+def _check_pixels(image: Image.Image, max_pixels: int) -> None:
+    if image.width * image.height > max_pixels:
+        raise _Refused(
+            f"{image.width}x{image.height} pixels ({image.width * image.height:,}), over the limit of "
+            f"{max_pixels:,} (max_image_pixels)"
+        )
+
+
+def _copy_exclusively(source: Path, destination: Path) -> None:
+    """Stream ``source`` to a new file: FileExistsError rather than overwrite what another image stored."""
+    with open(source, "rb") as reader, open(destination, "xb") as writer:
+        while chunk := reader.read(_CHUNK):
+            writer.write(chunk)
+
+
+def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tuple[int, int, str]:
+    """Write one checked image to ``destination``: width, height and mode of what was stored."""
+    with Image.open(file.path) as image:  # the header only: a huge or hostile file is refused before any read
+        _check_pixels(image, settings.max_pixels)
+        normalisation = settings.normalisation
+        if normalisation is not None:
+            with settings.budget.hold(image.width * image.height * _NORMALISING_BYTES_PER_PIXEL):
+                image.load()
+                fmt = image.format
+                result = ImageOps.exif_transpose(image).convert(normalisation.mode)
+                if normalisation.max_side and max(result.size) > normalisation.max_side:
+                    result.thumbnail((normalisation.max_side, normalisation.max_side), Image.Resampling.LANCZOS)
+                with open(destination, "xb") as writer:
+                    result.save(writer, format=fmt, **_SAVE_OPTIONS.get(fmt, {}))
+                return result.width, result.height, result.mode
+    # The copy is what gets decoded and hashed: those are the very bytes stored, whatever the source does.
+    _copy_exclusively(file.path, destination)
+    with Image.open(destination) as image:
+        _check_pixels(image, settings.max_pixels)
+        size, mode = image.size, image.mode
+        # A JPEG drafted to 1/8 scale is still entropy-decoded to its last byte, so truncation and damage
+        # still show, but most of the IDCT and colour conversion (needed only to re-encode) is skipped.
+        image.draft(None, (1, 1))
+        with settings.budget.hold(image.width * image.height * _BYTES_PER_PIXEL):
             image.load()
-            return data, width, height, mode
-        image.load()
-        fmt = image.format
-        result = ImageOps.exif_transpose(image).convert(normalisation.mode)
-    if normalisation.max_side and max(result.size) > normalisation.max_side:
-        result.thumbnail((normalisation.max_side, normalisation.max_side), Image.Resampling.LANCZOS)
-    encoded = io.BytesIO()
-    result.save(encoded, format=fmt, **_SAVE_OPTIONS.get(fmt, {}))
-    return encoded.getvalue(), result.width, result.height, result.mode
+    return *size, mode
 
 
-def store_image(
-    file: SourceFile, target: PurePosixPath, root: Path, normalisation: Normalisation | None
-) -> ImageRecord | QuarantinedFile:
+def store_image(file: SourceFile, target: PurePosixPath, root: Path, settings: StoreSettings) -> ImageRecord | QuarantinedFile:
     """Check one image and write it to ``root / target``: an ImageRecord, or why it was quarantined."""
-    data = file.path.read_bytes()  # once: decoding, hashing and writing all use these bytes
-    if not data:
-        return QuarantinedFile(path=file.relative.as_posix(), reason="empty file (0 bytes)")
-    try:
-        data, width, height, mode = decode(data, normalisation)
-    except Image.DecompressionBombError as error:
-        return QuarantinedFile(path=file.relative.as_posix(), reason=f"over Pillow's decompression-bomb guard: {error}")
-    except UnidentifiedImageError:
-        reason = "not an image: Pillow cannot identify the file's format"
-        return QuarantinedFile(path=file.relative.as_posix(), reason=reason)
-    except (OSError, SyntaxError, ValueError, EOFError) as error:
-        return QuarantinedFile(path=file.relative.as_posix(), reason=f"damaged or truncated image: {error}")
+    where = file.original.as_posix()
+    if file.path.stat().st_size == 0:
+        return QuarantinedFile(path=where, reason="empty file (0 bytes)")
     destination = root / target
     destination.parent.mkdir(parents=True, exist_ok=True)
-    destination.write_bytes(data)
-    return ImageRecord(
-        path=target.as_posix(),
-        label=file.label,
-        sha256=hashlib.sha256(data).hexdigest(),
-        size_bytes=len(data),
-        width=width,
-        height=height,
-        mode=mode,
-        source_path=file.relative.as_posix(),
-    )
+    try:
+        width, height, mode = _store(file, destination, settings)
+    except FileExistsError:
+        raise  # two images planned to one path: a bug to surface, never a file to overwrite or quarantine
+    except _Refused as refused:
+        reason = str(refused)
+    except Image.DecompressionBombError as error:
+        reason = f"over Pillow's decompression-bomb guard: {error}"
+    except UnidentifiedImageError:
+        reason = "not an image: Pillow cannot identify the file's format"
+    except (OSError, SyntaxError, ValueError, EOFError) as error:
+        reason = f"damaged or truncated image: {error}"
+    else:
+        return ImageRecord(
+            path=target.as_posix(),
+            label=file.label,
+            sha256=sha256_file(destination),
+            size_bytes=destination.stat().st_size,
+            width=width,
+            height=height,
+            mode=mode,
+            source_path=where,
+        )
+    destination.unlink(missing_ok=True)  # this call created it (exclusively), or nothing is there
+    return QuarantinedFile(path=where, reason=reason)
 
 
-def stored_path(file: SourceFile, folders: dict[str, str], by_class_folder: bool) -> PurePosixPath:
-    """Where a file goes: below its class's folder, every component made safe (``safe_name``)."""
-    parts = file.relative.parts[1:] if by_class_folder else file.relative.parts
-    prefix = (folders[file.label],) if file.label is not None else ()
-    return PurePosixPath(*prefix, *(safe_name(p) for p in parts))
+def stored_paths(files: list[SourceFile], folders: dict[str, str], by_class_folder: bool) -> tuple[list[PurePosixPath], list[str]]:
+    """Where each file goes: below its class's folder, every component made safe (``safe_name``).
+
+    Paths equal once made safe, or equal but for letter case or Unicode normalisation (``café`` spelt NFC
+    and NFD in two merged class folders), get ``~2``, ``~3`` before the extension: none overwrites another.
+    Also a warning per renamed file.
+    """
+    taken: set[str] = set()
+    paths, renamed = [], []
+    for file in files:
+        parts = file.relative.parts[1:] if by_class_folder else file.relative.parts
+        prefix = (folders[file.label],) if file.label is not None else ()
+        path, n = PurePosixPath(*prefix, *(safe_name(p) for p in parts)), 1
+        candidate = path
+        while candidate.as_posix().casefold() in taken:
+            n += 1
+            candidate = path.with_name(f"{path.stem}~{n}{path.suffix}")
+        if candidate != path:
+            renamed.append(f"{file.original.as_posix()!r} -> {candidate.as_posix()!r}")
+        taken.add(candidate.as_posix().casefold())
+        paths.append(candidate)
+    return paths, renamed
 
 
 def read_location(location: str) -> bytes:
@@ -111,6 +198,11 @@ def read_location(location: str) -> bytes:
 
 
 def _check_locations(source: Source, output: Path) -> None:
+    if output.exists() and not output.is_dir():
+        raise InvalidDatasetError(
+            f"output {output} is an existing file, not a folder: give a new or empty folder, or an ImageDirectory "
+            "to replace (the file is left as it is)"
+        )
     if not is_s3_uri(source.location) and (
         output.is_relative_to(source.path) or (source.path.is_dir() and source.path.is_relative_to(output))
     ):
@@ -127,22 +219,31 @@ def _previous(output: Path, conversion_hash: str) -> ImageDirectory | None:
     return previous if previous.manifest.conversion_hash == conversion_hash else None
 
 
+def _some(names: list[str], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 def convert_to_image_directory(
     source: str | os.PathLike[str],
     output: str | os.PathLike[str],
     *,
     labels: str | os.PathLike[str] | None = None,
     labeled: bool | None = None,
+    single_class: SingleClass = "labeled",
     normalisation: Normalisation | None = None,
     max_extracted_bytes: int = DEFAULT_MAX_EXTRACTED_BYTES,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    decode_memory_bytes: int = DEFAULT_DECODE_MEMORY_BYTES,
     threads: int | None = None,
 ) -> ImageDirectory:
     """Convert ``source`` (folder, archive or ``s3://`` prefix) into an ImageDirectory at ``output``.
 
     ``labels``: a labels file (path or ``s3://`` URI) for a flat folder. ``labeled``: None infers it;
-    False takes every image unlabeled (for scoring); True refuses a source without labels. A previous
-    ImageDirectory at ``output`` is reused when its ``conversion_hash`` matches, else replaced only once
-    the new one is complete.
+    False takes every image unlabeled (for scoring); True refuses a source without labels. ``single_class``
+    "unlabeled" reads a source holding one class folder as images to score when ``labeled`` is None.
+    Images over ``max_image_pixels`` are quarantined; the decoding threads hold at most
+    ``decode_memory_bytes`` of pixels at once. A previous ImageDirectory at ``output`` is reused when its
+    ``conversion_hash`` matches, else replaced only once the new one is complete.
     """
     origin = Source(os.fspath(source), max_extracted_bytes)
     output = Path(output).resolve()
@@ -155,25 +256,25 @@ def convert_to_image_directory(
         "source": origin.fingerprint(),
         "labels": hashlib.sha256(labels_data).hexdigest() if labels_data is not None else None,
         "labeled": labeled,
+        "single_class": single_class,
         "normalisation": normalisation.model_dump() if normalisation else None,
+        "max_image_pixels": max_image_pixels,
     }
     conversion_hash = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
     if (previous := _previous(output, conversion_hash)) is not None:
         return previous
     table = (read_labels_file(labels_data, labels), labels) if labels_data is not None else None
+    store = StoreSettings(normalisation, max_image_pixels, DecodeBudget(decode_memory_bytes))
     with origin.open() as opened, staged_directory(output) as staging:
-        plan, labels_source = plan_source(find_base_folder(opened.folder), labels=table, labeled=labeled)
+        plan, labels_source = plan_source(
+            opened.folder, list_folder(opened.folder), labels=table, labeled=labeled, single_class=single_class
+        )
         classes = sorted({f.label for f in plan.files if f.label is not None})
         folders = class_folders(classes)
-        by_class_folder = plan.labeled and labels_source is None
+        targets, renamed = stored_paths(plan.files, folders, by_class_folder=plan.labeled and labels_source is None)
         # Decoding, hashing and file I/O run in C and release the GIL: threads overlap them.
         with ThreadPoolExecutor(max_workers=threads or min(16, 2 * (os.cpu_count() or 1))) as pool:
-            results = list(
-                pool.map(
-                    lambda f: store_image(f, stored_path(f, folders, by_class_folder), staging, normalisation),
-                    plan.files,
-                )
-            )
+            results = list(pool.map(lambda f, t: store_image(f, t, staging, store), plan.files, targets))
         images = [r for r in results if isinstance(r, ImageRecord)]
         quarantined = opened.skipped + plan.refused + [r for r in results if isinstance(r, QuarantinedFile)]
         if not images:
@@ -184,10 +285,20 @@ def convert_to_image_directory(
         counts = Counter(r.label for r in images)
         kept = [c for c in classes if counts[c]]
         warnings = list(plan.warnings)
+        if renamed:
+            warnings.append(
+                f"{len(renamed)} files whose names collide once made safe (or differ only in letter case or Unicode "
+                f"normalisation) were stored under new names: {_some(renamed)}"
+            )
         if unreadable := [c for c in classes if not counts[c]]:
             warnings.append(f"classes whose every image was quarantined, left out: {', '.join(map(repr, unreadable))}")
         if plan.labeled and len(kept) == 1:
             warnings.append(f"only one class ({kept[0]!r}): training a classifier needs at least two")
+        if bombs := [repr(r.source_path) for r in images if r.width * r.height > Image.MAX_IMAGE_PIXELS]:
+            warnings.append(
+                f"Pillow's DecompressionBombWarning: {len(bombs)} stored images have more than Image.MAX_IMAGE_PIXELS "
+                f"({Image.MAX_IMAGE_PIXELS:,}) pixels, kept because max_image_pixels allows them: {_some(bombs)}"
+            )
         manifest = ImageDirectoryManifest(
             labeled=plan.labeled,
             classes=kept,
@@ -224,6 +335,8 @@ def convert(
     labeled: bool | None = None,
     normalisation: Normalisation | None = None,
     max_extracted_bytes: int = DEFAULT_MAX_EXTRACTED_BYTES,
+    single_class: SingleClass = "labeled",
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> str:
     """Convert ``source`` for ``role`` ('train', 'validation', 'score'); artifact ``<role>-images``.
 
@@ -235,8 +348,10 @@ def convert(
         output,
         labels=labels,
         labeled=labeled,
+        single_class=single_class,
         normalisation=normalisation,
         max_extracted_bytes=max_extracted_bytes,
+        max_image_pixels=max_image_pixels,
     )
     manifest, logger = image_dir.manifest, get_run_logger()
     rows = [

@@ -35,6 +35,7 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", "
 _UNSAFE_CHARACTERS = frozenset('<>:"/\\|?*%') | {chr(c) for c in range(32)} | {chr(127)}
 _RESERVED_NAMES = frozenset({"con", "prn", "aux", "nul"} | {f"{d}{i}" for d in ("com", "lpt") for i in range(1, 10)})
 _MAX_NAME_BYTES = 255
+_MAX_SUFFIX_BYTES = 16
 
 
 def safe_name(name: str) -> str:
@@ -56,8 +57,12 @@ def safe_name(name: str) -> str:
         chars[0] = f"%{ord(name[0]):02X}"
     safe = "".join(chars)
     if len(safe.encode()) > _MAX_NAME_BYTES:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-        safe = safe.encode()[: _MAX_NAME_BYTES - 40].decode(errors="ignore") + f"~{digest}"
+        # Cut the stem, never the extension (readers pick images by it); the digest keeps cut names distinct.
+        stem, suffix = os.path.splitext(safe)
+        if len(suffix.encode()) > _MAX_SUFFIX_BYTES:
+            stem, suffix = safe, ""
+        tail = f"~{hashlib.sha256(name.encode()).hexdigest()[:16]}{suffix}"
+        safe = stem.encode()[: _MAX_NAME_BYTES - len(tail.encode())].decode(errors="ignore") + tail
     return safe
 
 
@@ -83,7 +88,9 @@ class ImageRecord(BaseModel):
     width: int
     height: int
     mode: str = Field(description="Pillow mode of the stored file, e.g. 'L' or 'RGB'")
-    source_path: str | None = Field(None, description="path of the original file, relative to the source")
+    source_path: str | None = Field(
+        None, description="the user's name for the file: its path relative to the source, as it was spelt there"
+    )
 
 
 class QuarantinedFile(BaseModel):

@@ -3,32 +3,43 @@
 A base folder is labeled by class folders (``<base>/<class>/.../<image>``) or by a labels file: a CSV with
 ``image`` and ``label`` columns, or a JSON object ``{"<image>": "<label>"}``, naming images by their path
 below the base folder (or by file name, where that is unique). A ``labels.csv`` or ``labels.json`` at the
-top of the base folder is used without being asked for. The planning here only lists files; nothing is
-decoded or written.
+top of the base folder is used without being asked for. The planning here works on a ``FolderListing``
+(``tasks.sources.list_folder``); nothing is decoded or written.
+
+Hidden entries (a name starting with ".") are skipped and reported, except a hidden folder of images beside
+other class folders: that is a class (``.net``). Class folder names equal once Unicode-normalised (NFC and
+NFD spellings of ``café``) are one class, with a warning.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
-import os
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
 from tasks.image_directory import IMAGE_EXTENSIONS, QuarantinedFile
-from tasks.sources import visible
+from tasks.sources import FolderListing
 
 LABELS_FILE_NAMES = ("labels.csv", "labels.json")
 _SHOWN = 5  # names quoted in a message before "and N more"
+# What a source holding one class folder is: one labeled class (training), or images to score.
+SingleClass = Literal["labeled", "unlabeled"]
+# Byte-order marks that name their encoding; UTF-32's come first, as UTF-16 LE's is a prefix of UTF-32 LE's.
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # fmt: skip
 
 
 @dataclass(frozen=True)
 class SourceFile:
     path: Path  # where it is now
-    relative: PurePosixPath  # below the base folder
+    relative: PurePosixPath  # below the base folder: what a labels file names, and where it is stored
+    original: PurePosixPath  # below the source: the user's own name for the file
     label: str | None
 
 
@@ -49,37 +60,61 @@ def is_image_name(name: str) -> bool:
     return PurePosixPath(name).suffix.lower() in IMAGE_EXTENSIONS
 
 
-def list_files(base: Path) -> list[PurePosixPath]:
-    """Visible files below ``base`` (any depth), relative to it, sorted."""
-    found = []
-    for current, dirs, files in os.walk(base):
-        dirs[:] = [d for d in dirs if visible(PurePosixPath(d))]
-        for name in files:
-            relative = PurePosixPath(Path(current, name).relative_to(base).as_posix())
-            if visible(relative) and Path(current, name).is_file():
-                found.append(relative)
-    return sorted(found)
+def _hidden_parts(relative: PurePosixPath) -> list[int]:
+    return [i for i, part in enumerate(relative.parts) if part.startswith(".")]
 
 
-def find_base_folder(root: Path) -> Path:
+def find_base_folder(listing: FolderListing, single_class: SingleClass = "labeled") -> PurePosixPath:
     """Descend through folders that only wrap one folder (``export/photos/<class>/...``).
 
-    A folder stops the descent when it holds files (images or a labels file), or when its only sub-folder
-    holds images itself: then that sub-folder is a class (a one-class data set), not a wrapper.
+    Only images and labels files count as content: a README or LICENSE beside a wrapper does not stop the
+    descent (``plan_source`` reports it). A folder stops the descent when it holds content or other than one
+    visible folder, or when its only folder holds images itself: that folder is a class (a one-class data
+    set) — unless ``single_class`` is "unlabeled", where it is a folder of images to score.
     """
+    base = PurePosixPath()
     while True:
-        entries = [p for p in root.iterdir() if visible(PurePosixPath(p.name))]
-        folders = [p for p in entries if p.is_dir()]
-        if len(folders) != 1 or any(p.is_file() for p in entries):
-            return root
-        if any(p.is_file() and is_image_name(p.name) and visible(PurePosixPath(p.name)) for p in folders[0].iterdir()):
-            return root
-        root = folders[0]
+        here = [f for f in listing.files if f.parent == base]
+        folders = [d for d in listing.folders if d.parent == base and not d.name.startswith(".")]
+        if any(is_image_name(f.name) or f.name in LABELS_FILE_NAMES for f in here) or len(folders) != 1:
+            return base
+        if single_class == "labeled" and any(f.parent == folders[0] and is_image_name(f.name) for f in listing.files):
+            return base
+        base = folders[0]
+
+
+def decode_labels_file(data: bytes, name: str) -> str:
+    """UTF-8, or the encoding a byte-order mark names (UTF-16, UTF-32), else Windows-1252 (Excel's CSV)."""
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            try:
+                return data.decode(encoding)
+            except UnicodeDecodeError as error:
+                raise InvalidDatasetError(
+                    f"labels file {name} starts with a {encoding} byte-order mark but is not valid {encoding} "
+                    f"({error.reason} at byte {error.start}): save it again as UTF-8"
+                ) from error
+    if b"\0" in data:
+        raise InvalidDatasetError(
+            f"labels file {name} holds NUL bytes: UTF-16 without a byte-order mark, or not text at all. "
+            "Accepted: UTF-8, UTF-16 or UTF-32 with a byte-order mark, Windows-1252; save it as UTF-8"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    try:
+        return data.decode("cp1252")
+    except UnicodeDecodeError as error:
+        raise InvalidDatasetError(
+            f"labels file {name} is neither UTF-8 nor Windows-1252 (byte {data[error.start]:#04x} at offset "
+            f"{error.start}); accepted: UTF-8, UTF-16 or UTF-32 with a byte-order mark, Windows-1252"
+        ) from error
 
 
 def read_labels_file(data: bytes, name: str) -> dict[str, str]:
     """Image name -> label from a CSV (``image``, ``label`` columns) or a JSON object."""
-    text = data.decode("utf-8-sig")
+    text = decode_labels_file(data, name)
     pairs: list[tuple[str, str]] = []
     if name.lower().endswith(".json"):
         try:
@@ -109,90 +144,158 @@ def read_labels_file(data: bytes, name: str) -> dict[str, str]:
     return labels
 
 
-def _plan_class_folders(base: Path, images: list[PurePosixPath]) -> Plan:
+def _source_file(root: Path, base: PurePosixPath, relative: PurePosixPath, label: str | None) -> SourceFile:
+    return SourceFile(root / base / relative, relative, base / relative, label)
+
+
+def _quarantine(base: PurePosixPath, relative: PurePosixPath, reason: str) -> QuarantinedFile:
+    return QuarantinedFile(path=(base / relative).as_posix(), reason=reason)
+
+
+def _plan_class_folders(
+    root: Path, base: PurePosixPath, images: list[PurePosixPath], folders: list[str]
+) -> Plan:
     plan = Plan(labeled=True, files=[])
+    spellings: dict[str, set[str]] = {}
     for relative in images:
         if len(relative.parts) == 1:
-            plan.refused.append(QuarantinedFile(path=relative.as_posix(), reason="image outside any class folder"))
+            plan.refused.append(_quarantine(base, relative, "image outside any class folder"))
         else:
             label = unicodedata.normalize("NFC", relative.parts[0])
-            plan.files.append(SourceFile(base / relative, relative, label))
-    with_images = {i.parts[0] for i in images if len(i.parts) > 1}
-    empty = sorted(
-        p.name for p in base.iterdir() if p.is_dir() and visible(PurePosixPath(p.name)) and p.name not in with_images
-    )
+            spellings.setdefault(label, set()).add(relative.parts[0])
+            plan.files.append(_source_file(root, base, relative, label))
+    empty = sorted(name for name in folders if name not in {i.parts[0] for i in images if len(i.parts) > 1})
     if empty:
         plan.warnings.append(f"class folders without images, left out: {_some(empty)}")
+    for label, names in sorted(spellings.items()):
+        if len(names) > 1:
+            plan.warnings.append(
+                f"class folders {' and '.join(ascii(n) for n in sorted(names))} differ only in Unicode "
+                f"normalisation (NFC/NFD): merged into one class {label!r}"
+            )
     return plan
 
 
-def _plan_labels_file(base: Path, images: list[PurePosixPath], labels: dict[str, str], name: str) -> Plan:
+def _plan_labels_file(
+    root: Path, base: PurePosixPath, images: list[PurePosixPath], labels: dict[str, str], name: str
+) -> Plan:
     by_name: dict[str, list[PurePosixPath]] = {}
     for relative in images:
         by_name.setdefault(relative.name, []).append(relative)
-    plan, named = Plan(labeled=True, files=[]), set()
+    plan, named, unnamed = Plan(labeled=True, files=[]), set(), []
     for relative in images:
         if relative.as_posix() in labels:
             key = relative.as_posix()
         elif relative.name in labels and len(by_name[relative.name]) == 1:
             key = relative.name
         else:
-            plan.refused.append(
-                QuarantinedFile(path=relative.as_posix(), reason=f"not named in the labels file {name}")
-            )
+            plan.refused.append(_quarantine(base, relative, f"not named in the labels file {name}"))
+            unnamed.append(relative.as_posix())
             continue
         named.add(key)
         if not labels[key]:
-            plan.refused.append(QuarantinedFile(path=relative.as_posix(), reason=f"empty label in {name}"))
+            plan.refused.append(_quarantine(base, relative, f"empty label in {name}"))
         else:
-            plan.files.append(SourceFile(base / relative, relative, unicodedata.normalize("NFC", labels[key])))
+            plan.files.append(_source_file(root, base, relative, unicodedata.normalize("NFC", labels[key])))
     missing = sorted(set(labels) - named)
     if missing and len(missing) == len(labels):
         raise InvalidDatasetError(
-            f"none of the {len(labels)} images named in the labels file {name} was found below {base.name or base} "
-            f"(e.g. {_some(missing)}); names are paths below the folder that holds the images, e.g. 'cat_1.jpg'"
+            f"none of the {len(labels)} images named in the labels file {name} was found below "
+            f"{(root / base).name or root / base} (e.g. {_some(missing)}); names are paths below the folder "
+            "that holds the images, e.g. 'cat_1.jpg'"
         )
     if missing:
         plan.warnings.append(f"{len(missing)} images named in {name} are missing: {_some(missing)}")
-    unnamed = [q.path for q in plan.refused if q.reason.startswith("not named")]
     if unnamed:
         plan.warnings.append(f"{len(unnamed)} images are not in {name} and were left out: {_some(unnamed)}")
     return plan
 
 
+def _skipped_hidden(base: PurePosixPath, files: list[PurePosixPath]) -> list[QuarantinedFile]:
+    """One entry per hidden file, or per hidden folder with the count of files it holds."""
+    entries: dict[PurePosixPath, int] = {}
+    for relative in files:
+        entry = PurePosixPath(*relative.parts[: _hidden_parts(relative)[0] + 1])
+        entries[entry] = entries.get(entry, 0) + 1
+    hidden_files = set(files)
+    return [
+        _quarantine(base, entry, "hidden file (its name starts with '.'): skipped")
+        if entry in hidden_files
+        else _quarantine(
+            base, entry, f"hidden folder (its name starts with '.'), skipped with the {count} files in it: a hidden "
+            "folder is read only as a class folder of images beside other class folders",
+        )  # fmt: skip
+        for entry, count in sorted(entries.items())
+    ]
+
+
 def plan_source(
-    base: Path, *, labels: tuple[dict[str, str], str] | None = None, labeled: bool | None = None
+    root: Path,
+    listing: FolderListing,
+    *,
+    labels: tuple[dict[str, str], str] | None = None,
+    labeled: bool | None = None,
+    single_class: SingleClass = "labeled",
 ) -> tuple[Plan, str | None]:
-    """The files to convert below ``base`` and how they are labeled; also the labels file used, if any.
+    """The files of ``listing`` (below ``root``) to convert and how they are labeled; also the labels file used.
 
     ``labels`` is a labels table read from a file given by the user, with its name. ``labeled`` False
-    takes every image unlabeled (for scoring); True requires labels.
+    takes every image unlabeled (for scoring); True requires labels. With ``labeled`` None, a source holding
+    a single class folder is one labeled class, or, with ``single_class`` "unlabeled", images to score.
     """
-    files = list_files(base)
+    scoring = labeled is False or (labeled is None and single_class == "unlabeled")
+    base = find_base_folder(listing, "unlabeled" if scoring else "labeled")
+    files = [f.relative_to(base) for f in listing.files if f.is_relative_to(base)]
+    visible_files = [f for f in files if not _hidden_parts(f)]
     labels_source = None
     if labels is None and labeled is not False:
-        found = [n for n in LABELS_FILE_NAMES if PurePosixPath(n) in files]
+        found = [n for n in LABELS_FILE_NAMES if PurePosixPath(n) in visible_files]
         if found:
-            labels = (read_labels_file((base / found[0]).read_bytes(), found[0]), found[0])
+            labels = (read_labels_file((root / base / found[0]).read_bytes(), found[0]), found[0])
             labels_source = found[0]
-    images = [f for f in files if is_image_name(f.name)]
-    has_class_folders = any(len(i.parts) > 1 for i in images)
-    if labeled is False or (labels is None and not has_class_folders):
-        if labeled is True:
-            raise NotLabeledDatasetError(
-                f"{base} holds images but neither class folders nor a labels file: put each class's images in "
-                f"a folder named after the class, or add a labels.csv with 'image' and 'label' columns"
-            )
-        plan = Plan(labeled=False, files=[SourceFile(base / i, i, None) for i in images])
+    images = [f for f in visible_files if is_image_name(f.name)]
+    class_names = {unicodedata.normalize("NFC", i.parts[0]) for i in images if len(i.parts) > 1}
+    by_class_folder = labeled is not False and labels is None and len(class_names) > (1 if scoring else 0)
+    readable = visible_files
+    if by_class_folder:  # a hidden folder of images beside other class folders is a class too (".net")
+        hidden_classes = {f.parts[0] for f in files if _hidden_parts(f) == [0] and len(f.parts) > 1 and is_image_name(f.name)}
+        readable = [f for f in files if not _hidden_parts(f) or f.parts[0] in hidden_classes and _hidden_parts(f) == [0]]
+        images = [f for f in readable if is_image_name(f.name)]
+    if by_class_folder:
+        folders = [d.name for d in listing.folders if d.parent == base and not d.name.startswith(".")]
+        plan = _plan_class_folders(root, base, images, folders)
     elif labels is not None:
-        plan = _plan_labels_file(base, images, *labels)
+        plan = _plan_labels_file(root, base, images, *labels)
         labels_source = labels_source or labels[1]
+    elif labeled is True:
+        raise NotLabeledDatasetError(
+            f"{root / base} holds images but neither class folders nor a labels file: put each class's images in "
+            f"a folder named after the class, or add a labels.csv with 'image' and 'label' columns"
+        )
     else:
-        plan = _plan_class_folders(base, images)
+        plan = Plan(labeled=False, files=[_source_file(root, base, i, None) for i in images])
     accepted = ", ".join(sorted(IMAGE_EXTENSIONS))
     plan.refused += [
-        QuarantinedFile(path=f.as_posix(), reason=f"not an image type this stage reads ({accepted})")
-        for f in files
+        _quarantine(base, f, f"not an image type this stage reads ({accepted})")
+        for f in readable
         if not is_image_name(f.name) and f.as_posix() != labels_source
     ]
+    readable_set = set(readable)
+    hidden = _skipped_hidden(base, [f for f in files if f not in readable_set])
+    stray = [f for f in listing.files if not f.is_relative_to(base)]
+    plan.refused += hidden + listing.skipped + [
+        QuarantinedFile(path=f.as_posix(), reason=f"beside the wrapper folders above {base.as_posix()!r}, "
+                        "the folder the images are read from: ignored")  # fmt: skip
+        for f in stray
+    ]
+    if stray:
+        plan.warnings.append(
+            f"{len(stray)} files beside the wrapper folders above {base.as_posix()!r} were ignored: "
+            f"{_some([f.as_posix() for f in stray])}"
+        )
+    if skipped := [q.path for q in hidden + listing.skipped]:
+        plan.warnings.append(
+            f"{len(skipped)} hidden entries, links or special files were skipped (reasons in the quarantined list): "
+            f"{_some(skipped)}"
+        )
     return plan, labels_source

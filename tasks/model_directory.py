@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -172,6 +172,30 @@ class ModelDirectory:
     @property
     def weights_path(self) -> Path:
         return self.root / WEIGHTS_FILE
+
+    def load_weights_into(self, model: Any) -> None:
+        """Load ``model.pt`` into ``model`` (a torch module); a file that is not its state dict raises
+        InvalidModelDirectoryError. Only ``weights_only`` loading: unpickling anything else can run code."""
+        import pickle
+
+        import torch  # here, not above: the registry and the launcher import this module without torch
+
+        try:
+            state = torch.load(self.weights_path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError, ImportError) as error:
+            raise InvalidModelDirectoryError(
+                f"{self.weights_path} cannot be read as a PyTorch state dict ({type(error).__name__}): {WEIGHTS_FILE} "
+                "must be the file training writes (torch.save of model.state_dict()). Only tensors are loaded "
+                "(torch.load with weights_only=True): a file holding other Python objects is refused, as "
+                "unpickling it could run any code"
+            ) from None
+        try:
+            model.load_state_dict(state)
+        except (RuntimeError, TypeError, AttributeError) as error:
+            raise InvalidModelDirectoryError(
+                f"{self.weights_path} does not fit a {self.spec.architecture} with {self.spec.num_classes} classes "
+                f"(as {SPEC_FILE} says): {str(error).splitlines()[0]}"
+            ) from None
 
     def metrics(self) -> TrainingMetrics:
         return _read_json_model(self.root / METRICS_FILE, TrainingMetrics, "trained model directory")

@@ -76,7 +76,8 @@ def score_images(
     batches = [predict(batch) for batch, _ in DataLoader(dataset, batch_size=batch_size, pin_memory=pin)]
     probabilities = np.concatenate(batches) if batches else np.empty((0, len(model_dir.classes)), dtype=np.float32)
 
-    table = pd.DataFrame({IMAGE_COLUMN: [record.path for record in images.manifest.images]})
+    # The user's own name for each image, not the name it was stored under (escaped, renamed on collision).
+    table = pd.DataFrame({IMAGE_COLUMN: [record.source_path or record.path for record in images.manifest.images]})
     table[SCORED_LABELS] = [model_dir.classes[i] for i in probabilities.argmax(axis=1)]
     for index, name in enumerate(model_dir.classes):
         table[probability_column(name)] = probabilities[:, index]

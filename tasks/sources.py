@@ -4,12 +4,18 @@ Each source gives a content fingerprint (cheap where the store already knows one
 a local folder to read: a folder is read in place; archives (unpacked by ``tasks.archives``) and S3
 objects go to a temporary folder that is removed afterwards. More declared bytes than
 ``max_extracted_bytes`` are refused with ``InvalidDatasetError`` before anything is written.
+
+An opened folder is walked once (``list_folder``): links are followed only where they resolve inside the
+folder; links leading out of it, broken links, link loops and anything that is not a regular file or folder
+(FIFOs, sockets, devices) are skipped, each reported with the reason.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +37,76 @@ _DOWNLOAD_THREADS = 8
 def visible(relative: PurePosixPath) -> bool:
     """False for hidden files and the litter of macOS and Windows, at any depth."""
     return not any(part.startswith(".") or part in IGNORED_NAMES for part in relative.parts)
+
+
+def litter(name: str) -> bool:
+    """Files that operating systems leave behind (and a manifest of an ImageDirectory given as a source)."""
+    return name in IGNORED_NAMES or name.startswith("._")  # "._x": macOS AppleDouble metadata of x
+
+
+@dataclass
+class FolderListing:
+    """Everything below a folder, relative to it: what can be read, and what was skipped with the reason."""
+
+    files: list[PurePosixPath] = field(default_factory=list)
+    folders: list[PurePosixPath] = field(default_factory=list)
+    skipped: list[QuarantinedFile] = field(default_factory=list)
+
+
+_SPECIAL_KINDS = {stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device",
+                  stat.S_ISBLK: "a block device"}  # fmt: skip
+
+
+def _link_problem(path: Path, root: Path) -> str | None:
+    target = os.readlink(path)
+    try:
+        resolved = path.resolve(strict=True)
+    except (OSError, RuntimeError):  # RuntimeError: a link loop (Python < 3.13)
+        return f"broken link to {target!r}: its target does not exist"
+    if not resolved.is_relative_to(root):
+        return f"link to {target!r}, outside the source: links are followed only where they stay inside it"
+    return None
+
+
+def list_folder(root: Path) -> FolderListing:
+    """Walk ``root`` once, following links that stay inside it; litter is left out without a word."""
+    root = root.resolve()
+    listing = FolderListing()
+
+    def skip(relative: PurePosixPath, reason: str) -> None:
+        listing.skipped.append(QuarantinedFile(path=relative.as_posix(), reason=reason))
+
+    def visit(folder: Path, relative: PurePosixPath, chain: frozenset[Path]) -> None:
+        with os.scandir(folder) as scan:
+            entries = sorted(scan, key=lambda e: e.name)
+        for entry in entries:
+            path, here = Path(entry.path), relative / entry.name
+            if litter(entry.name):
+                continue
+            if entry.is_symlink() and (problem := _link_problem(path, root)):
+                skip(here, problem)
+                continue
+            try:
+                mode = path.stat().st_mode
+            except OSError as error:
+                skip(here, f"cannot be read: {error.strerror}")
+                continue
+            if stat.S_ISDIR(mode):
+                real = path.resolve()
+                if real in chain:  # a link back to a folder that holds it
+                    skip(here, f"link to {os.readlink(path)!r}, a folder that holds it: following it would loop")
+                    continue
+                listing.folders.append(here)
+                visit(path, here, chain | {real})
+            elif stat.S_ISREG(mode):
+                listing.files.append(here)
+            else:
+                kind = next((k for test, k in _SPECIAL_KINDS.items() if test(mode)), "not a regular file")
+                skip(here, f"{kind}, not a regular file: only files, folders and links to them are read")
+
+    visit(root, PurePosixPath(), frozenset({root}))
+    listing.files.sort()
+    return listing
 
 
 @dataclass
@@ -135,6 +211,8 @@ class Source:
             self.path = Path(location).resolve()
             if not self.path.exists():
                 raise InvalidDatasetError(f"source {self.path} does not exist")
+            if not (self.path.is_dir() or self.path.is_file()):
+                raise InvalidDatasetError(f"source {self.path} is neither a folder nor a regular file (an archive)")
             self.location = str(self.path)
 
     def _objects(self) -> S3Listing:
@@ -156,11 +234,7 @@ class Source:
             ])  # fmt: skip
         if self.path.is_file():
             return sha256_file(self.path)
-        files = sorted(
-            p.relative_to(self.path).as_posix()
-            for p in self.path.rglob("*")
-            if visible(PurePosixPath(p.relative_to(self.path).as_posix())) and p.is_file()
-        )
+        files = [f.as_posix() for f in list_folder(self.path).files]
         # Hashing runs in C and releases the GIL, so threads overlap it with reading.
         with ThreadPoolExecutor(max_workers=4) as pool:
             hashes = pool.map(lambda name: sha256_file(self.path / name), files)

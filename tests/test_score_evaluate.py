@@ -31,6 +31,39 @@ def test_unlabeled_images_score_without_label_column(trained_model, tmp_path):
         evaluate_scores(table)
 
 
+def test_scores_name_images_as_the_user_did_not_as_stored(trained_model, tmp_path):
+    names = ["a:b.png", "photo?.png", "x" * 10 + ":" * 80 + ".png"]
+    for i, name in enumerate(names):
+        write_image(tmp_path / "flat" / "wrapper" / name, COLOURS["green"], seed=i)
+    images = convert_to_image_directory(tmp_path / "flat", tmp_path / "out", single_class="unlabeled")
+    assert "a%3Ab.png" in {r.path for r in images.manifest.images}
+    table = score_images(ModelDirectory(trained_model), images)
+    assert sorted(table["image"]) == sorted(f"wrapper/{name}" for name in names)
+
+
+def test_an_unloadable_model_pt_is_an_invalid_model_directory(trained_model, tmp_path):
+    import pickle
+    import shutil
+
+    import torch
+
+    from tasks.errors import InvalidModelDirectoryError
+
+    broken = ModelDirectory(shutil.copytree(trained_model, tmp_path / "model"))
+    images = convert_to_image_directory(write_class_folders(tmp_path / "src", 1), tmp_path / "out")
+    broken.weights_path.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(InvalidModelDirectoryError, match="model.pt cannot be read as a PyTorch state dict") as error:
+        score_images(broken, images)
+    assert str(broken.weights_path) in str(error.value) and "weights_only=False" not in str(error.value)
+
+    broken.weights_path.write_bytes(pickle.dumps(pd.DataFrame(), protocol=2))  # loads only with weights_only=False
+    with pytest.raises(InvalidModelDirectoryError, match="UnpicklingError"):
+        score_images(broken, images)
+    torch.save({"fc.weight": torch.zeros(2, 2)}, broken.weights_path)
+    with pytest.raises(InvalidModelDirectoryError, match="does not fit a resnet18 with 3 classes"):
+        score_images(broken, images)
+
+
 def test_images_with_classes_the_model_never_saw_are_refused(trained_model, tmp_path):
     write_class_folders(tmp_path / "src", 2, classes=("red",))
     write_image(tmp_path / "src" / "purple" / "p.png", (150, 0, 150))

@@ -83,3 +83,15 @@ def test_unlabeled_zip_through_onnx_by_version_and_a_folder_by_model_path(prefec
     assert rows == [{"figure": "accuracy", f"{NAME}/1 (left)": 0.8, f"{NAME}/1 (right)": 0.8, "difference": 0.0}]
     rows, keys = run(compare_models, f"{NAME}/1", f"{NAME}/2", registry=registry)
     assert rows[0]["difference"] == pytest.approx(0.1) and "model-comparison" in keys
+
+
+def test_a_zip_of_one_folder_is_scored_unlabeled_under_the_users_names(prefect_server, trained_model, tmp_path):
+    archive = tmp_path / "photos.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:
+        for i, colour in enumerate(sorted(COLOURS)):
+            bundle.write(write_image(tmp_path / "loose" / f"{i}.png", COLOURS[colour], seed=60 + i), f"red/{i}:{colour}.png")
+    result, keys = run(score_pipeline, str(archive), str(trained_model), work_dir=str(tmp_path / "runs"))
+
+    table = pd.read_csv(result.scores, dtype={"image": str})
+    assert result.evaluation is None and "label" not in table.columns and "evaluation" not in keys
+    assert sorted(table["image"]) == ["red/0:blue.png", "red/1:green.png", "red/2:red.png"]

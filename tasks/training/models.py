@@ -83,5 +83,5 @@ def load_trained_model(model_dir: ModelDirectory, device: torch.device | str = "
     """The trained network of a ModelDirectory, in eval mode."""
     spec = model_dir.spec.model_copy(update={"pretrained": False})
     model = build_model(spec, spec.num_classes)
-    model.load_state_dict(torch.load(model_dir.weights_path, map_location="cpu", weights_only=True))
+    model_dir.load_weights_into(model)
     return model.to(device).eval()
