@@ -49,6 +49,18 @@ def colour_source(tmp_path: Path) -> Path:
     return write_class_folders(tmp_path / "source", per_class=6)
 
 
+@pytest.fixture
+def scratch(tmp_path, monkeypatch) -> Path:
+    """Temporary folders (archive extraction, downloads) inside tmp_path, so that anything written outside
+    them is seen by the test."""
+    import tempfile
+
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def colour_image_dirs(tmp_path_factory) -> tuple[Path, Path]:
     """Converted (train, validation) ImageDirectories of the colour classes."""

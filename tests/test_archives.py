@@ -7,7 +7,6 @@ import lzma
 import os
 import struct
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -16,15 +15,6 @@ import pytest
 from tasks import InvalidDatasetError, convert_to_image_directory
 from tasks.fileio import sha256_file
 from tests.conftest import write_image
-
-
-@pytest.fixture
-def scratch(tmp_path, monkeypatch) -> Path:
-    """Temporary extraction inside tmp_path, so that anything written beside it is seen by the test."""
-    folder = tmp_path / "scratch"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
 
 
 @pytest.fixture

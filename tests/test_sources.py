@@ -6,7 +6,6 @@ import io
 import os
 import stat
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -16,15 +15,6 @@ from tasks import InvalidDatasetError, convert_to_image_directory
 from tasks.storage import s3_client
 from tests.conftest import COLOURS, write_class_folders
 from tests.faulty_proxy import FaultyProxy
-
-
-@pytest.fixture
-def scratch(tmp_path, monkeypatch) -> Path:
-    """Temporary extraction inside tmp_path, so that a member escaping it would be seen by the test."""
-    folder = tmp_path / "scratch"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
 
 
 def tar_bytes(source: Path, wrapper: str, mode: str = "w") -> bytes:
