@@ -6,7 +6,8 @@
         ...
 
 Every process started here is stopped on exit. ``stack.env`` is the environment that points a
-client (CLI, worker, flow run) at this server.
+client (CLI, worker, flow run) at this server; ``settings`` adds Prefect settings to it (and so to the
+server), e.g. ``{"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1"}``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ def free_port() -> int:
 class PrefectStack:
     """A ``prefect server start`` on a free loopback port, plus any workers started through it."""
 
-    def __init__(self, home: str | os.PathLike[str], database_url: str | None = None, port: int | None = None):
+    def __init__(
+        self,
+        home: str | os.PathLike[str],
+        database_url: str | None = None,
+        port: int | None = None,
+        settings: dict[str, str] | None = None,
+    ):
         self.home = Path(home)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -45,6 +52,7 @@ class PrefectStack:
             # Workers poll every second, so a triggered run starts at once.
             "PREFECT_WORKER_QUERY_SECONDS": "1",
             "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+            **(settings or {}),
         }
         if database_url:
             self.env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
@@ -52,12 +60,15 @@ class PrefectStack:
         self.logs = self.home / "logs"
 
     def _spawn(self, name: str, *args: str) -> subprocess.Popen:
+        return self.spawn(name, sys.executable, "-m", "prefect", *args)
+
+    def spawn(self, name: str, *command: str) -> subprocess.Popen:
+        """Start ``command`` in the project root with this stack's environment; output to ``logs/<name>.log``."""
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.log", "ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", "prefect", *args], env=self.env, cwd=PROJECT_ROOT,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            command, env=self.env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.close()
         self.processes.append(process)
         return process
@@ -88,6 +99,13 @@ class PrefectStack:
     def start_worker(self, pool: str, name: str | None = None) -> subprocess.Popen:
         name = name or f"{pool}-worker-{len(self.processes)}"
         return self._spawn(name, "worker", "start", "--pool", pool, "--name", name)
+
+    def make(self, name: str, target: str, **variables: str) -> subprocess.Popen:
+        """Start ``make <target>`` of the project's Makefile against this server, with this interpreter's
+        environment taken as installed (``make -o``), so nothing is installed."""
+        venv = Path(sys.prefix)
+        assignments = [f"{k}={v}" for k, v in {"VENV": str(venv), **variables}.items()]
+        return self.spawn(name, "make", "--no-print-directory", "-o", str(venv / ".installed"), target, *assignments)
 
     def log_text(self) -> str:
         return "".join(p.read_text(errors="replace") for p in sorted(self.logs.glob("*.log")))
