@@ -60,7 +60,10 @@ data: $(VENV)/.installed
 	$(BIN)/python -m tasks.datasets data/digits
 
 # The UI asks its API at PREFECT_UI_API_URL; left to Prefect it is 127.0.0.1:4200 whatever the port.
+# Streamed logs let `prefect deployment run --watch` show a run's logs, down to its final state's message.
 server: export PREFECT_UI_API_URL ?= $(PREFECT_SERVER_URL)
+server: export PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED ?= true
+server: export PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED ?= true
 server: $(VENV)/.installed
 	$(BIN)/prefect server start --host $(HOST) --port $(PORT)
 
