@@ -9,11 +9,18 @@ RUN_ARGS ?= --processes-per-node 2
 
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-# The Prefect server the long-running commands talk to (make server starts it here).
-PREFECT_SERVER_URL ?= http://127.0.0.1:4200/api
+# Where `make server` listens (HOST=0.0.0.0 for every address), and the URL that clients, workers and the
+# browser's UI use to reach it: HOST, or this machine's name when HOST is 0.0.0.0.
+HOST ?= 127.0.0.1
+PORT ?= 4200
+SERVER_ADDRESS ?= $(if $(filter 0.0.0.0,$(HOST)),$(shell hostname -f),$(HOST))
+PREFECT_SERVER_URL ?= http://$(SERVER_ADDRESS):$(PORT)/api
 POOL ?= gpu
+# Flow runs one worker runs at once: one training per GPU host unless told otherwise.
+WORKER_LIMIT ?= 1
+WORKER_NAME ?= $(POOL)-$(shell hostname)
 
-.PHONY: run test browser bench data server worker deploy serve clean
+.PHONY: run test browser bench data server worker deploy serve clean torch-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +29,17 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(MAKE) --no-print-directory torch-check VENV=$(VENV)
 	touch $@
+
+# A torchvision built for another torch imports with "operator torchvision::nms does not exist"; say so
+# here rather than in the middle of a training run.
+torch-check:
+	@err=$$($(BIN)/python -c "import torch, torchvision; torchvision.ops.nms(torch.zeros(1, 4), torch.ones(1), 0.5)" 2>&1) || { \
+		echo "torch and torchvision in $(VENV) do not work together: $$(echo "$$err" | tail -n 1)" >&2; \
+		echo "Installed: $$($(BIN)/python -m pip list 2>/dev/null | grep -E '^torch(vision)? ' | tr -s ' ' | paste -sd ',')" >&2; \
+		echo "Install a matching pair from one index, e.g. $(BIN)/python -m pip install --force-reinstall torch torchvision" >&2; \
+		exit 1; }
 
 run: $(VENV)/.installed
 	$(BIN)/python -m flows.pipeline $(RUN_ARGS)
@@ -42,21 +59,27 @@ bench: $(VENV)/.installed
 data: $(VENV)/.installed
 	$(BIN)/python -m tasks.datasets data/digits
 
+# The UI asks its API at PREFECT_UI_API_URL; left to Prefect it is 127.0.0.1:4200 whatever the port.
+# Streamed logs let `prefect deployment run --watch` show a run's logs, down to its final state's message.
+server: export PREFECT_UI_API_URL ?= $(PREFECT_SERVER_URL)
+server: export PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED ?= true
+server: export PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED ?= true
 server: $(VENV)/.installed
-	$(BIN)/prefect server start --host 127.0.0.1 --port 4200
+	$(BIN)/prefect server start --host $(HOST) --port $(PORT)
 
-# One worker per GPU host; creates the process work pool on first use.
+# One worker per GPU host, named after it, taking WORKER_LIMIT runs at a time; creates the pool on first use.
 worker: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
 worker: $(VENV)/.installed
 	$(BIN)/prefect work-pool inspect $(POOL) >/dev/null 2>&1 || $(BIN)/prefect work-pool create $(POOL) --type process
-	$(BIN)/prefect worker start --pool $(POOL)
+	$(BIN)/prefect worker start --pool $(POOL) --name $(WORKER_NAME) --limit $(WORKER_LIMIT)
 
+# Keeps each schedule switched on or off as it is on the server (deployments/deploy.py).
 deploy: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
 deploy: $(VENV)/.installed
 	for pool in gpu default; do \
 		$(BIN)/prefect work-pool inspect $$pool >/dev/null 2>&1 || $(BIN)/prefect work-pool create $$pool --type process; \
 	done
-	$(BIN)/prefect --no-prompt deploy --prefect-file deployments/prefect.yaml --all
+	$(BIN)/python -m deployments.deploy
 
 # Single-process alternative to worker + deploy (flow.serve).
 serve: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)

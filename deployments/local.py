@@ -6,7 +6,10 @@
         ...
 
 Every process started here is stopped on exit. ``stack.env`` is the environment that points a
-client (CLI, worker, flow run) at this server.
+client (CLI, worker, flow run) at this server; ``settings`` adds Prefect settings to it (and so to the
+server), e.g. ``{"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1"}``. With ``make_server`` the server
+is the project's ``make server`` (its settings, and none of the client's), and ``stack.make`` runs the
+Makefile's other commands against it.
 """
 
 from __future__ import annotations
@@ -30,10 +33,18 @@ def free_port() -> int:
 
 
 class PrefectStack:
-    """A ``prefect server start`` on a free loopback port, plus any workers started through it."""
+    """A ``prefect server start`` (or ``make server``) on a free loopback port, plus what is started through it."""
 
-    def __init__(self, home: str | os.PathLike[str], database_url: str | None = None, port: int | None = None):
+    def __init__(
+        self,
+        home: str | os.PathLike[str],
+        database_url: str | None = None,
+        port: int | None = None,
+        settings: dict[str, str] | None = None,
+        make_server: bool = False,
+    ):
         self.home = Path(home)
+        self.make_server = make_server
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_url = f"{self.url}/api"
@@ -45,6 +56,7 @@ class PrefectStack:
             # Workers poll every second, so a triggered run starts at once.
             "PREFECT_WORKER_QUERY_SECONDS": "1",
             "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+            **(settings or {}),
         }
         if database_url:
             self.env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
@@ -52,18 +64,26 @@ class PrefectStack:
         self.logs = self.home / "logs"
 
     def _spawn(self, name: str, *args: str) -> subprocess.Popen:
+        return self.spawn(name, sys.executable, "-m", "prefect", *args)
+
+    def spawn(self, name: str, *command: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start ``command`` in the project root with this stack's environment; output to ``logs/<name>.log``."""
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.log", "ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", "prefect", *args], env=self.env, cwd=PROJECT_ROOT,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            command, env=env or self.env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.close()
         self.processes.append(process)
         return process
 
     def start(self, timeout: float = 120) -> "PrefectStack":
-        server = self._spawn("server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port))
+        if self.make_server:
+            # As a person starts it: the server finds its own URLs from HOST and PORT, not from a client's.
+            env = {k: v for k, v in self.env.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL")}
+            server = self.make("server", "server", env=env, PORT=str(self.port))
+        else:
+            server = self._spawn("server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port))
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -75,10 +95,11 @@ class PrefectStack:
                     raise RuntimeError(f"Prefect server did not start: see {self.logs / 'server.log'}")
                 time.sleep(0.5)
 
-    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        """Run ``prefect <args>`` against this server, from the project root; raises on failure."""
+    def cli(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """Run ``prefect <args>`` against this server, from the project root (``env`` added to the stack's);
+        raises on failure."""
         result = subprocess.run(
-            [sys.executable, "-m", "prefect", "--no-prompt", *args], env=self.env, cwd=PROJECT_ROOT,
+            [sys.executable, "-m", "prefect", "--no-prompt", *args], env={**self.env, **(env or {})}, cwd=PROJECT_ROOT,
             capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
         if result.returncode != 0:
@@ -88,6 +109,14 @@ class PrefectStack:
     def start_worker(self, pool: str, name: str | None = None) -> subprocess.Popen:
         name = name or f"{pool}-worker-{len(self.processes)}"
         return self._spawn(name, "worker", "start", "--pool", pool, "--name", name)
+
+    def make(self, name: str, target: str, env: dict[str, str] | None = None, **variables: str) -> subprocess.Popen:
+        """Start ``make <target> VAR=value...`` against this server, with this interpreter's environment taken
+        as installed (``make -o``: nothing is installed)."""
+        venv = Path(sys.prefix)
+        assignments = [f"{k}={v}" for k, v in {"VENV": str(venv), **variables}.items()]
+        command = ["make", "--no-print-directory", "-o", str(venv / ".installed"), target, *assignments]
+        return self.spawn(name, *command, env=env)
 
     def log_text(self) -> str:
         return "".join(p.read_text(errors="replace") for p in sorted(self.logs.glob("*.log")))

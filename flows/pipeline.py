@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from prefect import flow
+from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
@@ -39,6 +40,13 @@ class PipelineResult(BaseModel):
     @property
     def top1(self) -> float:
         return self.registration.metrics["best_top1"]
+
+    def headline(self) -> str:
+        """One line, the flow run's state message: what `prefect deployment run --watch` and the UI show."""
+        return (
+            f"Registered {self.model_name} version {self.version} in {self.location}: top-1 {self.top1:.4g}, "
+            f"F1 (macro) {self.evaluation.f1_macro:.4g} on {self.evaluation.images} validation images"
+        )
 
     def summary(self) -> str:
         e, m = self.evaluation, self.registration.metrics
@@ -81,7 +89,7 @@ def train_pipeline(
         validation_data: Validation images with the same classes; empty: the bundled digits.
         model: The torchvision architecture and its options (Azure's DenseNet / ResNet modules).
         training: Training parameters; defaults are Azure's "Train PyTorch Model" component's.
-        model_name: Registry name; empty: '<data set>-<architecture>', e.g. digits-resnet18.
+        model_name: Registry name; empty: the training data's name, a dash and the architecture, e.g. digits-resnet18.
         registry: Registry folder or s3://bucket/prefix.
         work_dir: Folder for each run's converted data, model, logs and scores.
         promote_to: Alias (e.g. production) the new version takes only if it beats the alias's current version.
@@ -108,7 +116,7 @@ def train_pipeline(
         promote_to=promote_to,
         promotion_metric=promotion_metric,
     )
-    return PipelineResult(
+    result = PipelineResult(
         model_name=registered.registration.name,
         version=registered.registration.version,
         location=registered.location,
@@ -116,6 +124,9 @@ def train_pipeline(
         evaluation=evaluation,
         registration=registered.registration,
     )
+    # Prefect keeps a returned state as the run's final one, message included, and hands the caller its data:
+    # `train_pipeline(...)` still returns the PipelineResult.
+    return Completed(message=result.headline(), data=result)
 
 
 def main(argv: list[str] | None = None) -> PipelineResult:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
+from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
@@ -26,6 +27,11 @@ class ScoreResult(BaseModel):
     scores: str
     images: int
     evaluation: Evaluation | None = None
+
+    def headline(self) -> str:
+        """One line, the flow run's state message (the UI and `prefect deployment run --watch` show it)."""
+        scored = f"Scored {self.images} images with {self.model_dir} into {self.scores}"
+        return f"{scored}; {self.evaluation.headline()}" if self.evaluation else scored
 
 
 @flow(name="score-pipeline", log_prints=True)
@@ -58,7 +64,8 @@ def score_pipeline(
     model_dir = resolve_model(model, registry, str(Path(work_dir).resolve() / "models"))
     scored = score(model_dir, image_dir, output_csv or str(run_dir / "scores.csv"), runtime, batch_size)
     evaluation = evaluate(scored.table, str(run_dir / "confusion_matrix.png")) if scored.labeled else None
-    return ScoreResult(model_dir=model_dir, scores=scored.table, images=scored.images, evaluation=evaluation)
+    result = ScoreResult(model_dir=model_dir, scores=scored.table, images=scored.images, evaluation=evaluation)
+    return Completed(message=result.headline(), data=result)  # callers get the ScoreResult, the UI the message
 
 
 @flow(name="compare-models", log_prints=True)

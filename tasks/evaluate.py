@@ -34,12 +34,21 @@ class Evaluation(BaseModel):
     f1_weighted: float
     auc_ovr: float | None  # None when some class has no images in the table
     classes: list[str]
+    # The macro figures average over these: the model's classes that are a label or a prediction here.
+    macro_classes: list[str]
     confusion_matrix: list[list[int]]  # rows: true class, columns: predicted class
     per_class: list[ClassReport]
 
     def figures(self) -> dict[str, float | int | None]:
         """The scalar figures (what a registration records and a comparison shows)."""
-        return self.model_dump(exclude={"per_class", "confusion_matrix", "classes"})
+        return self.model_dump(exclude={"per_class", "confusion_matrix", "classes", "macro_classes"})
+
+    def headline(self) -> str:
+        """One line for people: the figures that matter, to four significant digits."""
+        return (
+            f"accuracy {self.accuracy:.4g}, F1 (macro) {self.f1_macro:.4g} on {self.images} images "
+            f"({len(self.macro_classes)} of {len(self.classes)} classes present)"
+        )
 
 
 def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
@@ -50,6 +59,10 @@ def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
     precision, recall, f1, support = skm.precision_recall_fscore_support(
         truth, predicted, labels=classes, zero_division=0
     )
+    # A class neither labelled nor predicted here has no figures of its own; averaging its zeros in would
+    # halve the F1 of a perfect scoring of half the classes (scikit-learn's default labels do the same).
+    present = set(truth) | set(predicted)
+    macro = [i for i, c in enumerate(classes) if c in present]
     weighted = skm.precision_recall_fscore_support(truth, predicted, labels=classes, average="weighted", zero_division=0)
     auc = None
     if set(truth) == set(classes):
@@ -62,14 +75,15 @@ def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
     return Evaluation(
         images=len(scores),
         accuracy=float(skm.accuracy_score(truth, predicted)),
-        precision_macro=float(np.mean(precision)),
-        recall_macro=float(np.mean(recall)),
-        f1_macro=float(np.mean(f1)),
+        precision_macro=float(np.mean(precision[macro])),
+        recall_macro=float(np.mean(recall[macro])),
+        f1_macro=float(np.mean(f1[macro])),
         precision_weighted=float(weighted[0]),
         recall_weighted=float(weighted[1]),
         f1_weighted=float(weighted[2]),
         auc_ovr=auc,
         classes=classes,
+        macro_classes=[classes[i] for i in macro],
         confusion_matrix=skm.confusion_matrix(truth, predicted, labels=classes).tolist(),
         per_class=[
             ClassReport(name=c, precision=p, recall=r, f1=f, support=int(s))
@@ -79,29 +93,33 @@ def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
 
 
 def evaluation_markdown(evaluation: Evaluation) -> str:
-    """The figures, the per-class report and the confusion matrix as one markdown page."""
-    auc = f"{evaluation.auc_ovr:.4f}" if evaluation.auc_ovr is not None else "n/a (a class has no images)"
+    """The figures, the per-class report and the confusion matrix as one markdown page (4 significant digits)."""
+    auc = f"{evaluation.auc_ovr:.4g}" if evaluation.auc_ovr is not None else "n/a (a class has no images)"
+    absent = sorted(set(evaluation.classes) - set(evaluation.macro_classes))
+    macro_note = f"; left out, as neither labelled nor predicted here: {', '.join(absent)}" if absent else ""
     lines = [
         f"### Evaluation on {evaluation.images} images",
         "",
         "| figure | value |",
         "|---|---|",
-        f"| accuracy | {evaluation.accuracy:.4f} |",
-        f"| precision (macro) | {evaluation.precision_macro:.4f} |",
-        f"| recall (macro) | {evaluation.recall_macro:.4f} |",
-        f"| F1 (macro) | {evaluation.f1_macro:.4f} |",
-        f"| precision (weighted) | {evaluation.precision_weighted:.4f} |",
-        f"| recall (weighted) | {evaluation.recall_weighted:.4f} |",
-        f"| F1 (weighted) | {evaluation.f1_weighted:.4f} |",
+        f"| accuracy | {evaluation.accuracy:.4g} |",
+        f"| precision (macro) | {evaluation.precision_macro:.4g} |",
+        f"| recall (macro) | {evaluation.recall_macro:.4g} |",
+        f"| F1 (macro) | {evaluation.f1_macro:.4g} |",
+        f"| precision (weighted) | {evaluation.precision_weighted:.4g} |",
+        f"| recall (weighted) | {evaluation.recall_weighted:.4g} |",
+        f"| F1 (weighted) | {evaluation.f1_weighted:.4g} |",
         f"| AUC (one-vs-rest) | {auc} |",
+        "",
+        f"Macro figures: the mean over the {len(evaluation.macro_classes)} classes present{macro_note}.",
         "",
         "| class | precision | recall | F1 | images |",
         "|---|---|---|---|---|",
-        *(f"| {c.name} | {c.precision:.4f} | {c.recall:.4f} | {c.f1:.4f} | {c.support} |" for c in evaluation.per_class),
+        *(f"| {c.name} | {c.precision:.4g} | {c.recall:.4g} | {c.f1:.4g} | {c.support} |" for c in evaluation.per_class),
         "",
-        "Confusion matrix (rows: true class, columns: predicted class)",
+        "Confusion matrix: one row per true class, one column per predicted class",
         "",
-        "| | " + " | ".join(evaluation.classes) + " |",
+        "| true class ↓ predicted → | " + " | ".join(evaluation.classes) + " |",
         "|---" * (len(evaluation.classes) + 1) + "|",
         *(
             f"| **{name}** | " + " | ".join(str(n) for n in row) + " |"
@@ -145,19 +163,20 @@ def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
     """Artifacts ``evaluation`` (figures, per-class report, confusion matrix) and ``confusion-matrix`` (a table);
     the matrix is also drawn to ``picture`` (default: beside a local CSV)."""
     evaluation = evaluate_scores(read_scores(scores_csv))
-    picture_path = Path(picture) if picture else Path(scores_csv).with_name("confusion_matrix.png")
+    picture_path = (Path(picture) if picture else Path(scores_csv).with_name("confusion_matrix.png")).resolve()
     picture_path.parent.mkdir(parents=True, exist_ok=True)
     plot_confusion_matrix(evaluation.confusion_matrix, evaluation.classes, picture_path)
     create_markdown_artifact(
         key="evaluation",
         markdown=evaluation_markdown(evaluation)
         + f"\n{png_markdown(picture_path, 'confusion matrix')}\n\nAlso saved as `{picture_path}`.\n",
+        description=evaluation.headline(),
     )
     create_table_artifact(
         key="confusion-matrix",
         table=[{"true class": name, **dict(zip(evaluation.classes, row))} for name, row in
                zip(evaluation.classes, evaluation.confusion_matrix)],
-        description="rows: true class, columns: predicted class",
+        description=f"one row per true class, one column per predicted class; {evaluation.headline()}",
     )  # fmt: skip
     return evaluation
 
@@ -170,6 +189,8 @@ def compare(left: str, right: str, registry: str = "registry") -> list[dict]:
         left_name, right_name = f"{left_name} (left)", f"{right_name} (right)"
     rows = comparison_rows(left_figures, right_figures, left_name, right_name)
     create_table_artifact(
-        key="model-comparison", table=rows, description=f"{left_name} vs {right_name}; difference = right - left"
+        key="model-comparison",
+        table=[{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()} for row in rows],
+        description=f"{left_name} vs {right_name}; difference = right - left (4 significant digits)",
     )
     return rows

@@ -1,8 +1,13 @@
-"""Deployments on the real path: a Prefect server, a `gpu` process work pool, `prefect deploy`, a real worker."""
+"""Deployments on the real path: a Prefect server, `make deploy`, two `make worker`s on the `gpu` pool, `make serve`."""
 
 import asyncio
 import json
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
@@ -28,15 +33,31 @@ def test_every_deployment_names_a_real_flow_with_valid_parameters(monkeypatch):
             assert schedule["timezone"] and schedule["cron"]
 
 
+WORKERS = ("gpu-a", "gpu-b")
+
+
+def make(stack, target: str, **variables: str) -> None:
+    """``make <target>`` against the stack's server, waited for."""
+    process = stack.make(target, target, **variables)
+    assert process.wait(timeout=300) == 0, (stack.logs / f"{target}.log").read_text()
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """Server, `gpu` and `default` pools, deployments from deployments/prefect.yaml, a `gpu` worker."""
-    with PrefectStack(home=tmp_path_factory.mktemp("prefect-home")) as running:
-        for pool in ("gpu", "default"):
-            running.cli("work-pool", "create", pool, "--type", "process")
-        running.cli("deploy", "--prefect-file", str(DEPLOYMENT_FILE), "--all")
-        running.start_worker("gpu")
+    """`make server` on a free port (its scheduler looking every second), `make deploy`, two `make worker`s on
+    `gpu`, and `make serve`."""
+    settings = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1"}
+    home = tmp_path_factory.mktemp("prefect-home")
+    with PrefectStack(home=home, settings=settings, make_server=True) as running:
+        make(running, "deploy")
+        for name in WORKERS:
+            running.make(name, "worker", POOL="gpu", WORKER_NAME=name)
+        running.make("serve", "serve")
         yield running
+
+
+def worker_that_ran(stack, flow_run_id) -> list[str]:
+    return [name for name in WORKERS if str(flow_run_id) in (stack.logs / f"{name}.log").read_text()]
 
 
 async def read_deployment_and_artifacts(api_url, run):
@@ -51,10 +72,49 @@ async def read_deployment_and_artifacts(api_url, run):
     return deployment, {a.key for a in artifacts}
 
 
-def run_deployment(stack, parameters: dict) -> str:
-    """Trigger a run of the training deployment through the API; returns its id (not waiting for it)."""
-    result = stack.cli("deployment", "run", "train-pipeline/retrain-digits", "--params", json.dumps(parameters))
-    return next(line.split()[-1] for line in result.stdout.splitlines() if "UUID:" in line)
+def run_deployment(stack, parameters: dict, name="train-pipeline/retrain-digits", watch=False) -> tuple[str, str]:
+    """Trigger a run of a deployment from the shell; returns its id and what the command printed
+    (with ``watch``, everything up to the run's end)."""
+    result = stack.cli("deployment", "run", name, "--params", json.dumps(parameters), *(["--watch"] if watch else []),
+                       timeout=600, env={"COLUMNS": "1000"})  # a wide terminal: rich folds lines at its width  # fmt: skip
+    return next(line.split()[-1] for line in result.stdout.splitlines() if "UUID:" in line), result.stdout
+
+
+def queue_runs_at_once(stack, parameters: list[dict], name="train-pipeline/retrain-digits") -> list[str]:
+    """Runs of a deployment all due at the same moment, a few seconds from now, as a schedule makes them."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Scheduled
+
+    async def create():
+        async with get_client() as client:
+            deployment = await client.read_deployment_by_name(name)
+            due = datetime.now(timezone.utc) + timedelta(seconds=5)
+            runs = [await client.create_flow_run_from_deployment(deployment.id, parameters=p,
+                                                                 state=Scheduled(scheduled_time=due)) for p in parameters]  # fmt: skip
+        return [str(r.id) for r in runs]
+
+    with temporary_settings_for(stack):
+        return asyncio.run(create())
+
+
+def wait_for_deployment(stack, name, timeout=120):
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    deadline = time.monotonic() + timeout
+    with temporary_settings_for(stack), get_client(sync_client=True) as client:
+        while True:
+            try:
+                return client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                assert time.monotonic() < deadline, f"{name} never appeared:\n{stack.log_text()[-3000:]}"
+                time.sleep(1)
+
+
+def temporary_settings_for(stack):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    return temporary_settings({PREFECT_API_URL: stack.api_url})
 
 
 def wait_for(stack, flow_run_ids, timeout=400):
@@ -83,50 +143,90 @@ def tiny_training(colour_image_dirs, tmp_path, name):
 
 @pytest.fixture(scope="module")
 def finished_run(stack, colour_image_dirs, tmp_path_factory):
-    """A training run triggered through the API, picked up by the worker, and finished."""
+    """A training run triggered from the shell with --watch, picked up by a worker, and finished."""
     tmp_path = tmp_path_factory.mktemp("deployment-run")
-    flow_run_id = run_deployment(stack, tiny_training(colour_image_dirs, tmp_path, "colours-resnet18"))
+    flow_run_id, watched = run_deployment(stack, tiny_training(colour_image_dirs, tmp_path, "colours-resnet18"), watch=True)
     (run,) = wait_for(stack, [flow_run_id])
-    return run, tmp_path / "registry"
+    return run, tmp_path / "registry", watched
 
 
 def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, finished_run):
-    run, registry = finished_run
+    run, registry, watched = finished_run
     deployment, artifact_keys = asyncio.run(read_deployment_and_artifacts(stack.api_url, run))
     assert run.state.is_completed(), stack.log_text()[-3000:]
     assert deployment.work_pool_name == "gpu" and not deployment.schedules[0].active
     assert STAGE_ARTIFACTS <= artifact_keys
     assert list_versions(registry, "colours-resnet18") == [1]
     assert read_registration(registry, "colours-resnet18", 1).flow_run_id == str(run.id)
-    assert str(run.id) in (stack.logs / "gpu-worker-1.log").read_text(), "the worker ran it"
+    assert len(worker_that_ran(stack, run.id)) == 1, "one worker ran it"
+
+    # What a person sees: the run's state says what came of it, and so does the end of `--watch`.
+    location = (registry / "colours-resnet18" / "1").resolve()
+    assert run.state.message.startswith(f"Registered colours-resnet18 version 1 in {location}: top-1 ")
+    assert f"Finished in state Completed({run.state.message!r})" in watched
+    assert watched.rstrip().endswith("Flow run finished successfully in 'Completed'.")
 
 
-def test_two_runs_at_once_on_one_worker_with_sqlite(stack, colour_image_dirs, tmp_path):
-    """The scale note: count 'database is locked' in the server and worker logs while two runs overlap."""
+def test_each_worker_takes_one_run_at_a_time_with_sqlite(stack, colour_image_dirs, tmp_path):
+    """Two runs due at once, two `make worker`s (limit 1): each worker runs one, side by side. Also the scale
+    note: count 'database is locked' in the server and worker logs while the two runs overlap."""
     locked_before = stack.log_text().count("database is locked")
-    ids = [run_deployment(stack, tiny_training(colour_image_dirs, tmp_path / str(i), "concurrent")) for i in range(2)]
+    ids = queue_runs_at_once(stack, [tiny_training(colour_image_dirs, tmp_path / str(i), "concurrent") for i in range(2)])
     runs = wait_for(stack, ids)
     locked = stack.log_text().count("database is locked") - locked_before
     print(f"two concurrent runs on SQLite: states {[r.state.name for r in runs]}, 'database is locked' x{locked}")
     assert all(r.state.is_completed() for r in runs), stack.log_text()[-3000:]
+    assert sorted(w for r in runs for w in worker_that_ran(stack, r.id)) == list(WORKERS)
     starts = sorted((r.start_time, r.end_time) for r in runs)
     assert starts[1][0] < starts[0][1], "the two runs did not overlap"
 
 
-def test_serve_offers_the_same_deployments_as_the_deployment_file():
+def test_make_worker_names_the_worker_after_its_host_and_takes_one_run_by_default():
+    dry_run = subprocess.run(["make", "-n", "-o", f"{sys.prefix}/.installed", "worker", f"VENV={sys.prefix}"],
+                             cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert f"worker start --pool gpu --name gpu-{socket.gethostname()} --limit 1" in dry_run
+
+
+def test_serve_offers_the_deployments_of_the_file_under_their_own_names(stack):
     from deployments.serve import runner_deployments
 
     config = yaml.safe_load(DEPLOYMENT_FILE.read_text())
-    served = runner_deployments()
-    assert [d.name for d in served] == [entry["name"] for entry in config["deployments"]]
+    with temporary_settings_for(stack):
+        served = runner_deployments()
+    assert [d.name for d in served] == [f"{entry['name']}-served" for entry in config["deployments"]]
     for deployment, entry in zip(served, config["deployments"]):
         assert deployment.parameters == entry.get("parameters", {})
         assert [s.active for s in deployment.schedules] == [s.get("active", True) for s in entry.get("schedules", [])]
 
 
+def test_make_serve_runs_beside_make_deploy_on_one_server(stack, finished_run, colour_image_dirs, tmp_path):
+    """`make serve` after `make deploy`: the deployed runs still complete (above), and a served run does too."""
+    _, registry, _ = finished_run
+    _, val = colour_image_dirs
+    parameters = {"images": str(val), "model": "colours-resnet18", "registry": str(registry),
+                  "work_dir": str(tmp_path / "runs")}  # fmt: skip
+    wait_for_deployment(stack, "score-pipeline/score-images-served")
+    flow_run_id, _ = run_deployment(stack, parameters, name="score-pipeline/score-images-served")
+    (run,) = wait_for(stack, [flow_run_id], timeout=200)
+    assert run.state.is_completed(), stack.log_text()[-3000:]
+    assert str(run.id) in (stack.logs / "serve.log").read_text() and not worker_that_ran(stack, run.id)
+    assert run.state.message.startswith("Scored 12 images with ") and "accuracy" in run.state.message
+
+
+def test_parameter_descriptions_read_as_plain_text_in_the_ui_form(stack):
+    """The UI renders descriptions as markdown with HTML: an `<x>` in one disappears from the form."""
+    from prefect.client.orchestration import get_client
+
+    with temporary_settings_for(stack), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("train-pipeline/retrain-digits")
+    descriptions = {k: v.get("description", "") for k, v in deployment.parameter_openapi_schema["properties"].items()}
+    assert not [k for k, text in descriptions.items() if "<" in text or ">" in text]
+    assert "digits-resnet18" in descriptions["model_name"]
+
+
 def test_the_ui_shows_the_deployment_and_the_finished_run_with_its_artifacts(stack, finished_run):
     """Headless Chromium against the same server; screenshots land in build/ui-check/ for a person to look at."""
-    run, _ = finished_run
+    run, _, _ = finished_run
     shots = PROJECT_ROOT / "build" / "ui-check"
     shots.mkdir(parents=True, exist_ok=True)
     driver = chromium()
@@ -147,3 +247,33 @@ def test_the_ui_shows_the_deployment_and_the_finished_run_with_its_artifacts(sta
     finally:
         driver.quit()
     assert all((shots / name).stat().st_size > 10_000 for name in ("flow-run.png", "deployment.png"))
+
+
+def test_a_schedule_switched_on_makes_runs_and_stays_on_through_a_redeploy(stack):
+    """As in the UI: switch the weekly schedule on; the server's scheduler creates its runs; `make deploy`
+    again leaves it on (the file ships it paused)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState,
+                                                FlowRunFilterStateType)  # fmt: skip
+    from prefect.client.schemas.objects import StateType
+
+    with temporary_settings_for(stack), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("train-pipeline/retrain-digits")
+        client.update_deployment_schedule(deployment.id, deployment.schedules[0].id, active=True)
+        only_this = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+        waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])))
+        deadline = time.monotonic() + 60
+        while not (scheduled := client.read_flow_runs(deployment_filter=only_this, flow_run_filter=waiting)):
+            assert time.monotonic() < deadline, "nothing scheduled in a minute:\n" + stack.log_text()[-3000:]
+            time.sleep(1)
+        starts = [r.expected_start_time.astimezone(timezone.utc) for r in scheduled]
+        assert {(t.weekday(), t.hour, t.minute) for t in starts} == {(0, 3, 0)}, "Mondays at 03:00 UTC"
+
+        make(stack, "deploy")
+        assert client.read_deployment_by_name("train-pipeline/retrain-digits").schedules[0].active
+
+
+def test_make_server_on_another_port_gives_the_ui_its_api_address(stack):
+    """The UI asks /ui-settings where its API is; on a port other than 4200 it must not be told 127.0.0.1:4200."""
+    with urllib.request.urlopen(f"{stack.url}/ui-settings", timeout=10) as answer:
+        assert json.load(answer)["api_url"] == stack.api_url != "http://127.0.0.1:4200/api"

@@ -22,6 +22,11 @@ STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "mod
                    "onnx-export", "promotion"}  # fmt: skip
 
 
+async def flow_run_message(flow_run_id) -> str:
+    async with get_client() as client:
+        return (await client.read_flow_run(flow_run_id)).state.message
+
+
 async def artifact_keys_and_task_runs(flow_run_id):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
 
@@ -69,6 +74,11 @@ def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset,
     assert ModelDirectory(result.location).classes == [str(d) for d in range(10)]
     assert "Registered digits-resnet18 version 1" in result.summary()
     assert "promoted to 'production' on f1_macro" in result.summary()
+    # The run's state in the UI says the same in one line; the caller still got the PipelineResult.
+    assert asyncio.run(flow_run_message(registration.flow_run_id)) == result.headline() == (
+        f"Registered digits-resnet18 version 1 in {result.location}: top-1 {result.top1:.4g}, "
+        f"F1 (macro) {result.evaluation.f1_macro:.4g} on 100 validation images"
+    )
     assert (Path(result.run_dir) / "confusion_matrix.png").stat().st_size > 0
     assert (Path(result.run_dir) / "model" / "training_curves.png").stat().st_size > 0
 

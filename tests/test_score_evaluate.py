@@ -94,6 +94,28 @@ def test_evaluation_figures_and_confusion_matrix():
     assert "| **cow** | 1 | 0 | 1 |" in evaluation_markdown(evaluation)
 
 
+def test_macro_figures_average_over_the_classes_present():
+    """All right on two of the model's three classes: macro F1 1.0, not 2/3 (the absent cow's zeros left out)."""
+    evaluation = evaluate_scores(scores(["cat", "dog", "dog"], ["cat", "dog", "dog"]))
+    assert evaluation.f1_macro == evaluation.precision_macro == evaluation.recall_macro == 1.0
+    assert evaluation.macro_classes == ["cat", "dog"] and "macro_classes" not in evaluation.figures()
+    assert evaluation.per_class[2].name == "cow" and evaluation.per_class[2].support == 0
+    assert "mean over the 2 classes present; left out, as neither labelled nor predicted here: cow" in (
+        evaluation_markdown(evaluation)
+    )
+    # A wrong prediction of an absent class counts it: its precision 0 enters the mean.
+    wrong = evaluate_scores(scores(["cat", "dog"], ["cat", "cow"]))
+    assert wrong.macro_classes == ["cat", "dog", "cow"] and wrong.f1_macro == pytest.approx(1 / 3)
+
+
+def test_evaluation_markdown_rounds_for_people_and_labels_the_matrix():
+    evaluation = evaluate_scores(scores(["cat", "cat", "dog"], ["cat", "dog", "dog"]))
+    markdown = evaluation_markdown(evaluation)
+    assert "| accuracy | 0.6667 |" in markdown and "0.66666" not in markdown
+    assert "| true class ↓ predicted → | cat | dog | cow |" in markdown
+    assert evaluation.headline() == "accuracy 0.6667, F1 (macro) 0.6667 on 3 images (2 of 3 classes present)"
+
+
 def test_auc_is_absent_when_a_class_has_no_images():
     evaluation = evaluate_scores(scores(["cat", "dog"], ["cat", "dog"]))
     assert evaluation.auc_ovr is None and evaluation.accuracy == 1.0

@@ -29,9 +29,12 @@ def register_twice(registry, trained_model, tmp_path):
 
 
 def run(flow, *args, **kwargs):
+    """The flow's result and artifact keys; a score run's state message is its one-line headline."""
     state = flow(*args, return_state=True, **kwargs)
     keys, task_runs = asyncio.run(artifact_keys_and_task_runs(state.state_details.flow_run_id))
     assert {t.state.type.value for t in task_runs} == {"COMPLETED"}
+    if flow is score_pipeline:
+        assert state.message == state.result().headline()
     return state.result(), keys
 
 
@@ -51,6 +54,8 @@ def test_labeled_s3_prefix_scored_by_alias_from_an_s3_registry(prefect_server, t
     assert result.evaluation.accuracy == pytest.approx((table["label"] == table["Scored Labels"]).mean())
     assert result.model_dir.endswith(f"{NAME}/1"), "the alias resolved to version 1, downloaded to the cache"
     assert {"score-images", "scores", "evaluation", "confusion-matrix"} <= keys
+    assert result.headline() == (f"Scored 9 images with {result.model_dir} into {result.scores}; "
+                                 f"{result.evaluation.headline()}")  # fmt: skip
 
 
 def test_unlabeled_zip_through_onnx_by_version_and_a_folder_by_model_path(prefect_server, trained_model, tmp_path):
@@ -67,6 +72,7 @@ def test_unlabeled_zip_through_onnx_by_version_and_a_folder_by_model_path(prefec
     assert list(table.columns) == ["image", "Scored Labels", *PROBABILITIES] and result.evaluation is None
     assert sorted(table["image"]) == ["0.png", "1.png", "2.png"]
     assert "scores" in keys and "evaluation" not in keys
+    assert result.headline() == f"Scored 3 images with {result.model_dir} into {result.scores}"
 
     folder = write_class_folders(tmp_path / "photos", 2, classes=("red", "blue"), seed=9)
     result, keys = run(score_pipeline, str(folder), str(trained_model), work_dir=str(tmp_path / "runs"))

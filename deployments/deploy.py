@@ -1,0 +1,71 @@
+"""`make deploy`: `prefect deploy` of deployments/prefect.yaml that leaves each schedule switched on or off as it is.
+
+    PREFECT_API_URL=http://127.0.0.1:4200/api python -m deployments.deploy
+
+`prefect deploy` replaces a deployment's schedules with the file's, so every re-deploy would pause again a
+schedule someone switched on in the UI (the file ships it paused). This reads each schedule's state from the
+server first (by the schedule's slug) and deploys a copy of the file that carries it; a schedule the server
+does not have yet starts as the file says.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+from prefect.flows import load_flow_from_entrypoint
+
+from deployments.local import PROJECT_ROOT
+
+DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
+
+
+def read_schedule_states(names: list[str]) -> dict[str, dict[str, bool]]:
+    """``{"flow/deployment": {slug: active}}`` for those of ``names`` the server (PREFECT_API_URL) has."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    states = {}
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                deployment = client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                continue
+            states[name] = {s.slug: s.active for s in deployment.schedules if s.slug}
+    return states
+
+
+def keep_schedule_states(schedules: list[dict], states: dict[str, bool]) -> list[dict]:
+    """The file's schedules, each ``active`` as the server has it where the server has its slug."""
+    return [{**s, "active": states[s["slug"]]} if s.get("slug") in states else s for s in schedules]
+
+
+def deployment_names(config: dict) -> list[str]:
+    """``flow/deployment`` of each entry (the flow's name is the one its @flow gives, so the flow is loaded)."""
+    return [f"{load_flow_from_entrypoint(str(PROJECT_ROOT / e['entrypoint'])).name}/{e['name']}" for e in config["deployments"]]
+
+
+def deploy(path: Path = DEPLOYMENT_FILE) -> int:
+    """Runs ``prefect deploy --all`` on the kept copy of ``path``; returns its exit status."""
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    names = deployment_names(config)
+    states = read_schedule_states(names)
+    kept = copy.deepcopy(config)
+    for entry, name in zip(kept["deployments"], names):
+        entry["schedules"] = keep_schedule_states(entry.get("schedules", []), states.get(name, {}))
+    with tempfile.TemporaryDirectory() as folder:
+        deployment_file = Path(folder) / "prefect.yaml"
+        deployment_file.write_text(yaml.safe_dump(kept, sort_keys=False), encoding="utf-8")
+        # Entrypoints and the pull step's {{ $PWD }} are the project root's, wherever the file lies.
+        command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", str(deployment_file), "--all"]
+        return subprocess.run(command, cwd=PROJECT_ROOT, env={**os.environ, "PWD": str(PROJECT_ROOT)}).returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(deploy())
