@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -279,3 +280,19 @@ def test_make_server_on_another_port_gives_the_ui_its_api_address(stack):
     """The UI asks /ui-settings where its API is; on a port other than 4200 it must not be told 127.0.0.1:4200."""
     with urllib.request.urlopen(f"{stack.url}/ui-settings", timeout=10) as answer:
         assert json.load(answer)["api_url"] == stack.api_url != "http://127.0.0.1:4200/api"
+
+
+def test_make_stops_when_torch_and_torchvision_do_not_work_together(tmp_path):
+    """`make torch-check` (run after every install): a torchvision built for another torch is named as such."""
+    broken = tmp_path / "torchvision"
+    broken.mkdir()
+    (broken / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
+    command = ["make", "--no-print-directory", "-o", f"{sys.prefix}/.installed", "torch-check", f"VENV={sys.prefix}"]
+    fine = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert fine.returncode == 0, fine.stderr
+    mismatched = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True,
+                                env={**os.environ, "PYTHONPATH": f"{tmp_path}:{PROJECT_ROOT}"})  # fmt: skip
+    assert mismatched.returncode != 0
+    assert "torch and torchvision in" in mismatched.stderr and "do not work together" in mismatched.stderr
+    assert "operator torchvision::nms does not exist" in mismatched.stderr
+    assert "Install a matching pair" in mismatched.stderr
