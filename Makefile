@@ -37,7 +37,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 torch-check:
 	@err=$$($(BIN)/python -c "import torch, torchvision; torchvision.ops.nms(torch.zeros(1, 4), torch.ones(1), 0.5)" 2>&1) || { \
 		echo "torch and torchvision in $(VENV) do not work together: $$(echo "$$err" | tail -n 1)" >&2; \
-		echo "Installed: $$($(BIN)/python -m pip list 2>/dev/null | grep -E '^torch(vision)? ' | tr -s ' ' | paste -sd ',')" >&2; \
+		echo "Installed: $$($(BIN)/python -m pip list 2>/dev/null | grep -E '^torch(vision)? ' | tr -s ' ' | paste -sd ',' | sed 's/,/, /g')" >&2; \
 		echo "Install a matching pair from one index, e.g. $(BIN)/python -m pip install --force-reinstall torch torchvision" >&2; \
 		exit 1; }
 

@@ -4,8 +4,9 @@
 
 `prefect deploy` replaces a deployment's schedules with the file's, so every re-deploy would pause again a
 schedule someone switched on in the UI (the file ships it paused). This reads each schedule's state from the
-server first (by the schedule's slug) and deploys a copy of the file that carries it; a schedule the server
-does not have yet starts as the file says.
+server first (a schedule is known by its cron and time zone: a slug would do, but the UI then shows the slug
+instead of "At 03:00 AM, only on Monday") and deploys a copy of the file that carries it; a schedule the
+server does not have yet starts as the file says.
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ from deployments.local import PROJECT_ROOT
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
 
 
+def schedule_key(cron: str, timezone: str | None) -> str:
+    return f"{cron} {timezone or 'UTC'}"
+
+
 def read_schedule_states(names: list[str]) -> dict[str, dict[str, bool]]:
-    """``{"flow/deployment": {slug: active}}`` for those of ``names`` the server (PREFECT_API_URL) has."""
+    """``{"flow/deployment": {schedule key: active}}`` for those of ``names`` the server (PREFECT_API_URL) has."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -37,13 +42,21 @@ def read_schedule_states(names: list[str]) -> dict[str, dict[str, bool]]:
                 deployment = client.read_deployment_by_name(name)
             except ObjectNotFound:
                 continue
-            states[name] = {s.slug: s.active for s in deployment.schedules if s.slug}
+            states[name] = {
+                schedule_key(s.schedule.cron, s.schedule.timezone): s.active
+                for s in deployment.schedules
+                if hasattr(s.schedule, "cron")
+            }
     return states
 
 
 def keep_schedule_states(schedules: list[dict], states: dict[str, bool]) -> list[dict]:
-    """The file's schedules, each ``active`` as the server has it where the server has its slug."""
-    return [{**s, "active": states[s["slug"]]} if s.get("slug") in states else s for s in schedules]
+    """The file's (cron) schedules, each ``active`` as the server has it where the server has it."""
+    kept = []
+    for schedule in schedules:
+        key = schedule_key(schedule["cron"], schedule.get("timezone"))
+        kept.append({**schedule, "active": states[key]} if key in states else schedule)
+    return kept
 
 
 def deployment_names(config: dict) -> list[str]:

@@ -32,7 +32,7 @@ def runner_deployments(path=DEPLOYMENT_FILE) -> list:
     deployments = []
     for flow, entry, name in zip(flows, config["deployments"], names):
         schedules = [
-            Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True), slug=s.get("slug"))
+            Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
             for s in keep_schedule_states(entry.get("schedules", []), states.get(name, {}))
         ]
         deployments.append(

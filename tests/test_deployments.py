@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -56,8 +57,10 @@ def stack(tmp_path_factory):
         yield running
 
 
-def worker_that_ran(stack, flow_run_id) -> list[str]:
-    return [name for name in WORKERS if str(flow_run_id) in (stack.logs / f"{name}.log").read_text()]
+def worker_that_ran(stack, run) -> list[str]:
+    """The workers that started ``run`` (another one may have tried, and been told it was taken)."""
+    started = f"Flow run '{run.name}' submitted to infrastructure"
+    return [name for name in WORKERS if started in (stack.logs / f"{name}.log").read_text()]
 
 
 async def read_deployment_and_artifacts(api_url, run):
@@ -158,7 +161,7 @@ def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, finished_r
     assert STAGE_ARTIFACTS <= artifact_keys
     assert list_versions(registry, "colours-resnet18") == [1]
     assert read_registration(registry, "colours-resnet18", 1).flow_run_id == str(run.id)
-    assert len(worker_that_ran(stack, run.id)) == 1, "one worker ran it"
+    assert len(worker_that_ran(stack, run)) == 1, "one worker ran it"
 
     # What a person sees: the run's state says what came of it, and so does the end of `--watch`.
     location = (registry / "colours-resnet18" / "1").resolve()
@@ -176,7 +179,7 @@ def test_each_worker_takes_one_run_at_a_time_with_sqlite(stack, colour_image_dir
     locked = stack.log_text().count("database is locked") - locked_before
     print(f"two concurrent runs on SQLite: states {[r.state.name for r in runs]}, 'database is locked' x{locked}")
     assert all(r.state.is_completed() for r in runs), stack.log_text()[-3000:]
-    assert sorted(w for r in runs for w in worker_that_ran(stack, r.id)) == list(WORKERS)
+    assert sorted(w for r in runs for w in worker_that_ran(stack, r)) == list(WORKERS)
     starts = sorted((r.start_time, r.end_time) for r in runs)
     assert starts[1][0] < starts[0][1], "the two runs did not overlap"
 
@@ -209,7 +212,7 @@ def test_make_serve_runs_beside_make_deploy_on_one_server(stack, finished_run, c
     flow_run_id, _ = run_deployment(stack, parameters, name="score-pipeline/score-images-served")
     (run,) = wait_for(stack, [flow_run_id], timeout=200)
     assert run.state.is_completed(), stack.log_text()[-3000:]
-    assert str(run.id) in (stack.logs / "serve.log").read_text() and not worker_that_ran(stack, run.id)
+    assert str(run.id) in (stack.logs / "serve.log").read_text() and not worker_that_ran(stack, run)
     assert run.state.message.startswith("Scored 12 images with ") and "accuracy" in run.state.message
 
 
@@ -277,3 +280,19 @@ def test_make_server_on_another_port_gives_the_ui_its_api_address(stack):
     """The UI asks /ui-settings where its API is; on a port other than 4200 it must not be told 127.0.0.1:4200."""
     with urllib.request.urlopen(f"{stack.url}/ui-settings", timeout=10) as answer:
         assert json.load(answer)["api_url"] == stack.api_url != "http://127.0.0.1:4200/api"
+
+
+def test_make_stops_when_torch_and_torchvision_do_not_work_together(tmp_path):
+    """`make torch-check` (run after every install): a torchvision built for another torch is named as such."""
+    broken = tmp_path / "torchvision"
+    broken.mkdir()
+    (broken / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
+    command = ["make", "--no-print-directory", "-o", f"{sys.prefix}/.installed", "torch-check", f"VENV={sys.prefix}"]
+    fine = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert fine.returncode == 0, fine.stderr
+    mismatched = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True,
+                                env={**os.environ, "PYTHONPATH": f"{tmp_path}:{PROJECT_ROOT}"})  # fmt: skip
+    assert mismatched.returncode != 0
+    assert "torch and torchvision in" in mismatched.stderr and "do not work together" in mismatched.stderr
+    assert "operator torchvision::nms does not exist" in mismatched.stderr
+    assert "Install a matching pair" in mismatched.stderr
