@@ -61,7 +61,8 @@ def keep_schedule_states(schedules: list[dict], states: dict[str, bool]) -> list
 
 def deployment_names(config: dict) -> list[str]:
     """``flow/deployment`` of each entry (the flow's name is the one its @flow gives, so the flow is loaded)."""
-    return [f"{load_flow_from_entrypoint(str(PROJECT_ROOT / e['entrypoint'])).name}/{e['name']}" for e in config["deployments"]]
+    entries = config["deployments"]
+    return [f"{load_flow_from_entrypoint(str(PROJECT_ROOT / e['entrypoint'])).name}/{e['name']}" for e in entries]
 
 
 def deploy(path: Path = DEPLOYMENT_FILE) -> int:
@@ -76,8 +77,9 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
         deployment_file = Path(folder) / "prefect.yaml"
         deployment_file.write_text(yaml.safe_dump(kept, sort_keys=False), encoding="utf-8")
         # Entrypoints and the pull step's {{ $PWD }} are the project root's, wherever the file lies.
-        command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", str(deployment_file), "--all"]
-        return subprocess.run(command, cwd=PROJECT_ROOT, env={**os.environ, "PWD": str(PROJECT_ROOT)}).returncode
+        command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", deployment_file]
+        environment = {**os.environ, "PWD": str(PROJECT_ROOT)}
+        return subprocess.run(command, cwd=PROJECT_ROOT, env=environment, check=False).returncode
 
 
 if __name__ == "__main__":

@@ -78,8 +78,9 @@ async def read_deployment_and_artifacts(api_url, run):
 def run_deployment(stack, parameters: dict, name="train-pipeline/retrain-digits", watch=False) -> tuple[str, str]:
     """Trigger a run of a deployment from the shell; returns its id and what the command printed
     (with ``watch``, everything up to the run's end)."""
+    # A wide terminal: rich folds lines at its width.
     result = stack.cli("deployment", "run", name, "--params", json.dumps(parameters), *(["--watch"] if watch else []),
-                       timeout=600, env={"COLUMNS": "1000"})  # a wide terminal: rich folds lines at its width  # fmt: skip
+                       timeout=600, env={"COLUMNS": "1000"})  # fmt: skip
     return next(line.split()[-1] for line in result.stdout.splitlines() if "UUID:" in line), result.stdout
 
 
@@ -92,8 +93,8 @@ def queue_runs_at_once(stack, parameters: list[dict], name="train-pipeline/retra
         async with get_client() as client:
             deployment = await client.read_deployment_by_name(name)
             due = datetime.now(timezone.utc) + timedelta(seconds=5)
-            runs = [await client.create_flow_run_from_deployment(deployment.id, parameters=p,
-                                                                 state=Scheduled(scheduled_time=due)) for p in parameters]  # fmt: skip
+            new_run = client.create_flow_run_from_deployment
+            runs = [await new_run(deployment.id, parameters=p, state=Scheduled(scheduled_time=due)) for p in parameters]
         return [str(r.id) for r in runs]
 
     with temporary_settings_for(stack):
@@ -148,7 +149,8 @@ def tiny_training(colour_image_dirs, tmp_path, name):
 def finished_run(stack, colour_image_dirs, tmp_path_factory):
     """A training run triggered from the shell with --watch, picked up by a worker, and finished."""
     tmp_path = tmp_path_factory.mktemp("deployment-run")
-    flow_run_id, watched = run_deployment(stack, tiny_training(colour_image_dirs, tmp_path, "colours-resnet18"), watch=True)
+    parameters = tiny_training(colour_image_dirs, tmp_path, "colours-resnet18")
+    flow_run_id, watched = run_deployment(stack, parameters, watch=True)
     (run,) = wait_for(stack, [flow_run_id])
     return run, tmp_path / "registry", watched
 
@@ -174,7 +176,8 @@ def test_each_worker_takes_one_run_at_a_time_with_sqlite(stack, colour_image_dir
     """Two runs due at once, two `make worker`s (limit 1): each worker runs one, side by side. Also the scale
     note: count 'database is locked' in the server and worker logs while the two runs overlap."""
     locked_before = stack.log_text().count("database is locked")
-    ids = queue_runs_at_once(stack, [tiny_training(colour_image_dirs, tmp_path / str(i), "concurrent") for i in range(2)])
+    parameters = [tiny_training(colour_image_dirs, tmp_path / str(i), "concurrent") for i in range(2)]
+    ids = queue_runs_at_once(stack, parameters)
     runs = wait_for(stack, ids)
     locked = stack.log_text().count("database is locked") - locked_before
     print(f"two concurrent runs on SQLite: states {[r.state.name for r in runs]}, 'database is locked' x{locked}")
@@ -256,8 +259,13 @@ def test_a_schedule_switched_on_makes_runs_and_stays_on_through_a_redeploy(stack
     """As in the UI: switch the weekly schedule on; the server's scheduler creates its runs; `make deploy`
     again leaves it on (the file ships it paused)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState,
-                                                FlowRunFilterStateType)  # fmt: skip
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
 
     with temporary_settings_for(stack), get_client(sync_client=True) as client:
@@ -288,10 +296,10 @@ def test_make_stops_when_torch_and_torchvision_do_not_work_together(tmp_path):
     broken.mkdir()
     (broken / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
     command = ["make", "--no-print-directory", "-o", f"{sys.prefix}/.installed", "torch-check", f"VENV={sys.prefix}"]
-    fine = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    fine = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=False)
     assert fine.returncode == 0, fine.stderr
-    mismatched = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True,
-                                env={**os.environ, "PYTHONPATH": f"{tmp_path}:{PROJECT_ROOT}"})  # fmt: skip
+    shadowed = {**os.environ, "PYTHONPATH": f"{tmp_path}:{PROJECT_ROOT}"}
+    mismatched = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, env=shadowed, check=False)
     assert mismatched.returncode != 0
     assert "torch and torchvision in" in mismatched.stderr and "do not work together" in mismatched.stderr
     assert "operator torchvision::nms does not exist" in mismatched.stderr
