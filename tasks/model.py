@@ -31,5 +31,9 @@ def build_model_directory(output: str, spec: ModelSpec) -> str:
     """Artifact ``model-spec``."""
     root = create_model_directory(output, spec)
     options = "\n".join(f"| {k} | {v} |" for k, v in spec.model_dump().items())
-    create_markdown_artifact(key="model-spec", markdown=f"### Untrained model\n\n| option | value |\n|---|---|\n{options}\n")
+    create_markdown_artifact(
+        key="model-spec",
+        markdown=f"### Untrained model\n\n| option | value |\n|---|---|\n{options}\n",
+        description=f"{spec.architecture}, " + ("pretrained weights" if spec.pretrained else "trained from scratch"),
+    )
     return str(root)

@@ -120,5 +120,6 @@ def export_and_check_onnx(model_dir: str, image_dir: str | None = None) -> str:
         markdown=f"### ONNX export\n\n`{model.root / ONNX_FILE}`: opset {OPSET}, dynamic batch size; largest "
         f"difference from PyTorch in probability {worst:.2e} (allowed {ONNX_TOLERANCE:.0e}) at batch sizes "
         f"{', '.join(map(str, CHECK_BATCH_SIZES))}\n",
+        description=f"model.onnx matches PyTorch within {worst:.2e} (allowed {ONNX_TOLERANCE:.0e})",
     )
     return model_dir

@@ -27,7 +27,7 @@ async def flow_run_message(flow_run_id) -> str:
         return (await client.read_flow_run(flow_run_id)).state.message
 
 
-async def artifact_keys_and_task_runs(flow_run_id):
+async def artifacts_and_task_runs(flow_run_id):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
 
     async with get_client() as client:
@@ -35,7 +35,7 @@ async def artifact_keys_and_task_runs(flow_run_id):
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
         task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return {a.key for a in artifacts}, task_runs
+    return artifacts, task_runs
 
 
 async def progress_artifacts(task_run_id):
@@ -82,8 +82,11 @@ def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset,
     assert (Path(result.run_dir) / "confusion_matrix.png").stat().st_size > 0
     assert (Path(result.run_dir) / "model" / "training_curves.png").stat().st_size > 0
 
-    keys, task_runs = asyncio.run(artifact_keys_and_task_runs(registration.flow_run_id))
-    assert STAGE_ARTIFACTS <= keys
+    artifacts, task_runs = asyncio.run(artifacts_and_task_runs(registration.flow_run_id))
+    assert STAGE_ARTIFACTS <= {artifact.key for artifact in artifacts}
+    # Every picture or page a person opens says its figure in one line beside it.
+    undescribed = [a.key for a in artifacts if a.type == "markdown" and not (a.description or "").strip()]
+    assert not undescribed and all("\n" not in a.description for a in artifacts if a.type == "markdown")
     assert {t.state.type.value for t in task_runs} == {"COMPLETED"}
 
 
@@ -126,7 +129,7 @@ def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_se
     model_dir = Path(result.run_dir) / "model"
     assert [e.epoch for e in ModelDirectory(model_dir).metrics().epochs] == [1, 2, 3]
     assert "resuming from" in (model_dir / "logs" / "driver_log_0.txt").read_text()
-    _, task_runs = asyncio.run(artifact_keys_and_task_runs(result.registration.flow_run_id))
+    _, task_runs = asyncio.run(artifacts_and_task_runs(result.registration.flow_run_id))
     train_run = next(t for t in task_runs if t.name.startswith("train"))
     assert train_run.run_count == 2 and train_run.state.is_completed()
     # The retry carries on the first attempt's progress bar instead of leaving it stuck part-way.

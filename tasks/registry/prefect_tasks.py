@@ -84,7 +84,14 @@ def register(
     markdown, description = registered_model_markdown(registration, location, promotion_metric)
     create_markdown_artifact(key="registered-model", markdown=markdown, description=description)
     if registration.promotion:
-        create_markdown_artifact(key="promotion", markdown=_promotion_markdown(registration.promotion))
+        decision = registration.promotion
+        champion = "no champion" if decision.champion is None else f"champion {_figure(decision.champion)}"
+        create_markdown_artifact(
+            key="promotion",
+            markdown=_promotion_markdown(decision),
+            description=f"{'promoted' if decision.promoted else 'not promoted'} to {decision.alias!r}: "
+            f"{decision.metric} {_figure(decision.challenger)} vs {champion}",
+        )
     return RegisteredModel(registration=registration, location=location)
 
 
