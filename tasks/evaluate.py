@@ -154,7 +154,7 @@ from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from tasks.plots import plot_confusion_matrix, png_markdown  # noqa: E402
+from tasks.plots import plot_confusion_matrix, png_markdown, significant  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 
 
@@ -190,7 +190,7 @@ def compare(left: str, right: str, registry: str = "registry") -> list[dict]:
     rows = comparison_rows(left_figures, right_figures, left_name, right_name)
     create_table_artifact(
         key="model-comparison",
-        table=[{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()} for row in rows],
+        table=[{k: significant(v) for k, v in row.items()} for row in rows],
         description=f"{left_name} vs {right_name}; difference = right - left (4 significant digits)",
     )
     return rows

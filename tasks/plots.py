@@ -16,6 +16,11 @@ from sklearn.metrics import ConfusionMatrixDisplay  # noqa: E402
 from tasks.model_directory import TrainingMetrics  # noqa: E402
 
 
+def significant(value, digits: int = 4):
+    """Floats rounded for people in tables (4 significant digits); anything else as it is."""
+    return float(f"{value:.{digits}g}") if isinstance(value, float) else value
+
+
 def plot_training_curves(metrics: TrainingMetrics, path: str | os.PathLike[str]) -> None:
     epochs = [e.epoch for e in metrics.epochs]
     figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))

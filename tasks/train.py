@@ -355,13 +355,8 @@ from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType  # noqa: E402
 from prefect.runtime import task_run  # noqa: E402
 
-from tasks.plots import plot_training_curves, png_markdown  # noqa: E402
+from tasks.plots import plot_training_curves, png_markdown, significant  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
-
-
-def significant(value, digits: int = 4):
-    """Floats rounded for people (4 significant digits); anything else as it is."""
-    return float(f"{value:.{digits}g}") if isinstance(value, float) else value
 
 
 def epochs_done(metrics: TrainingMetrics | None, total: int) -> str:
