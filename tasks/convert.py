@@ -43,7 +43,7 @@ from tasks.image_directory import (
     class_folders,
     safe_name,
 )
-from tasks.labelling import SingleClass, SourceFile, plan_source, read_labels_file
+from tasks.labelling import SingleClass, SourceFile, plan_source, read_labels_file, some
 from tasks.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, list_folder
 from tasks.storage import is_s3_uri, read_bytes
 
@@ -219,10 +219,6 @@ def _previous(output: Path, conversion_hash: str) -> ImageDirectory | None:
     return previous if previous.manifest.conversion_hash == conversion_hash else None
 
 
-def _some(names: list[str], shown: int = 5) -> str:
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
-
-
 def convert_to_image_directory(
     source: str | os.PathLike[str],
     output: str | os.PathLike[str],
@@ -288,7 +284,7 @@ def convert_to_image_directory(
         if renamed:
             warnings.append(
                 f"{len(renamed)} files whose names collide once made safe (or differ only in letter case or Unicode "
-                f"normalisation) were stored under new names: {_some(renamed)}"
+                f"normalisation) were stored under new names: {some(renamed, quoted=False)}"
             )
         if unreadable := [c for c in classes if not counts[c]]:
             warnings.append(f"classes whose every image was quarantined, left out: {', '.join(map(repr, unreadable))}")
@@ -297,7 +293,7 @@ def convert_to_image_directory(
         if bombs := [repr(r.source_path) for r in images if r.width * r.height > Image.MAX_IMAGE_PIXELS]:
             warnings.append(
                 f"Pillow's DecompressionBombWarning: {len(bombs)} stored images have more than Image.MAX_IMAGE_PIXELS "
-                f"({Image.MAX_IMAGE_PIXELS:,}) pixels, kept because max_image_pixels allows them: {_some(bombs)}"
+                f"({Image.MAX_IMAGE_PIXELS:,}) pixels, kept because max_image_pixels allows them: {some(bombs, quoted=False)}"
             )
         manifest = ImageDirectoryManifest(
             labeled=plan.labeled,

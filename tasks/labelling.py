@@ -51,9 +51,10 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
 
 
-def _some(names: list[str]) -> str:
-    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
-    return ", ".join(repr(n) for n in names[:_SHOWN]) + more
+def some(items: list[str], *, quoted: bool = True) -> str:
+    """The first few of ``items`` for a message, then "and N more"."""
+    more = f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
+    return ", ".join(repr(n) if quoted else n for n in items[:_SHOWN]) + more
 
 
 def is_image_name(name: str) -> bool:
@@ -166,7 +167,7 @@ def _plan_class_folders(
             plan.files.append(_source_file(root, base, relative, label))
     empty = sorted(name for name in folders if name not in {i.parts[0] for i in images if len(i.parts) > 1})
     if empty:
-        plan.warnings.append(f"class folders without images, left out: {_some(empty)}")
+        plan.warnings.append(f"class folders without images, left out: {some(empty)}")
     for label, names in sorted(spellings.items()):
         if len(names) > 1:
             plan.warnings.append(
@@ -201,13 +202,13 @@ def _plan_labels_file(
     if missing and len(missing) == len(labels):
         raise InvalidDatasetError(
             f"none of the {len(labels)} images named in the labels file {name} was found below "
-            f"{(root / base).name or root / base} (e.g. {_some(missing)}); names are paths below the folder "
+            f"{(root / base).name or root / base} (e.g. {some(missing)}); names are paths below the folder "
             "that holds the images, e.g. 'cat_1.jpg'"
         )
     if missing:
-        plan.warnings.append(f"{len(missing)} images named in {name} are missing: {_some(missing)}")
+        plan.warnings.append(f"{len(missing)} images named in {name} are missing: {some(missing)}")
     if unnamed:
-        plan.warnings.append(f"{len(unnamed)} images are not in {name} and were left out: {_some(unnamed)}")
+        plan.warnings.append(f"{len(unnamed)} images are not in {name} and were left out: {some(unnamed)}")
     return plan
 
 
@@ -291,11 +292,11 @@ def plan_source(
     if stray:
         plan.warnings.append(
             f"{len(stray)} files beside the wrapper folders above {base.as_posix()!r} were ignored: "
-            f"{_some([f.as_posix() for f in stray])}"
+            f"{some([f.as_posix() for f in stray])}"
         )
     if skipped := [q.path for q in hidden + listing.skipped]:
         plan.warnings.append(
             f"{len(skipped)} hidden entries, links or special files were skipped (reasons in the quarantined list): "
-            f"{_some(skipped)}"
+            f"{some(skipped)}"
         )
     return plan, labels_source
