@@ -14,7 +14,7 @@ from tasks.onnx_export import export_onnx
 from tasks.registry import register_model
 from tasks.storage import s3_client
 from tests.conftest import COLOURS, write_class_folders, write_image
-from tests.test_pipeline import artifact_keys_and_task_runs
+from tests.test_pipeline import artifacts_and_task_runs
 
 NAME = "colours-resnet18"
 PROBABILITIES = [f"Scored Probabilities_{c}" for c in sorted(COLOURS)]
@@ -31,7 +31,8 @@ def register_twice(registry, trained_model, tmp_path):
 def run(flow, *args, **kwargs):
     """The flow's result and artifact keys; a score run's state message is its one-line headline."""
     state = flow(*args, return_state=True, **kwargs)
-    keys, task_runs = asyncio.run(artifact_keys_and_task_runs(state.state_details.flow_run_id))
+    artifacts, task_runs = asyncio.run(artifacts_and_task_runs(state.state_details.flow_run_id))
+    keys = {artifact.key for artifact in artifacts}
     assert {t.state.type.value for t in task_runs} == {"COMPLETED"}
     if flow is score_pipeline:
         assert state.message == state.result().headline()
