@@ -58,13 +58,14 @@ def random_model_directory(root: Path, architecture: str, classes: list[str], im
 def naive_scores(model_dir: ModelDirectory, images: ImageDirectory) -> list[list[float]]:
     """What a first script does: one image at a time, straight from PIL to the model."""
     spec = model_dir.spec
-    model = load_trained_model(model_dir, "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU host a first script moves its model there
+    model = load_trained_model(model_dir, device)
     transform = eval_transform(spec.image_size, spec.mean, spec.std)
     rows = []
     with torch.no_grad():
         for path, _ in images.samples():
             with Image.open(path) as image:
-                tensor = transform(image.convert("RGB")).unsqueeze(0)
+                tensor = transform(image.convert("RGB")).unsqueeze(0).to(device)
             rows.append(torch.softmax(model(tensor), dim=1)[0].tolist())
     return rows
 

@@ -32,6 +32,10 @@ class ModelNotFoundError(PipelineInputError):
     """A registry reference names a model, version or alias that does not exist."""
 
 
+class InvalidTrainingSetupError(PipelineInputError):
+    """The training parameters ask for what this host cannot give (e.g. more CUDA processes than GPUs)."""
+
+
 class OnnxMismatchError(PipelineInputError):
     """The exported ONNX model does not reproduce PyTorch's outputs: exporting again cannot help."""
 

@@ -39,24 +39,28 @@ def probability_column(class_name: str) -> str:
     return f"{PROBABILITY_PREFIX}{class_name}"
 
 
-def torch_predictor(model_dir: ModelDirectory) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
-    """(batch of images -> probabilities, whether batches should be pinned for a GPU)."""
+Normalize = Callable[[torch.Tensor], torch.Tensor]
+
+
+def torch_predictor(model_dir: ModelDirectory, normalize: Normalize) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
+    """(uint8 batch of images -> probabilities, whether batches should be pinned for a GPU). The batch is
+    normalised on the device, after the copy."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_trained_model(model_dir, device).to(memory_format=memory_format(device))
 
     def predict(batch: torch.Tensor) -> np.ndarray:
         with torch.inference_mode():
-            images = batch.to(device, non_blocking=True, memory_format=memory_format(device))
+            images = normalize(batch.to(device, non_blocking=True, memory_format=memory_format(device)))
             return torch.softmax(model(images), dim=1).float().cpu().numpy()
 
     return predict, device.type == "cuda"
 
 
-def onnx_predictor(model_dir: ModelDirectory) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
+def onnx_predictor(model_dir: ModelDirectory, normalize: Normalize) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
     from tasks.onnx_export import INPUT_NAME, OUTPUT_NAME, onnx_session
 
     session = onnx_session(model_dir)
-    return (lambda batch: session.run([OUTPUT_NAME], {INPUT_NAME: batch.numpy()})[0]), False
+    return (lambda batch: session.run([OUTPUT_NAME], {INPUT_NAME: normalize(batch).numpy()})[0]), False
 
 
 def score_images(
@@ -70,9 +74,9 @@ def score_images(
             f"(it knows {model_dir.classes})"
         )
     keep_freed_memory()  # batch after batch of the same shapes: reuse the blocks instead of faulting them in
-    predict, pin = (onnx_predictor if runtime == "onnx" else torch_predictor)(model_dir)
     spec = model_dir.spec
-    dataset = ImageFiles(images.samples(), eval_transform(spec.image_size, spec.mean, spec.std))
+    dataset = ImageFiles(images.samples(), eval_transform(spec.image_size, spec.mean, spec.std), normalized=False)
+    predict, pin = (onnx_predictor if runtime == "onnx" else torch_predictor)(model_dir, dataset.transform.normalize)
     batches = [predict(batch) for batch, _ in DataLoader(dataset, batch_size=batch_size, pin_memory=pin)]
     probabilities = np.concatenate(batches) if batches else np.empty((0, len(model_dir.classes)), dtype=np.float32)
 

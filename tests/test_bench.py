@@ -15,10 +15,11 @@ PROJECT = Path(__file__).resolve().parent.parent
 def test_accelerator_benchmark_runs_its_cpu_stand_in():
     from bench.gpu import figures
 
-    training, ceiling = figures(images=48, ceiling_seconds=1)
+    training, ceiling, on_device = figures(images=48, ceiling_seconds=1)
     assert training.name.startswith("training resnet18") and training.target == "pending: no GPU"
     assert training.ours > 0 and training.met is None
     assert ceiling.name.startswith("data-loading ceiling") and ceiling.ours > 0
+    assert on_device.name.startswith("device ceiling") and on_device.ours > 0
 
 
 def test_scoring_benchmark_measures_ours_against_the_naive_loop_in_a_fresh_process():

@@ -99,6 +99,11 @@ def test_transforms_compute_what_the_usual_pil_pipeline_computes():
         ours = [train_transform(size, mean, std)(image) for _ in range(4)]
         assert all(torch.equal(a, b) for a, b in zip(expected, ours))
         assert torch.equal(usual_eval(image), eval_transform(size, mean, std)(image))
+        # The worker normalises whole uint8 batches (on the GPU there): the same bits as image by image.
+        transform = train_transform(size, mean, std)
+        torch.manual_seed(3)
+        pixels = torch.stack([transform.augment(transform.decode(image)) for _ in range(4)])
+        assert pixels.dtype == torch.uint8 and torch.equal(transform.normalize(pixels), torch.stack(expected))
 
 
 def test_decoded_images_are_kept_in_memory_up_to_the_budget(tmp_path):

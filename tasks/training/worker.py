@@ -39,7 +39,7 @@ from tasks.allocator import peak_rss_mb
 from tasks.fileio import atomic_write, write_text_atomic
 from tasks.lifeline import Heartbeat, die_with_parent, output_lock, write_failure
 from tasks.image_directory import ImageDirectory
-from tasks.errors import InvalidDatasetError
+from tasks.errors import InvalidDatasetError, InvalidTrainingSetupError
 from tasks.model_directory import (
     CHECKPOINT_FILE,
     CLASSES_FILE,
@@ -132,10 +132,13 @@ def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
-def autocast(device: torch.device, params: TrainingParams):
+def uses_bf16(device: torch.device, params: TrainingParams) -> bool:
     """bf16 autocast on CUDA (tensor cores); CPU stays fp32, where bf16 measured slower here."""
-    use_bf16 = params.precision == "bf16" or (params.precision == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16)
+    return params.precision == "bf16" or (params.precision == "auto" and device.type == "cuda")
+
+
+def autocast(device: torch.device, params: TrainingParams):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(device, params))
 
 
 def make_optimizer(model: nn.Module, learning_rate: float, params: TrainingParams) -> torch.optim.SGD:
@@ -160,8 +163,13 @@ def check_finite(loss_sum: torch.Tensor, epoch: int, step: int, params: Training
         )
 
 
+def model_input(pixels: torch.Tensor, normalize, device: torch.device) -> torch.Tensor:
+    """A uint8 batch from the loader, copied to the device and normalised there (a quarter of the bytes to copy)."""
+    return normalize(pixels.to(device, non_blocking=True, memory_format=memory_format(device)))
+
+
 def train_one_epoch(
-    model, loader, criterion, optimizer, scheduler, device, epoch, params, heartbeat: Heartbeat, world_size: int
+    model, loader, normalize, criterion, optimizer, scheduler, device, epoch, params, heartbeat: Heartbeat, world_size: int
 ) -> tuple[float, float, float, float]:
     """Returns (mean training loss, training error, images/s across all ranks, learning rate the epoch started with)."""
     model.train()
@@ -172,7 +180,7 @@ def train_one_epoch(
     seen = 0
     started = time.perf_counter()
     for step, (images, labels) in enumerate(loader, start=1):
-        images = images.to(device, non_blocking=True, memory_format=memory_format(device))
+        images = model_input(images, normalize, device)
         labels = labels.to(device, non_blocking=True)
         with autocast(device, params):
             logits = model(images)
@@ -199,14 +207,16 @@ def train_one_epoch(
 
 
 @torch.inference_mode()
-def evaluate(model, loader, criterion, device, num_classes: int, params, heartbeat: Heartbeat, epoch: int) -> tuple[float, float, float]:
+def evaluate(
+    model, loader, normalize, criterion, device, num_classes: int, params, heartbeat: Heartbeat, epoch: int
+) -> tuple[float, float, float]:
     """(loss, top-1, top-5) over the whole validation set; each rank scores its own shard."""
     model.eval()
     k = min(5, num_classes)
     sums = [0.0, 0.0, 0.0, 0.0]  # loss, top-1 hits, top-k hits, images
     for step, (images, labels) in enumerate(loader, start=1):
         heartbeat.at("validate", epoch, step)
-        images, labels = images.to(device, memory_format=memory_format(device)), labels.to(device)
+        images, labels = model_input(images, normalize, device), labels.to(device)
         with autocast(device, params):
             logits = model(images).float()
         top = logits.topk(k, dim=1).indices
@@ -234,6 +244,12 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
 
     use_cuda = params.device == "cuda" or (params.device == "auto" and torch.cuda.is_available())
     if use_cuda:
+        if env.local_rank >= torch.cuda.device_count():
+            # NCCL runs one rank per GPU; a second rank on the same device fails deep inside NCCL's setup.
+            raise InvalidTrainingSetupError(
+                f"processes_per_node is {env.local_world_size} but this host has {torch.cuda.device_count()} CUDA "
+                f"device(s): use at most one process per GPU (processes_per_node={torch.cuda.device_count()})"
+            )
         torch.cuda.set_device(env.local_rank)
         device = torch.device("cuda", env.local_rank)
         # Input sizes are fixed, so cuDNN's per-shape algorithm search pays for itself after one batch.
@@ -251,8 +267,9 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
             timeout=datetime.timedelta(seconds=params.collective_timeout_s),
         )  # fmt: skip
     logger.info(
-        "rank %d/%d on %s (%s), restart %d, torch %s",
+        "rank %d/%d on %s (%s, %s, %s), restart %d, torch %s",
         env.rank, env.world_size, device, dist.get_backend() if dist.is_initialized() else "single process",
+        "bf16 autocast" if uses_bf16(device, params) else "fp32", "channels_last" if memory_format(device) == torch.channels_last else "contiguous",
         env.restart_count, torch.__version__,
     )  # fmt: skip
 
@@ -277,11 +294,10 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     # Loader processes would each fill a cache of their own: the decoded-image cache is for in-process loading.
     # The budget is per machine, shared out between its processes (each caches every image it is dealt).
     cache_bytes = params.image_cache_mb * 2**20 // env.local_world_size if workers == 0 else 0
-    train_set = ImageFiles(train_dir.samples(), train_transform(image_size, trained_spec.mean, trained_spec.std), cache_bytes)
-    val_set = ImageFiles(
-        val_dir.samples(), eval_transform(image_size, trained_spec.mean, trained_spec.std),
-        cache_bytes - train_set.cache_bytes,
-    )  # fmt: skip
+    mean, std = trained_spec.mean, trained_spec.std
+    train_set = ImageFiles(train_dir.samples(), train_transform(image_size, mean, std), cache_bytes, normalized=False)
+    val_set = ImageFiles(val_dir.samples(), eval_transform(image_size, mean, std), cache_bytes - train_set.cache_bytes,
+                         normalized=False)  # fmt: skip
     sampler = DistributedSampler(train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed)
     loader_options = {"num_workers": workers, "pin_memory": use_cuda, "persistent_workers": workers > 0}
     train_loader = DataLoader(train_set, batch_sampler=BatchesOfTwoOrMore(sampler, params.batch_size), **loader_options)
@@ -323,14 +339,14 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         sampler.set_epoch(epoch)
         started = time.perf_counter()
         train_loss, train_error, images_per_s, lr = train_one_epoch(
-            ddp_model, train_loader, criterion, optimizer, scheduler, device, epoch, params, heartbeat, env.world_size
+            ddp_model, train_loader, train_set.transform.normalize, criterion, optimizer, scheduler, device, epoch, params, heartbeat, env.world_size
         )
         if dist.is_initialized():
             # Each rank's last forward pass moved its own BatchNorm statistics: evaluate (and save)
             # rank 0's on every rank, so the figures describe exactly the weights written to model.pt.
             for buffer in model.buffers():
                 dist.broadcast(buffer, src=0)
-        val_loss, top1, top5 = evaluate(model, val_loader, criterion, device, len(classes), params, heartbeat, epoch)
+        val_loss, top1, top5 = evaluate(model, val_loader, val_set.transform.normalize, criterion, device, len(classes), params, heartbeat, epoch)
         record = EpochMetrics(
             epoch=epoch + 1, lr=lr, train_images_per_s=images_per_s, train_loss=train_loss,
             train_error=train_error, val_loss=val_loss, top1=top1, top5=top5, seconds=time.perf_counter() - started,
