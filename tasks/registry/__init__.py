@@ -2,9 +2,14 @@
 
     layout.py     the contract: names, references, records and their keys
     backends.py   the storage interface and the local-disk backend; s3.py the S3 one
-    core.py       register (claim, upload, commit), list, resolve, aliases, champion/challenger, fetch
+    core.py       register (claim, upload, commit), list, resolve, aliases, champion/challenger
+    status.py     a version's changeable state (tags, archived, deleted) by compare-and-swap
+    manage.py     what people do to a registry: list models, show, tag, archive, delete, search
+    fetch.py      a version as a local ModelDirectory, its files checked
+    card.py       the model card: every version of a name as one markdown page
+    __main__.py   the command line, ``python -m tasks.registry --help``
     integrity.py  model files checked against their registered sha256 (hashes memoised per file)
-    prefect_tasks.py  the thin Prefect tasks: register, resolve-model
+    prefect_tasks.py  the thin Prefect tasks: register, resolve-model; publishing the model card
 
 Importing this package (or ``core``) imports neither Prefect nor torch: a registration is cheap to run
 from any process.
@@ -15,16 +20,16 @@ from __future__ import annotations
 from tasks.registry.backends import LocalBackend, RegistryBackend, open_backend
 from tasks.registry.core import (
     challenge,
-    fetch_model,
     lineage,
     list_versions,
-    load_model,
     read_aliases,
     read_registration,
     register_model,
     resolve,
     set_alias,
+    unset_alias,
 )
+from tasks.registry.fetch import fetch_model, load_model
 from tasks.registry.layout import (
     CLAIM_FILE,
     REGISTRATION_FILE,

@@ -3,6 +3,8 @@
 Keys are ``/``-separated paths below the registry root (see ``layout.py``). Two operations make concurrent
 writers safe: ``create_exclusive`` (of several writers of one key, exactly one wins) and ``replace_if``, a
 compare-and-swap on a key read with ``read_tagged`` (an alias moves only from the state its mover judged).
+``swap`` is the one read-judge-write loop built on them, used for every record people change (aliases, a
+version's status).
 """
 
 from __future__ import annotations
@@ -10,12 +12,17 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import random
 import shutil
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 
 from tasks.fileio import atomic_write
 from tasks.storage import is_s3_uri
+
+SWAP_ATTEMPTS = 20
 
 
 class RegistryBackend(ABC):
@@ -51,8 +58,12 @@ class RegistryBackend(ABC):
         """Write ``key`` to the local file ``path`` (atomically)."""
 
     @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key``; no error when it is already gone."""
+
+    @abstractmethod
     def list_keys(self, prefix: str) -> list[str]:
-        """Every key below the folder ``prefix``."""
+        """Every key below the folder ``prefix`` ("" for the whole registry)."""
 
 
 class LocalBackend(RegistryBackend):
@@ -108,14 +119,33 @@ class LocalBackend(RegistryBackend):
         with open(self._path(key), "rb") as source, atomic_write(path, "wb") as target:
             shutil.copyfileobj(source, target)
 
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
     def list_keys(self, prefix: str) -> list[str]:
-        folder = self._path(prefix)
+        folder = self._path(prefix) if prefix else self.root
         if not folder.is_dir():
             return []
         # Names starting with "." are temporary files of writes in progress, not keys.
         return sorted(
             p.relative_to(self.root).as_posix() for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")
         )
+
+
+def swap(backend: RegistryBackend, key: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:
+    """Compare-and-swap ``key`` to ``change(current content)`` (None: no such key); ``change`` returning None
+    leaves it alone. When another writer came first, read and judge again (``change`` is called again), up to
+    ``SWAP_ATTEMPTS`` times. Returns what was written, or None."""
+    for attempt in range(SWAP_ATTEMPTS):
+        tagged = backend.read_tagged(key)
+        data = change(tagged[0] if tagged else None)
+        if data is None:
+            return None
+        # A lost answer to our own successful write reads back as our bytes.
+        if backend.replace_if(key, data, tagged[1] if tagged else None) or backend.read(key) == data:
+            return data
+        time.sleep(random.uniform(0, min(1.0, 0.02 * 2**attempt)))
+    raise TimeoutError(f"{backend.location}/{key} kept changing under {SWAP_ATTEMPTS} attempts to change it")
 
 
 def open_backend(location: str | os.PathLike[str]) -> RegistryBackend:

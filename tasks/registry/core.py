@@ -1,4 +1,4 @@
-"""Registry operations over any backend: register (claim, upload, commit), list, resolve, aliases, fetch.
+"""Registry operations over any backend: register (claim, upload, commit), list, resolve, aliases.
 
 A registration checks the model files, claims ``<name>/<n>/claim.json`` with an exclusive create (next
 number on a conflict), uploads the files under it, then creates ``registration.json``: readers only ever
@@ -17,23 +17,17 @@ from __future__ import annotations
 
 import logging
 import os
-import random
-import shutil
 import socket
-import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from tasks.errors import InvalidModelDirectoryError, InvalidModelNameError, ModelNotFoundError, PipelineInputError
 from tasks.fileio import sha256_file
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import MODEL_FILES, ONNX_FILE, ModelDirectory
-from tasks.registry.backends import LocalBackend, RegistryBackend, open_backend
-from tasks.registry.integrity import memo_path, mismatched_files, remember
+from tasks.registry.backends import RegistryBackend, open_backend, swap
 from tasks.registry.layout import (
     ALIASES_FOLDER,
     CLAIM_FILE,
@@ -42,7 +36,6 @@ from tasks.registry.layout import (
     Claim,
     CorruptRegistryRecordError,
     DatasetLineage,
-    ModelIntegrityError,
     ModelReference,
     Promotion,
     Registration,
@@ -55,9 +48,9 @@ from tasks.registry.layout import (
     parse_registration,
     version_key,
 )
+from tasks.registry.status import is_deleted, read_status
 
 Registry = str | os.PathLike[str] | RegistryBackend
-ALIAS_SWAP_ATTEMPTS = 20
 logger = logging.getLogger(__name__)
 
 
@@ -84,28 +77,31 @@ def _record(backend: RegistryBackend, name: str, version: int) -> Registration |
     return None if data is None else parse_registration(data, f"{backend.location}/{key}", name, version)
 
 
-def _registrations(backend: RegistryBackend, name: str, newest_first: bool = False) -> Iterator[Registration]:
-    """Committed versions of ``name``; corrupt ones are left out with a warning."""
+def _registrations(
+    backend: RegistryBackend, name: str, newest_first: bool = False, include_archived: bool = True
+) -> Iterator[Registration]:
+    """Committed, undeleted versions of ``name``; corrupt ones are left out with a warning."""
     versions = numbered(backend.list_keys(check_model_name(name)), name, REGISTRATION_FILE)
     for version in sorted(versions, reverse=newest_first):
         try:
             record = _record(backend, name, version)
+            status = read_status(backend, name, version) if record else None
         except CorruptRegistryRecordError as error:
             logger.warning("%s: this version is left out", error)
             continue
-        if record is not None:
+        if record is not None and not (status and (status.deleted or (status.archived and not include_archived))):
             yield record
 
 
-def list_versions(registry: Registry, name: str) -> list[int]:
+def list_versions(registry: Registry, name: str, include_archived: bool = True) -> list[int]:
     """Committed, readable versions of ``name``, oldest first."""
-    return [r.version for r in _registrations(_backend(registry), name)]
+    return [r.version for r in _registrations(_backend(registry), name, include_archived=include_archived)]
 
 
 def read_registration(registry: Registry, name: str, version: int) -> Registration:
     backend = _backend(registry)
     record = _record(backend, check_model_name(name), version)
-    if record is None:
+    if record is None or is_deleted(backend, name, version):
         committed = list_versions(backend, name)
         raise ModelNotFoundError(f"{name} has no version {version} in {backend.location}; "
                                  f"committed versions: {committed or 'none'}")  # fmt: skip
@@ -115,7 +111,8 @@ def read_registration(registry: Registry, name: str, version: int) -> Registrati
 def _alias(backend: RegistryBackend, name: str, alias: str) -> AliasRecord | None:
     key = alias_key(name, alias)
     data = backend.read(key)
-    return None if data is None else parse_alias(data, f"{backend.location}/{key}", name, alias)
+    record = None if data is None else parse_alias(data, f"{backend.location}/{key}", name, alias)
+    return record if record is not None and record.version is not None else None
 
 
 def read_aliases(registry: Registry, name: str) -> dict[str, AliasRecord]:
@@ -129,7 +126,7 @@ def read_aliases(registry: Registry, name: str) -> dict[str, AliasRecord]:
         except (CorruptRegistryRecordError, InvalidModelNameError) as error:
             logger.warning("%s/%s: alias left out: %s", backend.location, key, error)
             continue
-        if record is not None:
+        if record is not None:  # None: unset
             aliases[alias] = record
     return aliases
 
@@ -147,38 +144,53 @@ def resolve(registry: Registry, reference: str | ModelReference) -> Registration
         return read_registration(backend, ref.name, record.version)
     if ref.version is not None:
         return read_registration(backend, ref.name, ref.version)
-    latest = next(_registrations(backend, ref.name, newest_first=True), None)
+    latest = next(_registrations(backend, ref.name, newest_first=True, include_archived=False), None)
     if latest is None:
-        raise ModelNotFoundError(f"no model named {ref.name!r} in {backend.location}")
+        archived = list_versions(backend, ref.name)
+        raise ModelNotFoundError(f"{ref.name!r} has only archived versions in {backend.location} ({archived}): "
+                                 f"name one by number" if archived else f"no model named {ref.name!r} in {backend.location}")  # fmt: skip
     return latest
 
 
 def _move_alias(
-    backend: RegistryBackend, name: str, alias: str, version: int, should_move: Callable[[AliasRecord | None], bool],
-    repair: bool = False,
+    backend: RegistryBackend, name: str, alias: str, version: int | None,
+    should_move: Callable[[AliasRecord | None], bool], repair: bool = False,
 ) -> AliasRecord | None:  # fmt: skip
-    """Compare-and-swap ``alias`` to ``version`` while ``should_move(current)`` holds; None when it does not.
-    With ``repair`` an unreadable alias record is replaced (with a warning) instead of refused."""
+    """Compare-and-swap ``alias`` to ``version`` (None: unset it) while ``should_move(current)`` holds; None when
+    it does not. With ``repair`` an unreadable alias record is replaced (with a warning) instead of refused.
+
+    A version being deleted is marked first and its aliases checked after (``manage.delete_version``); here the
+    alias is written first and the mark checked after, so of a deletion and a move racing, at least one sees
+    the other: a move that finds the mark takes itself back."""
     key = alias_key(name, alias)
-    for attempt in range(ALIAS_SWAP_ATTEMPTS):
-        tagged = backend.read_tagged(key)
+    where = f"{backend.location}/{key}"
+    moved: list[AliasRecord] = []
+
+    def change(data: bytes | None) -> bytes | None:
         try:
-            current = parse_alias(tagged[0], f"{backend.location}/{key}", name, alias) if tagged else None
+            current = parse_alias(data, where, name, alias) if data else None
         except CorruptRegistryRecordError as error:
             if not repair:
                 raise
             logger.warning("%s: replacing it", error)
             current = None
+        current = current if current is not None and current.version is not None else None
         if not should_move(current):
             return None
-        record = AliasRecord(alias=alias, version=version, updated_at=datetime.now(timezone.utc),
-                             previous_version=current.version if current else None)  # fmt: skip
-        data = record.model_dump_json(indent=2).encode()
-        # A lost answer to our own successful write reads back as our bytes.
-        if backend.replace_if(key, data, tagged[1] if tagged else None) or backend.read(key) == data:
-            return record
-        time.sleep(random.uniform(0, min(1.0, 0.02 * 2**attempt)))
-    raise TimeoutError(f"{backend.location}/{key} kept changing under {ALIAS_SWAP_ATTEMPTS} attempts to move it")
+        moved.append(AliasRecord(alias=alias, version=version, updated_at=datetime.now(timezone.utc),
+                                 previous_version=current.version if current else None))  # fmt: skip
+        return moved[-1].model_dump_json(indent=2).encode()
+
+    written = swap(backend, key, change)
+    if written is None:
+        return None
+    record = moved[-1]
+    if version is not None and is_deleted(backend, name, version):
+        back = AliasRecord(alias=alias, version=record.previous_version, updated_at=datetime.now(timezone.utc),
+                           previous_version=version)  # fmt: skip
+        swap(backend, key, lambda data: back.model_dump_json(indent=2).encode() if data == written else None)
+        raise ModelNotFoundError(f"{name}/{version} is being deleted from {backend.location}: alias {alias!r} not moved")
+    return record
 
 
 def set_alias(registry: Registry, name: str, alias: str, version: int) -> AliasRecord:
@@ -188,6 +200,16 @@ def set_alias(registry: Registry, name: str, alias: str, version: int) -> AliasR
     read_registration(backend, name, version)
     record = _move_alias(backend, name, alias, version, lambda _: True, repair=True)
     assert record is not None
+    return record
+
+
+def unset_alias(registry: Registry, name: str, alias: str) -> AliasRecord:
+    """Remove ``alias`` (its record stays, pointing nowhere, with the version it pointed at as previous)."""
+    backend = _backend(registry)
+    record = _move_alias(backend, name, check_alias(alias), None, lambda current: current is not None, repair=True)
+    if record is None:
+        known = sorted(read_aliases(backend, name))
+        raise ModelNotFoundError(f"{name} has no alias {alias!r} in {backend.location}; aliases: {known or 'none'}")
     return record
 
 
@@ -312,76 +334,3 @@ def register_model(
         promotion = _promote(backend, registration, promote_to, promotion_metric)
         registration = registration.model_copy(update={"promotion": promotion})
     return registration, f"{backend.location}/{version_key(name, registration.version)}"
-
-
-def _integrity_message(where: str, wrong: dict[str, str], registration: Registration) -> str:
-    found = "; ".join(f"{f}: {what}, registered {registration.files[f]}" for f, what in wrong.items())
-    return f"{where} does not hold what version {registration.version} of {registration.name} registered ({found})"
-
-
-def _discard(folder: Path) -> None:
-    """Remove a cached copy found damaged; renamed away first so that no reader meets it half deleted."""
-    trash = folder.parent / f".{folder.name}.discarded-{uuid.uuid4().hex}"
-    try:
-        folder.rename(trash)
-    except FileNotFoundError:
-        return  # another fetch discarded it first
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def _download(backend: RegistryBackend, registration: Registration, target: Path, memo: Path) -> None:
-    folder = version_key(registration.name, registration.version)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    download = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.download-"))
-    try:
-        for file_name in registration.files:
-            backend.download(f"{folder}/{file_name}", download / file_name)
-        hashes = {f: sha256_file(download / f) for f in registration.files}
-        wrong = {f: f"sha256 {h}" for f, h in hashes.items() if h != registration.files[f]}
-        if wrong:
-            raise ModelIntegrityError(_integrity_message(f"{backend.location}/{folder}", wrong, registration))
-        (download / REGISTRATION_FILE).write_text(registration.model_dump_json(indent=2), encoding="utf-8")
-        # Versions never change, so when several fetches race, the first complete copy stays and the
-        # others are dropped: rename() refuses to replace a folder that is not empty.
-        os.rename(download, target)
-        remember(target, registration.files, memo)
-    except OSError:
-        if not (target / REGISTRATION_FILE).is_file():
-            raise
-    finally:
-        shutil.rmtree(download, ignore_errors=True)
-
-
-def fetch_model(registry: Registry, reference: str, cache_dir: str | os.PathLike[str]) -> ModelDirectory:
-    """A local ModelDirectory for a reference, its files checked against the sha256 recorded at registration
-    (hashes memoised per file in ``cache_dir``): the version folder itself on a local registry (refused when
-    it differs), otherwise a download into ``cache_dir/<name>/<version>`` (downloaded again when it differs)."""
-    backend = _backend(registry)
-    registration = resolve(backend, reference)
-    folder = version_key(registration.name, registration.version)
-    memo = memo_path(cache_dir, registration.name, registration.version)
-    if isinstance(backend, LocalBackend):
-        wrong = mismatched_files(backend.root / folder, registration.files, memo)
-        if wrong:
-            raise ModelIntegrityError(_integrity_message(f"{backend.location}/{folder}", wrong, registration))
-        return ModelDirectory(backend.root / folder)
-    target = Path(cache_dir) / folder
-    if (target / REGISTRATION_FILE).is_file():
-        wrong = mismatched_files(target, registration.files, memo)
-        if not wrong:
-            return ModelDirectory(target)
-        logger.warning("%s; downloading it again", _integrity_message(f"cached copy {target}", wrong, registration))
-        _discard(target)
-    _download(backend, registration, target, memo)
-    return ModelDirectory(target)
-
-
-def load_model(model: str, registry: Registry, cache_dir: str | os.PathLike[str]) -> ModelDirectory:
-    """Everywhere a model is taken: an existing ModelDirectory path, or a reference into ``registry``."""
-    if Path(model).is_dir():
-        return ModelDirectory(model)
-    try:
-        reference = parse_reference(model)
-    except InvalidModelNameError as error:
-        raise InvalidModelNameError(f"{model!r} is neither a model directory nor a registry reference: {error}") from error
-    return fetch_model(registry, str(reference), cache_dir)

@@ -5,11 +5,15 @@ Layout (keys below the registry root, a folder or ``s3://bucket/prefix``)::
     <name>/<version>/claim.json          created exclusively: this registration owns <version>
     <name>/<version>/model.pt, model_spec.json, classes.json, metrics.json, training_log.csv[, model.onnx]
     <name>/<version>/registration.json   created exclusively, last: its presence commits the version
-    <name>/aliases/<alias>.json          AliasRecord: which version the alias points at (moved by rewriting)
+    <name>/<version>/status.json         VersionStatus: tags, archived, deleted (changed by compare-and-swap)
+    <name>/aliases/<alias>.json          AliasRecord: which version the alias points at (moved by rewriting;
+                                         unset: version null, so that unsetting is a swap like moving)
 
 Versions count 1, 2, 3... per name. A registration claims the next free number, uploads the model files
 under it, then commits. A number with a claim and no ``registration.json`` is an interrupted registration:
-never listed, never resolved, never reused.
+never listed, never resolved, never reused. ``registration.json`` never changes; what people change later
+(tags, archived) is ``status.json``. A deleted version keeps its claim and a ``deleted`` status, so its number
+is not reused either.
 
 References, accepted everywhere a model is taken: ``name`` (latest version), ``name/3``, ``name@production``.
 """
@@ -29,6 +33,7 @@ from tasks.model_directory import MODEL_FILES, ONNX_FILE
 
 CLAIM_FILE = "claim.json"
 REGISTRATION_FILE = "registration.json"
+STATUS_FILE = "status.json"
 ALIASES_FOLDER = "aliases"
 # The only file names a version may hold: a record naming any other is refused before it becomes a path.
 REGISTERED_FILES = frozenset({*MODEL_FILES, ONNX_FILE})
@@ -46,6 +51,10 @@ class CorruptRegistryRecordError(PipelineInputError):
 
 class ModelIntegrityError(PipelineInputError):
     """A stored model file does not match the sha256 recorded when its version was registered."""
+
+
+class AliasedVersionError(PipelineInputError):
+    """A version an alias points at cannot be deleted: move or unset the alias first."""
 
 
 class DatasetLineage(BaseModel):
@@ -86,9 +95,18 @@ class Claim(BaseModel):
     pid: int
 
 
+class VersionStatus(BaseModel):
+    """What people change about a committed version after registration."""
+
+    tags: dict[str, str]
+    archived: bool = Field(default=False, description="left out of 'latest'; still fetchable by number")
+    deleted: bool = Field(default=False, description="set before the files are removed: hidden from then on")
+    updated_at: datetime
+
+
 class AliasRecord(BaseModel):
     alias: str
-    version: int
+    version: int | None = Field(description="None: the alias was unset")
     updated_at: datetime
     previous_version: int | None = None
 
@@ -135,11 +153,18 @@ def parse_alias(data: bytes, where: str, name: str, alias: str) -> AliasRecord:
         raise CorruptRegistryRecordError(
             f"{where} (model {name}, alias {alias}) is not a readable alias record: {error}"
         ) from error
-    if record.alias != alias or record.version < 1:
+    if record.alias != alias or (record.version is not None and record.version < 1):
         raise CorruptRegistryRecordError(
             f"{where} (model {name}, alias {alias}) is refused: it says alias {record.alias!r} -> version {record.version}"
         )
     return record
+
+
+def parse_status(data: bytes, where: str) -> VersionStatus:
+    try:
+        return VersionStatus.model_validate_json(data)
+    except ValueError as error:
+        raise CorruptRegistryRecordError(f"{where} is not a readable version status record: {error}") from error
 
 
 def check_model_name(name: str) -> str:

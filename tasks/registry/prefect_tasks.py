@@ -1,5 +1,6 @@
 """The registry stage's Prefect tasks: register a trained model (with champion/challenger promotion) and
-resolve a model reference to a local ModelDirectory."""
+resolve a model reference to a local ModelDirectory; and the model card, one artifact per model name
+(``model-card-<name>``), published again after every registration and every change made from the command line."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
+from prefect.settings import get_current_settings
 from pydantic import BaseModel
 
 from tasks.evaluate import Evaluation
 from tasks.model_directory import ModelDirectory
-from tasks.registry import Promotion, Registration, default_model_name, lineage, load_model, register_model
+from tasks.registry import Promotion, Registration, default_model_name, lineage, load_model, open_backend, register_model
+from tasks.registry.card import model_card_key, model_card_markdown
+from tasks.registry.manage import model_versions
 from tasks.retrying import retry_unless_input_error
 
 
@@ -49,6 +53,25 @@ def registered_model_markdown(registration: Registration, location: str, metric:
     return markdown, headline
 
 
+def publish_model_card(registry: str, name: str) -> str:
+    """Create the next version of artifact ``model-card-<name>`` (in a flow or task run, or on its own);
+    returns its key."""
+    settings = get_current_settings()
+    markdown, description = model_card_markdown(name, open_backend(registry).location, model_versions(registry, name),
+                                                settings.ui_url)  # fmt: skip
+    key = model_card_key(name)
+    create_markdown_artifact(key=key, markdown=markdown, description=description)
+    return key
+
+
+def update_model_card_if_connected(registry: str, name: str) -> str:
+    """For the command line: publish the card when a Prefect API is configured (never starting a server of
+    its own); what happened, in one line."""
+    if not get_current_settings().api.url:
+        return f"model card of {name} not updated: no Prefect API configured (set PREFECT_API_URL)"
+    return f"model card updated: artifact {publish_model_card(registry, name)}"
+
+
 @task(name="register", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
 def register(
     registry: str,
@@ -62,8 +85,8 @@ def register(
 ) -> RegisteredModel:
     """Register with metrics, parameters and the lineage of ``datasets`` (role -> ImageDirectory).
 
-    ``name`` defaults to ``<training data set>-<architecture>``. Artifacts ``registered-model`` and, with
-    ``promote_to``, ``promotion`` (champion/challenger on ``promotion_metric``).
+    ``name`` defaults to ``<training data set>-<architecture>``. Artifacts ``registered-model``, the model card
+    ``model-card-<name>`` and, with ``promote_to``, ``promotion`` (champion/challenger on ``promotion_metric``).
     """
     trained = ModelDirectory(model_dir)
     training = trained.metrics()
@@ -92,6 +115,7 @@ def register(
             description=f"{'promoted' if decision.promoted else 'not promoted'} to {decision.alias!r}: "
             f"{decision.metric} {_figure(decision.challenger)} vs {champion}",
         )
+    publish_model_card(registry, name)
     return RegisteredModel(registration=registration, location=location)
 
 

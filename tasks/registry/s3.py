@@ -83,9 +83,13 @@ class S3Backend(RegistryBackend):
     def download(self, key: str, path: Path) -> None:
         download_s3_object(self.client, self.root.bucket, self.root.key(key), path)
 
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.root.bucket, Key=self.root.key(key))
+
     def list_keys(self, prefix: str) -> list[str]:
         keys = []
-        start = self.root.key(prefix) + "/"
+        start = self.root.key(prefix)
+        start += "/" if start else ""
         skip = len(self.root.prefix) + 1 if self.root.prefix else 0
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.root.bucket, Prefix=start):
             keys += [item["Key"][skip:] for item in page.get("Contents", [])]

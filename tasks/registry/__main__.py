@@ -1,0 +1,145 @@
+"""The registry from a shell. Every command takes ``--registry`` (a folder or s3://bucket/prefix; default
+``registry``); changes update the model's card in the Prefect UI when a Prefect API is configured.
+
+    python -m tasks.registry list                                  # the models
+    python -m tasks.registry list digits-resnet18                  # its versions, aliases, tags, figures
+    python -m tasks.registry show digits-resnet18@production       # one version, as JSON
+    python -m tasks.registry alias set digits-resnet18 production 3
+    python -m tasks.registry alias unset digits-resnet18 staging
+    python -m tasks.registry tag digits-resnet18/3 team=vision reviewed=yes
+    python -m tasks.registry untag digits-resnet18/3 reviewed
+    python -m tasks.registry archive digits-resnet18/1             # (unarchive to bring it back)
+    python -m tasks.registry delete digits-resnet18/1
+    python -m tasks.registry search --tag team=vision --where "accuracy>=0.9" --where "log_loss<0.3"
+
+A refused request (unknown version, aliased version, malformed condition) prints the reason and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tasks.errors import InvalidModelNameError, PipelineInputError
+from tasks.registry.core import set_alias, unset_alias
+from tasks.registry.layout import parse_reference
+from tasks.registry.manage import (
+    VersionView,
+    archive,
+    delete_version,
+    list_models,
+    model_versions,
+    parse_condition,
+    parse_tags,
+    search,
+    show_version,
+    tag,
+    untag,
+)
+
+
+def _row(view: VersionView) -> str:
+    r = view.registration
+    figures = ", ".join(f"{k} {v:.4g}" for k, v in r.metrics.items() if k in ("accuracy", "f1_macro", "log_loss")
+                        and isinstance(v, float))  # fmt: skip
+    notes = [f"@{a}" for a in view.aliases] + [f"{k}={v}" for k, v in sorted(view.tags.items())]
+    return f"{view.reference}\t{r.created_at:%Y-%m-%d %H:%M}\t{figures}\t{' '.join(notes)}{'  (archived)' * view.archived}"
+
+
+def _version_reference(text: str) -> tuple[str, int]:
+    ref = parse_reference(text)
+    if ref.version is None:
+        raise InvalidModelNameError(f"{text!r} names no version number: use name/<version>, e.g. digits-resnet18/2")
+    return ref.name, ref.version
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tasks.registry", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--registry", default="registry", help="folder or s3://bucket/prefix (default: registry)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    listing = commands.add_parser("list", help="the models, or one model's versions")
+    listing.add_argument("name", nargs="?")
+    commands.add_parser("show", help="one version as JSON").add_argument("reference")
+    alias = commands.add_parser("alias", help="set (create or move) or unset an alias")
+    alias_commands = alias.add_subparsers(dest="alias_command", required=True)
+    setting = alias_commands.add_parser("set")
+    setting.add_argument("name")
+    setting.add_argument("alias")
+    setting.add_argument("version", type=int)
+    unsetting = alias_commands.add_parser("unset")
+    unsetting.add_argument("name")
+    unsetting.add_argument("alias")
+    tagging = commands.add_parser("tag", help="add or overwrite tags: key=value ...")
+    tagging.add_argument("reference")
+    tagging.add_argument("tags", nargs="+")
+    untagging = commands.add_parser("untag", help="remove tags by key")
+    untagging.add_argument("reference")
+    untagging.add_argument("keys", nargs="+")
+    commands.add_parser("archive", help="hide a version from 'latest'").add_argument("reference")
+    commands.add_parser("unarchive", help="undo archive").add_argument("reference")
+    commands.add_parser("delete", help="delete a version no alias points at").add_argument("reference")
+    searching = commands.add_parser("search", help="versions by tag and figure")
+    searching.add_argument("--name", action="append", help="only this model (repeatable)")
+    searching.add_argument("--tag", action="append", default=[], help="key=value (repeatable)")
+    searching.add_argument("--where", action="append", default=[], help="e.g. 'accuracy>=0.9' (repeatable)")
+    searching.add_argument("--archived", action="store_true", help="include archived versions")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> str | None:
+    """Carry out the command; the name of the model it changed (whose card to update), if any."""
+    registry = args.registry
+    if args.command == "list":
+        print("\n".join(_row(v) for v in model_versions(registry, args.name)) if args.name else "\n".join(list_models(registry)))
+    elif args.command == "show":
+        view = show_version(registry, args.reference)
+        print(json.dumps({**view.registration.model_dump(mode="json"), "tags": view.tags, "archived": view.archived,
+                          "aliases": view.aliases}, indent=2))  # fmt: skip
+    elif args.command == "alias" and args.alias_command == "set":
+        record = set_alias(registry, args.name, args.alias, args.version)
+        moved = f" (was version {record.previous_version})" if record.previous_version else ""
+        print(f"{args.name}@{args.alias} -> version {record.version}{moved}")
+        return args.name
+    elif args.command == "alias":
+        record = unset_alias(registry, args.name, args.alias)
+        print(f"{args.name}@{args.alias} unset (was version {record.previous_version})")
+        return args.name
+    elif args.command in ("tag", "untag", "archive", "unarchive"):
+        if args.command == "tag":
+            view = tag(registry, args.reference, parse_tags(args.tags))
+        elif args.command == "untag":
+            view = untag(registry, args.reference, args.keys)
+        else:
+            view = archive(registry, args.reference, archived=args.command == "archive")
+        print(_row(view))
+        return view.registration.name
+    elif args.command == "delete":
+        name, version = _version_reference(args.reference)
+        delete_version(registry, name, version)
+        print(f"deleted {name}/{version}")
+        return name
+    else:
+        found = search(registry, tags=parse_tags(args.tag), where=[parse_condition(w) for w in args.where],
+                       names=args.name, include_archived=args.archived)  # fmt: skip
+        print("\n".join(_row(v) for v in found))
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        changed = _run(args)
+    except PipelineInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if changed:
+        from tasks.registry.prefect_tasks import update_model_card_if_connected
+
+        print(update_model_card_if_connected(args.registry, changed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

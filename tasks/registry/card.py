@@ -1,0 +1,57 @@
+"""The model card: every version of one model name as a markdown page (the Prefect artifact
+``model-card-<name>``, published by ``prefect_tasks.publish_model_card``). Pure: it formats what
+``manage.model_versions`` read and imports no Prefect."""
+
+from __future__ import annotations
+
+import re
+
+from tasks.registry.manage import VersionView
+
+# The figures a reader compares versions by, in this order, when a version has them.
+KEY_FIGURES = {"accuracy": "accuracy", "f1_macro": "F1 (macro)", "auc_ovr": "AUC", "log_loss": "log loss"}
+HASH_SHOWN = 12
+
+
+def model_card_key(name: str) -> str:
+    """Prefect artifact keys hold only lowercase letters, digits and dashes: '.' and '_' of a name become '-'."""
+    return "model-card-" + re.sub(r"[^a-z0-9-]", "-", name)
+
+
+def _figure(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else ("" if value is None else str(value))
+
+
+def _flow_run(flow_run_id: str | None, ui_url: str | None) -> str:
+    if not flow_run_id:
+        return ""
+    return f"[{flow_run_id[:8]}]({ui_url.rstrip('/')}/runs/flow-run/{flow_run_id})" if ui_url else f"`{flow_run_id}`"
+
+
+def _row(view: VersionView, figures: list[str], ui_url: str | None) -> str:
+    r = view.registration
+    cells = [
+        str(r.version), f"{r.created_at:%Y-%m-%d %H:%M} UTC", *(_figure(r.metrics.get(f)) for f in figures),
+        " ".join(f"`{a}`" for a in view.aliases), ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())),
+        "<br>".join(f"{role} `{d.content_hash[:HASH_SHOWN]}` ({d.images} images)" for role, d in r.datasets.items()),
+        _flow_run(r.flow_run_id, ui_url), "archived" if view.archived else "",
+    ]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def model_card_markdown(name: str, location: str, views: list[VersionView], ui_url: str | None) -> tuple[str, str]:
+    """(markdown, one-line description) of the card: one row per version, newest first."""
+    figures = [f for f in KEY_FIGURES if any(f in v.registration.metrics for v in views)]
+    aliases = sorted((a, v.registration.version) for v in views for a in v.aliases)
+    alias_line = ", ".join(f"`{a}` → {version}" for a, version in aliases) or "none"
+    header = ["version", "registered", *(KEY_FIGURES[f] for f in figures), "aliases", "tags", "datasets (content hash)",
+              "flow run", "status"]  # fmt: skip
+    lines = [
+        f"### Model card: {name}", "",
+        f"Registry `{location}`: {len(views)} version{'s' * (len(views) != 1)}; aliases: {alias_line}", "",
+        "| " + " | ".join(header) + " |", "|---" * len(header) + "|",
+        *(_row(v, figures, ui_url) for v in reversed(views)), "",
+        f"Fetch one: `python -m tasks.registry --registry {location} show {name}/<version>`",
+    ]  # fmt: skip
+    description = f"{name}: {len(views)} version{'s' * (len(views) != 1)}; aliases: {alias_line.replace('`', '')}"
+    return "\n".join(lines) + "\n", description
