@@ -1,0 +1,58 @@
+"""The model card on a real Prefect server: one artifact per model name whose latest version lists every
+registered version, refreshed by each registration and by an alias moved from the command line."""
+
+import asyncio
+
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
+
+from tasks.evaluate import evaluate_scores
+from tasks.image_directory import ImageDirectory
+from tasks.model_directory import ModelDirectory
+from tasks.registry import lineage
+from tasks.registry.card import model_card_key
+from tasks.registry.prefect_tasks import register
+from tasks.score import score_images
+from tests.test_registry_manage import cli
+
+NAME = "colours-resnet18"
+
+
+async def card_versions(key):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async with get_client() as client:
+        artifacts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    return sorted(artifacts, key=lambda a: a.created)
+
+
+def test_the_model_card_follows_registrations_and_alias_moves(prefect_server, trained_model, colour_image_dirs, tmp_path):
+    train, val = colour_image_dirs
+    evaluation = evaluate_scores(score_images(ModelDirectory(trained_model), ImageDirectory(val)))
+    registry = str(tmp_path / "registry")
+
+    @flow(name="register-colours")
+    def register_once(promote_to: str | None):
+        return register(registry, NAME, str(trained_model), evaluation, {"train": str(train), "validation": str(val)},
+                        {"epochs": 2}, promote_to=promote_to)  # fmt: skip
+
+    first, second = register_once("production"), register_once(None)
+    moved = cli(registry, "alias", "set", NAME, "production", "2", env={"PREFECT_API_URL": PREFECT_API_URL.value()})
+    assert moved.returncode == 0 and f"model card updated: artifact {model_card_key(NAME)}" in moved.stdout, moved.stderr
+
+    cards = asyncio.run(card_versions("model-card-colours-resnet18"))
+    assert len(cards) == 3, "one card version per registration and per alias move"
+    assert [c.flow_run_id and str(c.flow_run_id) for c in cards] == [first.registration.flow_run_id, second.registration.flow_run_id, None]
+    assert cards[-1].description == f"{NAME}: 2 versions; aliases: production → 2"
+    rows = [line for line in cards[-1].data.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert [row.split(" | ")[0] for row in rows] == ["| 2", "| 1"], "newest first"
+    ui = PREFECT_UI_URL.value().rstrip("/")
+    hashes = (lineage(train).content_hash[:12], lineage(val).content_hash[:12])
+    for row, registered, alias in zip(rows, (second, first), ("`production`", "")):
+        cells = row.split(" | ")
+        run_id = registered.registration.flow_run_id
+        assert f"{evaluation.accuracy:.4g}" in cells and alias in cells and "team" not in row
+        assert f"train `{hashes[0]}` (24 images)<br>validation `{hashes[1]}` (12 images)" in cells
+        assert f"[{run_id[:8]}]({ui}/runs/flow-run/{run_id})" in cells
+    assert "`production` → 1" in cards[0].data and "production → 2" not in cards[1].description
