@@ -80,6 +80,8 @@ def train_pipeline(
     work_dir: str = "runs",
     promote_to: str | None = None,
     promotion_metric: str = "accuracy",
+    lower_is_better: bool | None = None,
+    min_improvement: float = 0.0,
     export_onnx: bool = False,
 ) -> PipelineResult:
     """Train an image classifier from class-per-folder images, evaluate it and register it.
@@ -93,7 +95,9 @@ def train_pipeline(
         registry: Registry folder or s3://bucket/prefix.
         work_dir: Folder for each run's converted data, model, logs and scores.
         promote_to: Alias (e.g. production) the new version takes only if it beats the alias's current version.
-        promotion_metric: Figure compared for promotion, higher is better (accuracy, f1_macro, auc_ovr, ...).
+        promotion_metric: Figure compared for promotion (accuracy, f1_macro, auc_ovr, log_loss, ...).
+        lower_is_better: Whether a lower figure is better; empty: yes for figures named ...loss (log_loss), else no.
+        min_improvement: How much better than the champion the new version must be (in the figure's units) to take the alias.
         export_onnx: Also export model.onnx (checked against PyTorch with onnxruntime) and register it.
     """
     run_dir = run_folder(work_dir)  # a retried run finds its checkpoints again
@@ -115,6 +119,8 @@ def train_pipeline(
         params={"model": model.model_dump(), "training": training.model_dump()},
         promote_to=promote_to,
         promotion_metric=promotion_metric,
+        lower_is_better=lower_is_better,
+        min_improvement=min_improvement,
     )
     result = PipelineResult(
         model_name=registered.registration.name,
@@ -144,6 +150,9 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument("--work-dir", default="runs")
     parser.add_argument("--promote-to", help="alias the new version takes if it beats the alias's current version")
     parser.add_argument("--promotion-metric", default="accuracy")
+    parser.add_argument("--lower-is-better", action=argparse.BooleanOptionalAction,
+                        help="a lower figure is better (default: for figures named ...loss)")  # fmt: skip
+    parser.add_argument("--min-improvement", type=float, default=0.0, help="margin a challenger must win by")
     parser.add_argument("--export-onnx", action="store_true", help="also export and register model.onnx")
     add_training_flags(parser)
     args = parser.parse_args(argv)
@@ -157,6 +166,8 @@ def main(argv: list[str] | None = None) -> PipelineResult:
         work_dir=args.work_dir,
         promote_to=args.promote_to,
         promotion_metric=args.promotion_metric,
+        lower_is_better=args.lower_is_better,
+        min_improvement=args.min_improvement,
         export_onnx=args.export_onnx,
     )
     print(result.summary())

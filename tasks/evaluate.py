@@ -33,6 +33,8 @@ class Evaluation(BaseModel):
     recall_weighted: float
     f1_weighted: float
     auc_ovr: float | None  # None when some class has no images in the table
+    # Cross-entropy of the scored probabilities (lower is better); None when a label is not one of the classes.
+    log_loss: float | None = None
     classes: list[str]
     # The macro figures average over these: the model's classes that are a label or a prediction here.
     macro_classes: list[str]
@@ -72,6 +74,12 @@ def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
             ordered = sorted(classes)  # scikit-learn wants the labels, and so the columns, sorted
             probabilities = scores[[probability_column(c) for c in ordered]].to_numpy()
             auc = float(skm.roc_auc_score(truth, probabilities, multi_class="ovr", labels=ordered))
+    loss = None
+    if set(truth) <= set(classes):
+        ordered = sorted(classes)  # as for the AUC: scikit-learn takes the probability columns in sorted label order
+        probabilities = scores[[probability_column(c) for c in ordered]].to_numpy(dtype=float)
+        # float32 softmax rows miss 1 by rounding, which scikit-learn warns about: make each row sum to 1.
+        loss = float(skm.log_loss(truth, probabilities / probabilities.sum(axis=1, keepdims=True), labels=ordered))
     return Evaluation(
         images=len(scores),
         accuracy=float(skm.accuracy_score(truth, predicted)),
@@ -82,6 +90,7 @@ def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
         recall_weighted=float(weighted[1]),
         f1_weighted=float(weighted[2]),
         auc_ovr=auc,
+        log_loss=loss,
         classes=classes,
         macro_classes=[classes[i] for i in macro],
         confusion_matrix=skm.confusion_matrix(truth, predicted, labels=classes).tolist(),
@@ -90,6 +99,10 @@ def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
             for c, p, r, f, s in zip(classes, precision, recall, f1, support)
         ],
     )
+
+
+def _or_na(value: float | None, why: str) -> str:
+    return f"{value:.4g}" if value is not None else f"n/a ({why})"
 
 
 def evaluation_markdown(evaluation: Evaluation) -> str:
@@ -110,6 +123,7 @@ def evaluation_markdown(evaluation: Evaluation) -> str:
         f"| recall (weighted) | {evaluation.recall_weighted:.4g} |",
         f"| F1 (weighted) | {evaluation.f1_weighted:.4g} |",
         f"| AUC (one-vs-rest) | {auc} |",
+        f"| log loss | {_or_na(evaluation.log_loss, 'a label is not one of the classes')} |",
         "",
         f"Macro figures: the mean over the {len(evaluation.macro_classes)} classes present{macro_note}.",
         "",

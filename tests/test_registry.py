@@ -129,6 +129,26 @@ def test_champion_challenger_promotion_is_recorded(registry, trained_model):
     assert list_versions(registry, NAME) == [1, 2, 3, 4], "a refused promotion claims no version"
 
 
+def test_lower_is_better_figures_and_a_minimum_improvement(registry, trained_model):
+    def attempt(loss, **rule):
+        return register_model(registry, NAME, ModelDirectory(trained_model), metrics={"log_loss": loss}, params={},
+                              datasets={}, promote_to="production", promotion_metric="log_loss", **rule)[0].promotion  # fmt: skip
+
+    assert attempt(0.40).promoted
+    worse = attempt(0.50)
+    assert not worse.promoted and worse.lower_is_better, "a figure named ...loss is lower-is-better"
+    assert not attempt(0.38, min_improvement=0.05).promoted, "better by 0.02 only"
+    stronger = attempt(0.30, min_improvement=0.05)
+    assert stronger.promoted and (stronger.champion, stronger.min_improvement) == (0.40, 0.05)
+    assert resolve(registry, f"{NAME}@production").version == 4
+    assert attempt(0.20, lower_is_better=False).promoted is False, "told higher is better, a lower loss loses"
+    assert read_registration(registry, NAME, 4).promotion == stronger
+
+    with pytest.raises(PipelineInputError, match=r"minimum improvement -0.1 is not allowed: use a number >= 0"):
+        attempt(0.1, min_improvement=-0.1)
+    assert list_versions(registry, NAME) == [1, 2, 3, 4, 5], "a refused rule claims no version"
+
+
 def test_references_and_names_are_checked(tmp_path, trained_model):
     for bad in ("", "Digits", "../escape", "a/b", "x" * 101, "digits\n", "digits\n../x"):
         with pytest.raises(InvalidModelNameError):

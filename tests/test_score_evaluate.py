@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -114,6 +116,14 @@ def test_evaluation_markdown_rounds_for_people_and_labels_the_matrix():
     assert "| accuracy | 0.6667 |" in markdown and "0.66666" not in markdown
     assert "| true class ↓ predicted → | cat | dog | cow |" in markdown
     assert evaluation.headline() == "accuracy 0.6667, F1 (macro) 0.6667 on 3 images (2 of 3 classes present)"
+
+
+def test_log_loss_is_the_mean_cross_entropy_of_the_true_labels():
+    # The classes are not in sorted order (cat, dog, cow): the probability columns must be matched by name.
+    evaluation = evaluate_scores(scores(["cat", "dog"], ["cat", "cow"]))
+    assert evaluation.log_loss == pytest.approx(-(math.log(0.8) + math.log(0.1)) / 2)
+    assert evaluation.figures()["log_loss"] == evaluation.log_loss
+    assert f"| log loss | {evaluation.log_loss:.4g} |" in evaluation_markdown(evaluation)
 
 
 def test_auc_is_absent_when_a_class_has_no_images():

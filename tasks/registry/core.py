@@ -38,6 +38,7 @@ from tasks.registry.layout import (
     DatasetLineage,
     ModelReference,
     Promotion,
+    PromotionRule,
     Registration,
     alias_key,
     check_alias,
@@ -221,35 +222,38 @@ def check_metric(metrics: dict[str, Any], metric: str) -> float:
     return float(value)
 
 
-def _judge(backend: RegistryBackend, name: str, alias: str, metric: str, value: float, current: AliasRecord | None,
-           version: int | None = None) -> Promotion:  # fmt: skip
+def _judge(backend: RegistryBackend, name: str, alias: str, rule: PromotionRule, value: float,
+           current: AliasRecord | None, version: int | None = None) -> Promotion:  # fmt: skip
     """Champion/challenger against the alias as it is now: an alias not yet set (or already on ``version``)
-    is taken; otherwise only by beating the champion strictly (higher is better). A champion without the
-    figure keeps the alias: nothing shows the challenger is better."""
+    is taken; otherwise only by beating the champion strictly, in the rule's direction and by at least its
+    minimum improvement. A champion without the figure keeps the alias: nothing shows the challenger is better."""
+    decision = {"alias": alias, "metric": rule.metric, "challenger": value, "lower_is_better": rule.lower_is_better,
+                "min_improvement": rule.min_improvement}  # fmt: skip
     if current is None:
-        return Promotion(alias=alias, metric=metric, challenger=value, champion_version=None, champion=None, promoted=True)
+        return Promotion(**decision, champion_version=None, champion=None, promoted=True)
     if current.version == version:  # a retry finding its own earlier promotion
-        return Promotion(alias=alias, metric=metric, challenger=value, champion_version=version, champion=value,
-                         promoted=True)  # fmt: skip
-    best = read_registration(backend, name, current.version).metrics.get(metric)
+        return Promotion(**decision, champion_version=version, champion=value, promoted=True)
+    best = read_registration(backend, name, current.version).metrics.get(rule.metric)
     best = float(best) if isinstance(best, (int, float)) and not isinstance(best, bool) else None
-    return Promotion(alias=alias, metric=metric, challenger=value, champion_version=current.version, champion=best,
-                     promoted=best is not None and value > best)  # fmt: skip
+    return Promotion(**decision, champion_version=current.version, champion=best,
+                     promoted=best is not None and rule.beats(value, best))  # fmt: skip
 
 
-def challenge(registry: Registry, name: str, alias: str, metric: str, metrics: dict[str, Any]) -> Promotion:
-    """Should a version with ``metrics`` take ``alias`` now? (See ``_judge``.)"""
+def challenge(registry: Registry, name: str, alias: str, metric: str, metrics: dict[str, Any],
+              lower_is_better: bool | None = None, min_improvement: float = 0.0) -> Promotion:  # fmt: skip
+    """Should a version with ``metrics`` take ``alias`` now? (See ``_judge`` and ``PromotionRule.for_metric``.)"""
     backend = _backend(registry)
-    return _judge(backend, name, alias, metric, check_metric(metrics, metric), _alias(backend, name, check_alias(alias)))
+    rule = PromotionRule.for_metric(metric, lower_is_better, min_improvement)
+    return _judge(backend, name, alias, rule, check_metric(metrics, metric), _alias(backend, name, check_alias(alias)))
 
 
-def _promote(backend: RegistryBackend, registration: Registration, alias: str, metric: str) -> Promotion:
+def _promote(backend: RegistryBackend, registration: Registration, alias: str, rule: PromotionRule) -> Promotion:
     """Move ``alias`` to the version if it beats the champion, judged again after every lost swap."""
-    value = check_metric(registration.metrics, metric)
+    value = check_metric(registration.metrics, rule.metric)
     verdict: list[Promotion] = []
 
     def beats(current: AliasRecord | None) -> bool:
-        verdict.append(_judge(backend, registration.name, alias, metric, value, current, registration.version))
+        verdict.append(_judge(backend, registration.name, alias, rule, value, current, registration.version))
         return verdict[-1].promoted and (current is None or current.version != registration.version)
 
     _move_alias(backend, registration.name, alias, registration.version, beats)
@@ -301,16 +305,20 @@ def register_model(
     tags: dict[str, str] | None = None,
     promote_to: str | None = None,
     promotion_metric: str = "accuracy",
+    lower_is_better: bool | None = None,
+    min_improvement: float = 0.0,
 ) -> tuple[Registration, str]:
     """Store a trained model as the next version of ``name``; returns its record and location.
 
     With ``flow_run_id`` (and ``task_run_id``) the call is idempotent: a version that run already committed
     with the same files is returned, not registered again. With ``promote_to``, the version takes that alias
-    if it beats the alias's current version on ``promotion_metric``; the returned record carries the final
-    verdict (``registration.json`` keeps the one made at commit time).
+    if it beats the alias's current version on ``promotion_metric`` (lower is better for ``lower_is_better``;
+    None: for a figure named ``...loss``) by at least ``min_improvement``; the returned record carries the
+    final verdict (``registration.json`` keeps the one made at commit time).
     """
     backend = _backend(registry)
     check_model_name(name)
+    rule = PromotionRule.for_metric(promotion_metric, lower_is_better, min_improvement)
     if promote_to:
         check_alias(promote_to)
         check_metric(metrics, promotion_metric)
@@ -325,12 +333,13 @@ def register_model(
         registration = Registration(
             name=name, version=version, created_at=datetime.now(timezone.utc), metrics=metrics, params=params,
             datasets=datasets, flow_run_id=flow_run_id, task_run_id=task_run_id, tags=tags or {}, files=files,
-            promotion=challenge(backend, name, promote_to, promotion_metric, metrics) if promote_to else None,
+            promotion=challenge(backend, name, promote_to, promotion_metric, metrics, rule.lower_is_better,
+                                rule.min_improvement) if promote_to else None,
         )  # fmt: skip
         record = registration.model_dump_json(indent=2).encode()
         if not _create_owned(backend, version_key(name, version, REGISTRATION_FILE), record):
             raise RuntimeError(f"{backend.location}/{name}/{version} was committed by another registration despite our claim")
     if promote_to:
-        promotion = _promote(backend, registration, promote_to, promotion_metric)
+        promotion = _promote(backend, registration, promote_to, rule)
         registration = registration.model_copy(update={"promotion": promotion})
     return registration, f"{backend.location}/{version_key(name, registration.version)}"

@@ -63,6 +63,28 @@ class DatasetLineage(BaseModel):
     images: int
 
 
+class PromotionRule(BaseModel):
+    """How a challenger is judged: on ``metric``, in its direction, by at least ``min_improvement``."""
+
+    metric: str = "accuracy"
+    lower_is_better: bool = False
+    min_improvement: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+    @classmethod
+    def for_metric(cls, metric: str, lower_is_better: bool | None = None, min_improvement: float = 0.0) -> PromotionRule:
+        """``lower_is_better`` None: a figure named ``...loss`` (e.g. ``log_loss``) is lower-is-better."""
+        if not isinstance(min_improvement, (int, float)) or not 0 <= min_improvement < float("inf"):
+            raise PipelineInputError(f"minimum improvement {min_improvement!r} is not allowed: use a number >= 0, "
+                                     "in the promotion figure's units (e.g. 0.01 for one point of accuracy)")  # fmt: skip
+        direction = metric.endswith("loss") if lower_is_better is None else lower_is_better
+        return cls(metric=metric, lower_is_better=direction, min_improvement=min_improvement)
+
+    def beats(self, challenger: float, champion: float) -> bool:
+        """Strictly better, and by at least ``min_improvement``."""
+        gain = champion - challenger if self.lower_is_better else challenger - champion
+        return gain > 0 and gain >= self.min_improvement
+
+
 class Promotion(BaseModel):
     """A champion/challenger decision: was this version moved to ``alias``, and why."""
 
@@ -72,6 +94,8 @@ class Promotion(BaseModel):
     champion_version: int | None
     champion: float | None
     promoted: bool
+    lower_is_better: bool = False
+    min_improvement: float = 0.0
 
 
 class Registration(BaseModel):

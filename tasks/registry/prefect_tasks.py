@@ -31,8 +31,11 @@ def _promotion_markdown(promotion: Promotion) -> str:
         f"version {promotion.champion_version}: {_figure(promotion.champion) if promotion.champion is not None else 'no value'}"
     )  # fmt: skip
     verdict = "promoted" if promotion.promoted else "not promoted: it does not beat the champion"
+    rule = f"{'lower' if promotion.lower_is_better else 'higher'} is better"
+    if promotion.min_improvement:
+        rule += f", by at least {_figure(promotion.min_improvement)}"
     return (
-        f"### Promotion to `{promotion.alias}`: {verdict}\n\n| | {promotion.metric} |\n|---|---|\n"
+        f"### Promotion to `{promotion.alias}`: {verdict}\n\n| | {promotion.metric} ({rule}) |\n|---|---|\n"
         f"| challenger (this version) | {_figure(promotion.challenger)} |\n| champion | {champion} |\n"
     )
 
@@ -82,6 +85,8 @@ def register(
     params: dict[str, Any],
     promote_to: str | None = None,
     promotion_metric: str = "accuracy",
+    lower_is_better: bool | None = None,
+    min_improvement: float = 0.0,
 ) -> RegisteredModel:
     """Register with metrics, parameters and the lineage of ``datasets`` (role -> ImageDirectory).
 
@@ -102,7 +107,7 @@ def register(
         registry, name, trained,
         metrics=metrics, params=params, datasets=lineages,
         flow_run_id=flow_run.get_id(), task_run_id=task_run.get_id(), promote_to=promote_to,
-        promotion_metric=promotion_metric,
+        promotion_metric=promotion_metric, lower_is_better=lower_is_better, min_improvement=min_improvement,
     )  # fmt: skip
     markdown, description = registered_model_markdown(registration, location, promotion_metric)
     create_markdown_artifact(key="registered-model", markdown=markdown, description=description)
