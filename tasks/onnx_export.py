@@ -6,14 +6,21 @@ exporter (``dynamo=False`` + ``dynamic_axes``): it works the same from torch 2.4
 ``onnxscript``, and a torchvision classifier has no data-dependent control flow that would need
 ``torch.export``. The check runs both runtimes on the same inputs, at two batch sizes, and fails on any
 probability more than ``ONNX_TOLERANCE`` apart.
+
+The file carries its contract in ``metadata_props`` (``onnx_contract``), so a client needs nothing else:
+``classes`` (JSON list, index = output column), ``image_size``, ``mean`` and ``std`` (JSON lists, RGB),
+``preprocessing`` (in words) and the input and output names. onnxruntime reads them back as
+``InferenceSession(...).get_modelmeta().custom_metadata_map``.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import warnings
 
 import numpy as np
+import onnx
 import torch
 from torch import nn
 
@@ -44,8 +51,23 @@ def probability_model(model_dir: ModelDirectory) -> nn.Module:
     return _WithSoftmax(load_trained_model(model_dir, "cpu")).eval()
 
 
+def onnx_contract(model_dir: ModelDirectory) -> dict[str, str]:
+    """What a client needs to use ``model.onnx``: the metadata written into it (ONNX metadata values are strings)."""
+    spec = model_dir.spec
+    return {
+        "classes": json.dumps(model_dir.classes),
+        "image_size": str(spec.image_size),
+        "mean": json.dumps(list(spec.mean)),
+        "std": json.dumps(list(spec.std)),
+        "preprocessing": f"RGB, resized to {spec.image_size}x{spec.image_size} (no crop), scaled to [0, 1], "
+        "then (x - mean) / std per channel; N x 3 x H x W float32",
+        "input": INPUT_NAME,
+        "output": f"{OUTPUT_NAME} (softmax, one column per class)",
+    }
+
+
 def export_onnx(model_dir: ModelDirectory) -> ModelDirectory:
-    """Write ``model.onnx`` into the ModelDirectory (atomically)."""
+    """Write ``model.onnx`` into the ModelDirectory (atomically), its contract in its metadata."""
     size = model_dir.spec.image_size
     buffer = io.BytesIO()
     with warnings.catch_warnings():
@@ -57,8 +79,10 @@ def export_onnx(model_dir: ModelDirectory) -> ModelDirectory:
             input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=OPSET,
             dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
         )  # fmt: skip
+    graph = onnx.load_from_string(buffer.getvalue())
+    onnx.helper.set_model_props(graph, onnx_contract(model_dir))
     with atomic_write(model_dir.root / ONNX_FILE, "wb") as handle:
-        handle.write(buffer.getvalue())
+        handle.write(graph.SerializeToString())
     return model_dir
 
 

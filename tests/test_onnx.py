@@ -1,8 +1,10 @@
 """ONNX export checked by the real onnxruntime against PyTorch, and scoring through it."""
 
+import json
 import shutil
 
 import numpy as np
+import onnx
 import onnxruntime
 import pytest
 import torch
@@ -35,6 +37,20 @@ def test_export_has_a_dynamic_batch_and_matches_pytorch(unsure_model, colour_ima
     assert probabilities.shape == (7, 3)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
     assert (probabilities.max(axis=1) < 0.99).any(), "the check ran on probabilities that are not all 0 or 1"
+
+
+def test_the_onnx_file_carries_its_contract(unsure_model):
+    session = onnxruntime.InferenceSession(str(unsure_model.root / ONNX_FILE), providers=["CPUExecutionProvider"])
+    contract = session.get_modelmeta().custom_metadata_map
+    assert json.loads(contract["classes"]) == ["blue", "green", "red"] == unsure_model.classes
+    size = int(contract["image_size"])
+    assert size == unsure_model.spec.image_size and session.get_inputs()[0].shape[1:] == [3, size, size]
+    assert json.loads(contract["mean"]) == pytest.approx([0.485, 0.456, 0.406])
+    assert json.loads(contract["std"]) == pytest.approx([0.229, 0.224, 0.225])
+    assert contract["input"] == session.get_inputs()[0].name == "images"
+    assert "(x - mean) / std" in contract["preprocessing"]
+    stored = {p.key: p.value for p in onnx.load(unsure_model.root / ONNX_FILE, load_external_data=False).metadata_props}
+    assert stored == contract, "the same props read with the onnx package"
 
 
 def test_scoring_through_onnx_gives_the_torch_table(unsure_model, colour_image_dirs):
