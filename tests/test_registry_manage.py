@@ -38,6 +38,8 @@ def test_tags_change_and_archived_versions_leave_latest(registry, trained_model)
     assert archive(registry, f"{NAME}/3").archived
     assert resolve(registry, NAME).version == 2, "an archived version is not latest"
     assert resolve(registry, f"{NAME}/3").version == 3, "but still fetchable by number"
+    set_alias(registry, NAME, "staging", 3)
+    assert resolve(registry, f"{NAME}@staging").version == 3, "and by alias"
     assert list_versions(registry, NAME) == [1, 2, 3] and list_versions(registry, NAME, include_archived=False) == [1, 2]
     assert [v.archived for v in model_versions(registry, NAME)] == [False, False, True]
     assert not archive(registry, f"{NAME}/3", archived=False).archived and resolve(registry, NAME).version == 3
