@@ -168,24 +168,29 @@ from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from tasks.plots import plot_confusion_matrix, png_markdown, significant  # noqa: E402
+from tasks.plots import plot_confusion_matrix, plot_two_class_curves, png_markdown, significant  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 
 
 @task(name="evaluate", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
 def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
-    """Artifacts ``evaluation`` (figures, per-class report, confusion matrix) and ``confusion-matrix`` (a table);
-    the matrix is also drawn to ``picture`` (default: beside a local CSV)."""
-    evaluation = evaluate_scores(read_scores(scores_csv))
+    """Artifacts ``evaluation`` (figures, per-class report, confusion matrix; for two classes ROC and
+    precision-recall curves too) and ``confusion-matrix`` (a table); the matrix is also drawn to ``picture``
+    (default: beside a local CSV), the curves to ``roc_pr_curves.png`` beside it."""
+    scores = read_scores(scores_csv)
+    evaluation = evaluate_scores(scores)
     picture_path = (Path(picture) if picture else Path(scores_csv).with_name("confusion_matrix.png")).resolve()
     picture_path.parent.mkdir(parents=True, exist_ok=True)
     plot_confusion_matrix(evaluation.confusion_matrix, evaluation.classes, picture_path)
-    create_markdown_artifact(
-        key="evaluation",
-        markdown=evaluation_markdown(evaluation)
-        + f"\n{png_markdown(picture_path, 'confusion matrix')}\n\nAlso saved as `{picture_path}`.\n",
-        description=evaluation.headline(),
-    )
+    markdown = evaluation_markdown(evaluation) + f"\n{png_markdown(picture_path, 'confusion matrix')}\n\nAlso saved as `{picture_path}`.\n"
+    if len(evaluation.classes) == 2 and evaluation.auc_ovr is not None:
+        curves_path = picture_path.with_name("roc_pr_curves.png")
+        positive = evaluation.classes[1]
+        plot_two_class_curves((scores[LABEL_COLUMN].astype(str) == positive).to_numpy(),
+                              scores[probability_column(positive)].to_numpy(dtype=float), positive, 0.5, curves_path)  # fmt: skip
+        markdown += (f"\n{png_markdown(curves_path, 'ROC and precision-recall curves')}\n\n'{positive}' is the "
+                     f"positive class; the dot marks the threshold 0.5 (the scored label). Also saved as `{curves_path}`.\n")  # fmt: skip
+    create_markdown_artifact(key="evaluation", markdown=markdown, description=evaluation.headline())
     create_table_artifact(
         key="confusion-matrix",
         table=[{"true class": name, **dict(zip(evaluation.classes, row))} for name, row in

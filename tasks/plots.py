@@ -1,4 +1,5 @@
-"""Pictures for people: training curves and confusion matrices, as PNG files (matplotlib, no display)."""
+"""Pictures for people: training curves, confusion matrices and two-class ROC / precision-recall curves, as
+PNG files (matplotlib, no display)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from sklearn.metrics import ConfusionMatrixDisplay  # noqa: E402
+from sklearn.metrics import (  # noqa: E402
+    ConfusionMatrixDisplay,
+    PrecisionRecallDisplay,
+    RocCurveDisplay,
+    precision_score,
+    recall_score,
+)
 
 from tasks.model_directory import TrainingMetrics  # noqa: E402
 
@@ -47,6 +54,30 @@ def plot_confusion_matrix(matrix: list[list[int]], classes: list[str], path: str
         ax=axes, cmap="Blues", colorbar=False, xticks_rotation=45 if max(map(len, classes)) > 3 else "horizontal"
     )
     axes.set_title("Confusion matrix (rows: true class)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def plot_two_class_curves(
+    is_positive: np.ndarray, probability: np.ndarray, positive: str, threshold: float, path: str | os.PathLike[str]
+) -> None:
+    """ROC (with its AUC) and precision-recall (with average precision) of ``probability`` of class ``positive``,
+    the point of the decision ``probability >= threshold`` marked on both."""
+    figure, (roc_axes, pr_axes) = plt.subplots(1, 2, figsize=(10, 4.5))
+    RocCurveDisplay.from_predictions(is_positive, probability, ax=roc_axes, name=positive, plot_chance_level=True)
+    PrecisionRecallDisplay.from_predictions(is_positive, probability, ax=pr_axes, name=positive, plot_chance_level=True)
+    decided = probability >= threshold
+    recall = recall_score(is_positive, decided, zero_division=0)
+    false_positive_rate = float(np.mean(decided[~is_positive])) if (~is_positive).any() else 0.0
+    label = f"threshold {threshold:g}"
+    roc_axes.plot([false_positive_rate], [recall], "o", color="black", label=label)
+    pr_axes.plot([recall], [precision_score(is_positive, decided, zero_division=0)], "o", color="black", label=label)
+    roc_axes.set_title(f"ROC ('{positive}' is positive)")
+    pr_axes.set_title(f"Precision-recall ('{positive}' is positive)")
+    for axes in (roc_axes, pr_axes):
+        axes.legend(loc="lower right" if axes is roc_axes else "lower left")
+        axes.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
