@@ -50,5 +50,5 @@ __all__ = [
     "ModelIntegrityError", "ModelReference", "Promotion",
     "Registration", "RegistryBackend", "challenge", "check_model_name", "default_model_name", "fetch_model",
     "lineage", "list_versions", "load_model", "open_backend", "parse_reference", "read_aliases", "read_registration",
-    "register_model", "resolve", "set_alias",
+    "register_model", "resolve", "set_alias", "unset_alias",
 ]  # fmt: skip

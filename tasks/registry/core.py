@@ -55,7 +55,7 @@ Registry = str | os.PathLike[str] | RegistryBackend
 logger = logging.getLogger(__name__)
 
 
-def _backend(registry: Registry) -> RegistryBackend:
+def backend_of(registry: Registry) -> RegistryBackend:
     return registry if isinstance(registry, RegistryBackend) else open_backend(registry)
 
 
@@ -78,7 +78,7 @@ def _record(backend: RegistryBackend, name: str, version: int) -> Registration |
     return None if data is None else parse_registration(data, f"{backend.location}/{key}", name, version)
 
 
-def _registrations(
+def registrations(
     backend: RegistryBackend, name: str, newest_first: bool = False, include_archived: bool = True
 ) -> Iterator[Registration]:
     """Committed, undeleted versions of ``name``; corrupt ones are left out with a warning."""
@@ -96,11 +96,11 @@ def _registrations(
 
 def list_versions(registry: Registry, name: str, include_archived: bool = True) -> list[int]:
     """Committed, readable versions of ``name``, oldest first."""
-    return [r.version for r in _registrations(_backend(registry), name, include_archived=include_archived)]
+    return [r.version for r in registrations(backend_of(registry), name, include_archived=include_archived)]
 
 
 def read_registration(registry: Registry, name: str, version: int) -> Registration:
-    backend = _backend(registry)
+    backend = backend_of(registry)
     record = _record(backend, check_model_name(name), version)
     if record is None or is_deleted(backend, name, version):
         committed = list_versions(backend, name)
@@ -118,7 +118,7 @@ def _alias(backend: RegistryBackend, name: str, alias: str) -> AliasRecord | Non
 
 def read_aliases(registry: Registry, name: str) -> dict[str, AliasRecord]:
     """The aliases of ``name``; unreadable alias files are left out with a warning."""
-    backend = _backend(registry)
+    backend = backend_of(registry)
     aliases = {}
     for key in backend.list_keys(f"{check_model_name(name)}/{ALIASES_FOLDER}"):
         alias = key.rsplit("/", 1)[-1].removesuffix(".json")
@@ -135,7 +135,7 @@ def read_aliases(registry: Registry, name: str) -> dict[str, AliasRecord]:
 def resolve(registry: Registry, reference: str | ModelReference) -> Registration:
     """The registration a reference names: ``name`` (latest), ``name/3`` or ``name@production``."""
     ref = parse_reference(reference) if isinstance(reference, str) else reference
-    backend = _backend(registry)
+    backend = backend_of(registry)
     if ref.alias:
         record = _alias(backend, ref.name, ref.alias)
         if record is None:
@@ -145,7 +145,7 @@ def resolve(registry: Registry, reference: str | ModelReference) -> Registration
         return read_registration(backend, ref.name, record.version)
     if ref.version is not None:
         return read_registration(backend, ref.name, ref.version)
-    latest = next(_registrations(backend, ref.name, newest_first=True, include_archived=False), None)
+    latest = next(registrations(backend, ref.name, newest_first=True, include_archived=False), None)
     if latest is None:
         archived = list_versions(backend, ref.name)
         raise ModelNotFoundError(f"{ref.name!r} has only archived versions in {backend.location} ({archived}): "
@@ -196,7 +196,7 @@ def _move_alias(
 
 def set_alias(registry: Registry, name: str, alias: str, version: int) -> AliasRecord:
     """Point ``alias`` at a committed version (creating or moving it; an unreadable alias record is replaced)."""
-    backend = _backend(registry)
+    backend = backend_of(registry)
     check_alias(alias)
     read_registration(backend, name, version)
     record = _move_alias(backend, name, alias, version, lambda _: True, repair=True)
@@ -206,7 +206,7 @@ def set_alias(registry: Registry, name: str, alias: str, version: int) -> AliasR
 
 def unset_alias(registry: Registry, name: str, alias: str) -> AliasRecord:
     """Remove ``alias`` (its record stays, pointing nowhere, with the version it pointed at as previous)."""
-    backend = _backend(registry)
+    backend = backend_of(registry)
     record = _move_alias(backend, name, check_alias(alias), None, lambda current: current is not None, repair=True)
     if record is None:
         known = sorted(read_aliases(backend, name))
@@ -242,7 +242,7 @@ def _judge(backend: RegistryBackend, name: str, alias: str, rule: PromotionRule,
 def challenge(registry: Registry, name: str, alias: str, metric: str, metrics: dict[str, Any],
               lower_is_better: bool | None = None, min_improvement: float = 0.0) -> Promotion:  # fmt: skip
     """Should a version with ``metrics`` take ``alias`` now? (See ``_judge`` and ``PromotionRule.for_metric``.)"""
-    backend = _backend(registry)
+    backend = backend_of(registry)
     rule = PromotionRule.for_metric(metric, lower_is_better, min_improvement)
     return _judge(backend, name, alias, rule, check_metric(metrics, metric), _alias(backend, name, check_alias(alias)))
 
@@ -280,7 +280,7 @@ def _committed_by(backend: RegistryBackend, name: str, flow_run_id: str | None, 
                   files: dict[str, str]) -> Registration | None:  # fmt: skip
     if not flow_run_id:
         return None
-    return next((r for r in _registrations(backend, name, newest_first=True)
+    return next((r for r in registrations(backend, name, newest_first=True)
                  if (r.flow_run_id, r.task_run_id, r.files) == (flow_run_id, task_run_id, files)), None)  # fmt: skip
 
 
@@ -316,7 +316,7 @@ def register_model(
     None: for a figure named ``...loss``) by at least ``min_improvement``; the returned record carries the
     final verdict (``registration.json`` keeps the one made at commit time).
     """
-    backend = _backend(registry)
+    backend = backend_of(registry)
     check_model_name(name)
     rule = PromotionRule.for_metric(promotion_metric, lower_is_better, min_improvement)
     if promote_to:

@@ -17,7 +17,7 @@ from tasks.errors import InvalidModelNameError
 from tasks.fileio import sha256_file
 from tasks.model_directory import ModelDirectory
 from tasks.registry.backends import LocalBackend
-from tasks.registry.core import Registry, _backend, resolve
+from tasks.registry.core import Registry, backend_of, resolve
 from tasks.registry.integrity import memo_path, mismatched_files, remember
 from tasks.registry.layout import REGISTRATION_FILE, ModelIntegrityError, Registration, parse_reference, version_key
 
@@ -66,7 +66,7 @@ def fetch_model(registry: Registry, reference: str, cache_dir: str | os.PathLike
     """A local ModelDirectory for a reference, its files checked against the sha256 recorded at registration
     (hashes memoised per file in ``cache_dir``): the version folder itself on a local registry (refused when
     it differs), otherwise a download into ``cache_dir/<name>/<version>`` (downloaded again when it differs)."""
-    backend = _backend(registry)
+    backend = backend_of(registry)
     registration = resolve(backend, reference)
     folder = version_key(registration.name, registration.version)
     memo = memo_path(cache_dir, registration.name, registration.version)

@@ -191,8 +191,12 @@ def parse_status(data: bytes, where: str) -> VersionStatus:
         raise CorruptRegistryRecordError(f"{where} is not a readable version status record: {error}") from error
 
 
+def is_model_name(name: str) -> bool:
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
 def check_model_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not is_model_name(name):
         raise InvalidModelNameError(
             f"model name {name!r} is not allowed: use 1-100 lowercase letters, digits, '.', '_' or '-', "
             "starting with a letter or digit (e.g. 'digits-resnet18')"

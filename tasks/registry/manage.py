@@ -16,14 +16,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from tasks.errors import PipelineInputError
-from tasks.registry.core import Registry, _backend, read_aliases, read_registration, resolve, _registrations
+from tasks.registry.core import Registry, backend_of, read_aliases, read_registration, registrations, resolve
 from tasks.registry.layout import (
     REGISTERED_FILES,
     REGISTRATION_FILE,
     AliasedVersionError,
     ModelReference,
     Registration,
-    _NAME,
+    is_model_name,
     numbered,
     version_key,
 )
@@ -90,10 +90,10 @@ def parse_tags(pairs: list[str]) -> dict[str, str]:
 
 def list_models(registry: Registry) -> list[str]:
     """Names with at least one committed, undeleted version."""
-    backend = _backend(registry)
+    backend = backend_of(registry)
     keys = backend.list_keys("")
-    names = sorted({key.split("/", 1)[0] for key in keys if _NAME.fullmatch(key.split("/", 1)[0])})
-    return [name for name in names if numbered(keys, name, REGISTRATION_FILE) and next(_registrations(backend, name), None)]
+    names = sorted({key.split("/", 1)[0] for key in keys if is_model_name(key.split("/", 1)[0])})
+    return [name for name in names if numbered(keys, name, REGISTRATION_FILE) and next(registrations(backend, name), None)]
 
 
 def _view(backend, registration: Registration, aliases: dict[str, int]) -> VersionView:
@@ -107,13 +107,13 @@ def _view(backend, registration: Registration, aliases: dict[str, int]) -> Versi
 
 def model_versions(registry: Registry, name: str) -> list[VersionView]:
     """Every committed version of ``name``, archived ones included, oldest first."""
-    backend = _backend(registry)
+    backend = backend_of(registry)
     aliases = {a: r.version for a, r in read_aliases(backend, name).items()}
-    return [_view(backend, r, aliases) for r in _registrations(backend, name)]
+    return [_view(backend, r, aliases) for r in registrations(backend, name)]
 
 
 def show_version(registry: Registry, reference: str | ModelReference) -> VersionView:
-    backend = _backend(registry)
+    backend = backend_of(registry)
     registration = resolve(backend, reference)
     return _view(backend, registration, {a: r.version for a, r in read_aliases(backend, registration.name).items()})
 
@@ -121,14 +121,14 @@ def show_version(registry: Registry, reference: str | ModelReference) -> Version
 def tag(registry: Registry, reference: str, tags: dict[str, str]) -> VersionView:
     """Add or overwrite ``tags`` on a version."""
     registration = resolve(registry, reference)
-    change_status(_backend(registry), registration, lambda s: s.model_copy(update={"tags": {**s.tags, **tags}}))
+    change_status(backend_of(registry), registration, lambda s: s.model_copy(update={"tags": {**s.tags, **tags}}))
     return show_version(registry, f"{registration.name}/{registration.version}")
 
 
 def untag(registry: Registry, reference: str, keys: list[str]) -> VersionView:
     """Remove the tags named ``keys`` (absent ones are ignored)."""
     registration = resolve(registry, reference)
-    change_status(_backend(registry), registration,
+    change_status(backend_of(registry), registration,
                   lambda s: s.model_copy(update={"tags": {k: v for k, v in s.tags.items() if k not in keys}}))  # fmt: skip
     return show_version(registry, f"{registration.name}/{registration.version}")
 
@@ -136,7 +136,7 @@ def untag(registry: Registry, reference: str, keys: list[str]) -> VersionView:
 def archive(registry: Registry, reference: str, archived: bool = True) -> VersionView:
     """Archive a version (left out of ``latest``, still fetchable by number and alias), or bring it back."""
     registration = resolve(registry, reference)
-    change_status(_backend(registry), registration, lambda s: s.model_copy(update={"archived": archived}))
+    change_status(backend_of(registry), registration, lambda s: s.model_copy(update={"archived": archived}))
     return show_version(registry, f"{registration.name}/{registration.version}")
 
 
@@ -155,7 +155,7 @@ def _refuse_aliased(backend, registration: Registration, aliases: list[str]) -> 
 def delete_version(registry: Registry, name: str, version: int) -> Registration:
     """Delete a version no alias points at; its number is never used again. Refused with
     ``AliasedVersionError`` while an alias points at it."""
-    backend = _backend(registry)
+    backend = backend_of(registry)
     registration = read_registration(backend, name, version)
     if aliases := _aliases_on(backend, name, version):
         raise _refuse_aliased(backend, registration, aliases)
