@@ -6,6 +6,7 @@
 
     python -m flows.pipeline --processes-per-node 2   # the same from a shell (what `make run` does)
     python -m flows.pipeline --promote-to production --export-onnx   # champion/challenger; model.onnx too
+    python -m flows.pipeline --promote-to production --promotion-metric log_loss --min-improvement 0.01
 """
 
 from __future__ import annotations
