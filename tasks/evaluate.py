@@ -186,7 +186,7 @@ def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
     if len(evaluation.classes) == 2 and evaluation.auc_ovr is not None:
         curves_path = picture_path.with_name("roc_pr_curves.png")
         positive = evaluation.classes[1]
-        plot_two_class_curves((scores[LABEL_COLUMN].astype(str) == positive).to_numpy(),
+        plot_two_class_curves(scores[LABEL_COLUMN].astype(str).to_numpy(),
                               scores[probability_column(positive)].to_numpy(dtype=float), positive, 0.5, curves_path)  # fmt: skip
         markdown += (f"\n{png_markdown(curves_path, 'ROC and precision-recall curves')}\n\n'{positive}' is the "
                      f"positive class; the dot marks the threshold 0.5 (the scored label). Also saved as `{curves_path}`.\n")  # fmt: skip

@@ -60,13 +60,15 @@ def plot_confusion_matrix(matrix: list[list[int]], classes: list[str], path: str
 
 
 def plot_two_class_curves(
-    is_positive: np.ndarray, probability: np.ndarray, positive: str, threshold: float, path: str | os.PathLike[str]
+    labels: np.ndarray, probability: np.ndarray, positive: str, threshold: float, path: str | os.PathLike[str]
 ) -> None:
-    """ROC (with its AUC) and precision-recall (with average precision) of ``probability`` of class ``positive``,
-    the point of the decision ``probability >= threshold`` marked on both."""
+    """ROC (with its AUC) and precision-recall (with average precision) of ``probability`` of class ``positive``
+    against the true ``labels``, the point of the decision ``probability >= threshold`` marked on both."""
     figure, (roc_axes, pr_axes) = plt.subplots(1, 2, figsize=(10, 4.5))
-    RocCurveDisplay.from_predictions(is_positive, probability, ax=roc_axes, name=positive, plot_chance_level=True)
-    PrecisionRecallDisplay.from_predictions(is_positive, probability, ax=pr_axes, name=positive, plot_chance_level=True)
+    options = {"pos_label": positive, "name": positive, "plot_chance_level": True}
+    RocCurveDisplay.from_predictions(labels, probability, ax=roc_axes, **options)
+    PrecisionRecallDisplay.from_predictions(labels, probability, ax=pr_axes, **options)
+    is_positive = labels == positive
     decided = probability >= threshold
     recall = recall_score(is_positive, decided, zero_division=0)
     false_positive_rate = float(np.mean(decided[~is_positive])) if (~is_positive).any() else 0.0
