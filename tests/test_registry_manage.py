@@ -93,6 +93,30 @@ def test_an_alias_moved_onto_a_version_being_deleted_takes_itself_back(registry,
     assert resolve(registry, f"{NAME}@production").version == 1
 
 
+def test_deletions_racing_alias_moves_never_leave_an_alias_on_a_deleted_version(registry, trained_model):  # noqa: F811
+    for _ in range(3):
+        register(registry, trained_model)
+
+    def attempt(job):
+        try:
+            job()
+            return "done"
+        except (AliasedVersionError, ModelNotFoundError) as refused:
+            return type(refused).__name__
+
+    jobs = [lambda: delete_version(registry, NAME, 2), lambda: delete_version(registry, NAME, 3),
+            lambda: set_alias(registry, NAME, "production", 2), lambda: set_alias(registry, NAME, "staging", 3)]  # fmt: skip
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(attempt, jobs))
+    versions = list_versions(registry, NAME)
+    for alias, record in read_aliases(registry, NAME).items():
+        assert record.version in versions, f"{alias} -> deleted version {record.version} ({outcomes})"
+        assert resolve(registry, f"{NAME}@{alias}").version == record.version
+    for version, deleted, aliased in ((2, outcomes[0], outcomes[2]), (3, outcomes[1], outcomes[3])):
+        assert not deleted == aliased == "done", f"version {version} both deleted and aliased: {outcomes}"
+        assert (version in versions) == (deleted != "done")
+
+
 def test_concurrent_tags_all_stay(registry, trained_model):  # noqa: F811
     register(registry, trained_model)
     with ThreadPoolExecutor(8) as pool:
