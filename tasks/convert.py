@@ -52,6 +52,12 @@ from tasks.storage import is_s3_uri, read_bytes
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
 DEFAULT_DECODE_MEMORY_BYTES = 2**30
 
+# Pillow holds RGB as 4 bytes a pixel; normalising adds the rotated and the converted copy.
+_BYTES_PER_PIXEL, _NORMALISING_BYTES_PER_PIXEL = 4, 12
+_CHUNK = 1 << 20
+# Formats whose encoder would otherwise pick a low default quality when re-encoding a normalised image.
+_SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"quality": 95}}
+
 
 class ConversionLimits(BaseModel):
     """What one conversion may unpack and decode: the bounds that keep a hostile or huge source from filling
@@ -68,11 +74,6 @@ class ConversionLimits(BaseModel):
     decode_memory_bytes: int = Field(
         DEFAULT_DECODE_MEMORY_BYTES, gt=0, description="Decoded pixels, in bytes, that all decoding threads may hold at once"
     )
-# Pillow holds RGB as 4 bytes a pixel; normalising adds the rotated and the converted copy.
-_BYTES_PER_PIXEL, _NORMALISING_BYTES_PER_PIXEL = 4, 12
-_CHUNK = 1 << 20
-# Formats whose encoder would otherwise pick a low default quality when re-encoding a normalised image.
-_SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"quality": 95}}
 
 
 class DecodeBudget:
