@@ -23,10 +23,15 @@ class TrainingParams(BaseModel):
     nodes: int = Field(1, gt=0, description="machines taking part (torchrun --nnodes)")
     processes_per_node: int = Field(1, gt=0, description="worker processes per machine (torchrun --nproc-per-node)")
     rendezvous_endpoint: str | None = Field(
-        None, description="host:port of the c10d rendezvous, needed when nodes > 1 (same on every node)"
+        None, description="host:port of the c10d rendezvous when nodes > 1; empty: node 0's host and a free port there, "
+        "found when the nodes start"
     )
     rendezvous_id: str | None = Field(
-        None, description="job id shared by every node's launcher; empty: the run folder's name"
+        None, description="job id shared by every node's launcher; empty: one per launch of the nodes"
+    )
+    join_timeout_s: float = Field(
+        600, gt=0, description="with nodes > 1: fail (and cancel every node) unless all nodes started within this "
+        "many seconds"
     )
     max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed workers (each resumes from the checkpoint)")
     image_size: int | None = Field(

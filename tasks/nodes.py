@@ -1,0 +1,222 @@
+"""Multi-node training through the work pool: one flow run of the ``train-node`` deployment per node.
+
+With ``nodes > 1`` the train task (tasks/train.py) submits one run of the node deployment (flows/train_node.py)
+per node, as subflows of its own flow run: the UI shows each node's run, state and logs under the train task, and
+whichever worker of the deployment's pool (``gpu``, one per GPU host) is free picks each up. Every node trains
+through ``tasks.train.launch_training``, the one launch path, and all meet at one c10d rendezvous: node 0 takes a
+free port on its host and publishes ``host:port`` in a Prefect Variable that the other nodes wait for
+(``rendezvous_endpoint`` set by hand overrides it).
+
+Gang: unless every node run has started within ``join_timeout_s``, every run is cancelled and the task fails with
+``NodesNotJoinedError`` naming the pool and its workers. A node run that ends without completing, or the train
+task ending any other way (failed, cancelled, interrupted), cancels every run still going; the task returns or
+raises only once they have all ended, so no node trains alone. The server cancels them too if the parent flow
+run is cancelled (they are its subflows).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel
+
+from tasks.errors import NodesNotJoinedError, TrainingNodeFailedError
+from tasks.training.config import TrainingParams
+
+NODE_DEPLOYMENT = "train-node/train-node"
+# Long enough for a worker to see a cancellation and stop its flow run's processes.
+CANCEL_WAIT_SECONDS = 120.0
+# An address other hosts reach this one at, when the one facing the Prefect server is not it (NAT, several networks).
+NODE_ADDRESS_VARIABLE = "TRAIN_NODE_ADDRESS"
+
+
+class Rendezvous(BaseModel):
+    """Where a node's launcher meets the others: torchrun's c10d endpoint and id, and whether it serves the store."""
+
+    endpoint: str
+    id: str
+    is_host: bool | None
+
+
+def rendezvous_key() -> str:
+    """A new name per launch of the nodes (a Prefect Variable name: lowercase letters, digits, dashes)."""
+    return f"rendezvous-{uuid.uuid4().hex[:16]}"
+
+
+def reachable_address(api_url: str | None, override: str | None = None) -> str:
+    """This host's address on the network that reaches the Prefect server: every node reaches that server, so the
+    other nodes most likely reach this address too. No packet is sent (a UDP socket only picks its route)."""
+    if override:
+        return override
+    parts = urlsplit(api_url or "")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((parts.hostname or "127.0.0.1", parts.port or 443))
+            return probe.getsockname()[0]
+    except OSError:
+        return socket.getfqdn()
+
+
+def free_port() -> int:
+    """A port free on every interface of this host now; torchrun binds it moments later."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def node_run_parameters(
+    train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str, params: TrainingParams, key: str
+) -> list[dict]:
+    """The parameters of each node's flow run (flows/train_node.py), node 0 first."""
+    shared = dict(train_dir=train_dir, validation_dir=validation_dir, model_spec_dir=model_spec_dir,
+                  output_dir=output_dir, params=params.model_dump(mode="json"), rendezvous_key=key)  # fmt: skip
+    return [{**shared, "node_rank": rank} for rank in range(params.nodes)]
+
+
+def started(state) -> bool:
+    return state is not None and (state.is_running() or state.is_final())
+
+
+def describe_workers(workers: Sequence, now: datetime.datetime) -> str:
+    if not workers:
+        return "no worker at all"
+    described = []
+    for worker in sorted(workers, key=lambda w: w.name):
+        beat = worker.last_heartbeat_time
+        seen = f"last heartbeat {(now - beat).total_seconds():.0f} s ago" if beat else "no heartbeat yet"
+        described.append(f"{worker.name} ({str(worker.status.value).lower()}, {seen})")
+    return ", ".join(described)
+
+
+def not_joined_message(states: Sequence, pool: str, workers: Sequence, timeout_s: float, now: datetime.datetime) -> str:
+    joined = [rank for rank, state in enumerate(states) if started(state)]
+    waiting = [f"node {rank} ({state.name if state else 'not created'})" for rank, state in enumerate(states)
+               if rank not in joined]  # fmt: skip
+    return (
+        f"only {len(joined)} of {len(states)} training nodes started within {timeout_s:g} s (join_timeout_s): "
+        f"{', '.join(waiting)} still waiting for a worker of work pool {pool!r}, which has {describe_workers(workers, now)}. "
+        f"Each GPU host's worker takes one run at a time: start a worker on {len(waiting)} more host(s) "
+        "(make worker POOL=gpu), wait for theirs to finish, or lower nodes. Every node run was cancelled; none trained."
+    )
+
+
+def node_failed_message(rank: int, run_name: str, state) -> str:
+    return (
+        f"training node {rank} (flow run {run_name!r}) ended {state.name}: {state.message or 'no message'}; "
+        "every other node run was cancelled"
+    )
+
+
+# --- Prefect ------------------------------------------------------------------------------------
+from prefect import get_run_logger, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.deployments import run_deployment  # noqa: E402
+from prefect.runtime import flow_run  # noqa: E402
+from prefect.settings import PREFECT_API_URL  # noqa: E402
+from prefect.states import Cancelled, Cancelling  # noqa: E402
+from prefect.variables import Variable  # noqa: E402
+
+
+def wait_for_endpoint(key: str, timeout_s: float, poll_seconds: float = 1.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while (endpoint := Variable.get(key)) is None:
+        if time.monotonic() > deadline:
+            raise NodesNotJoinedError(
+                f"node 0 did not publish its rendezvous endpoint (Prefect Variable {key!r}) within {timeout_s:g} s "
+                "(join_timeout_s): its run never started, or failed before its launch"
+            )
+        time.sleep(poll_seconds)
+    return endpoint
+
+
+@task(name="find-rendezvous", cache_policy=NO_CACHE)
+def find_rendezvous(params: TrainingParams, node_rank: int, key: str) -> Rendezvous:
+    """Node 0 publishes ``host:port`` (its address towards the Prefect server, a free port); the others wait for it."""
+    logger = get_run_logger()
+    rendezvous_id = params.rendezvous_id or key
+    if params.rendezvous_endpoint:
+        return Rendezvous(endpoint=params.rendezvous_endpoint, id=rendezvous_id, is_host=None)
+    if node_rank == 0:
+        address = reachable_address(PREFECT_API_URL.value(), os.environ.get(NODE_ADDRESS_VARIABLE))
+        endpoint = f"{address}:{free_port()}"
+        Variable.set(key, endpoint, overwrite=True)
+        logger.info("node 0 serves the rendezvous at %s (published as Prefect Variable %r)", endpoint, key)
+    else:
+        endpoint = wait_for_endpoint(key, params.join_timeout_s)
+        logger.info("node %d joins the rendezvous at %s", node_rank, endpoint)
+    return Rendezvous(endpoint=endpoint, id=rendezvous_id, is_host=node_rank == 0)
+
+
+def cancel_unfinished(client, runs: Sequence, message: str, wait_seconds: float = CANCEL_WAIT_SECONDS) -> list:
+    """Cancel every run not yet ended (one not started at once, a started one through its worker, which stops its
+    processes), then wait for them to end. Returns the runs as last read."""
+    for run in runs:
+        state = client.read_flow_run(run.id).state
+        if state is not None and not state.is_final():
+            ending = Cancelled(message=message) if state.is_scheduled() else Cancelling(message=message)
+            client.set_flow_run_state(run.id, ending, force=True)
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        current = [client.read_flow_run(run.id) for run in runs]
+        if all(r.state is not None and r.state.is_final() for r in current) or time.monotonic() > deadline:
+            return current
+        time.sleep(1.0)
+
+
+def run_nodes(
+    train_dir: str,
+    validation_dir: str,
+    model_spec_dir: str,
+    output_dir: str,
+    params: TrainingParams,
+    *,
+    on_poll: Callable[[], None] = lambda: None,
+    poll_seconds: float = 2.0,
+    deployment: str = NODE_DEPLOYMENT,
+) -> None:
+    """Submit one node run per node and watch them to the end (see the module's docstring); ``on_poll`` runs on
+    every look, for progress. Raises NodesNotJoinedError or TrainingNodeFailedError."""
+    logger = get_run_logger()
+    key = rendezvous_key()
+    parent_name = flow_run.get_name() or "train"
+    runs = []
+    try:
+        for rank, parameters in enumerate(node_run_parameters(train_dir, validation_dir, model_spec_dir, output_dir, params, key)):
+            runs.append(run_deployment(deployment, parameters=parameters, timeout=0, flow_run_name=f"{parent_name}-node-{rank}"))
+            logger.info("node %d of %d: flow run %r (%s) submitted to %s", rank, params.nodes, runs[-1].name, runs[-1].id, deployment)
+        joined_by = time.monotonic() + params.join_timeout_s
+        seen: list[str | None] = [None] * len(runs)
+        with get_client(sync_client=True) as client:
+            while True:
+                current = [client.read_flow_run(run.id) for run in runs]
+                for rank, run in enumerate(current):
+                    if run.state and run.state.name != seen[rank]:
+                        seen[rank] = run.state.name
+                        logger.info("node %d (flow run %r): %s", rank, run.name, run.state.name)
+                on_poll()
+                failed = [(rank, run) for rank, run in enumerate(current) if run.state.is_final() and not run.state.is_completed()]
+                if failed:
+                    rank, run = failed[0]
+                    message = node_failed_message(rank, run.name, run.state)
+                    raise TrainingNodeFailedError(message, returncode=None, rank=None, log_tail=run.state.message or "")
+                if all(run.state.is_completed() for run in current):
+                    return
+                if time.monotonic() > joined_by and not all(started(run.state) for run in current):
+                    pool = client.read_deployment_by_name(deployment).work_pool_name
+                    workers = client.read_workers_for_work_pool(pool)
+                    now = datetime.datetime.now(datetime.timezone.utc)
+                    raise NodesNotJoinedError(not_joined_message([r.state for r in current], pool, workers, params.join_timeout_s, now))
+                time.sleep(poll_seconds)
+    finally:
+        with get_client(sync_client=True) as client:
+            ended = cancel_unfinished(client, runs, "cancelled with the other nodes of its training")
+            if any(not r.state.is_final() for r in ended):
+                logger.warning("node runs still not ended after cancelling: %s", [f"{r.name}: {r.state.name}" for r in ended])
+            Variable.unset(key)

@@ -1,0 +1,115 @@
+"""Multi-node training through the work pool, on real components: a Prefect server, the deployments of
+deployments/prefect.yaml, two `prefect worker`s on the `gpu` pool (each in a folder of its own, as on two hosts),
+the pipeline run as a person runs it (`python -m flows.pipeline --nodes 2`), real torchrun on CPU (Gloo)."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deployments.local import PROJECT_ROOT, PrefectStack
+from tasks.model_directory import ModelDirectory, driver_log_path
+from tasks.registry import list_versions, read_registration
+
+HOSTS = ("host-a", "host-b")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """A server, the pools and deployments as `make deploy` makes them, and one worker per "host" (limit 1)."""
+    settings = {"PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "2"}
+    with PrefectStack(home=tmp_path_factory.mktemp("prefect-home"), settings=settings) as running:
+        for pool in ("gpu", "default"):
+            running.cli("work-pool", "create", pool, "--type", "process")
+        deployed = subprocess.run([sys.executable, "-m", "deployments.deploy"], env=running.env, cwd=PROJECT_ROOT,
+                                  capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        running.workers = {}
+        for host in HOSTS:
+            folder = tmp_path_factory.mktemp(host)
+            running.workers[host] = running.start_worker("gpu", host, limit=1, cwd=folder)
+        yield running
+
+
+def run_pipeline(stack, colour_image_dirs, tmp_path, name: str, *flags: str) -> tuple[subprocess.CompletedProcess, float]:
+    """`python -m flows.pipeline` against the stack's server: the parent flow runs here, its nodes on the pool."""
+    train, val = colour_image_dirs
+    command = [sys.executable, "-m", "flows.pipeline", "--train-data", str(train), "--validation-data", str(val),
+               "--model-name", name, "--registry", str(tmp_path / "registry"), "--work-dir", str(tmp_path / "runs"),
+               "--epochs", "1", "--batch-size", "4", "--device", "cpu", "--nodes", "2", *flags]  # fmt: skip
+    started = time.monotonic()
+    result = subprocess.run(command, env=stack.env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=500)
+    return result, time.monotonic() - started
+
+
+def node_runs(stack, parent_flow_run_id=None):
+    """The runs of the train-node deployment (of one parent flow run when given), node 0 first."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("train-node/train-node")
+        runs = [r for r in client.read_flow_runs() if r.deployment_id == deployment.id]
+        parents = {r.id: client.read_task_run(r.parent_task_run_id).flow_run_id for r in runs if r.parent_task_run_id}
+        variables = client.read_variables()
+    if parent_flow_run_id is not None:
+        runs = [r for r in runs if str(parents.get(r.id)) == str(parent_flow_run_id)]
+    return sorted(runs, key=lambda r: r.parameters["node_rank"]), parents, variables
+
+
+def training_processes(output: Path) -> list[int]:
+    """PIDs of torchrun launchers and training workers writing into ``output``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(output).encode() in argv and int(entry.name) != os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
+def test_two_nodes_train_through_the_pool_and_register_one_model(stack, colour_image_dirs, tmp_path):
+    result, _ = run_pipeline(stack, colour_image_dirs, tmp_path, "colours-2nodes", "--processes-per-node", "1")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:] + stack.log_text()[-3000:]
+    assert "Registered colours-2nodes version 1" in result.stdout
+
+    registry = tmp_path / "registry"
+    assert list_versions(registry, "colours-2nodes") == [1]
+    registration = read_registration(registry, "colours-2nodes", 1)
+    assert registration.params["training"]["nodes"] == 2
+    (model_dir,) = [ModelDirectory(p) for p in (tmp_path / "runs").glob("*/model")]
+    assert model_dir.metrics().world_size == 2
+    for rank in (0, 1):
+        assert "rank %d/2 on cpu (gloo)" % rank in driver_log_path(model_dir.root, rank).read_text()
+
+    # Each node was a flow run of the deployment on the pool, a subflow of the pipeline's run, on its own worker.
+    runs, _, variables = node_runs(stack, registration.flow_run_id)
+    assert [r.parameters["node_rank"] for r in runs] == [0, 1]
+    assert all(r.state.is_completed() for r in runs), [(r.name, r.state) for r in runs]
+    ran_on = [[h for h in HOSTS if f"Flow run '{r.name}' submitted" in (stack.logs / f"{h}.log").read_text()] for r in runs]
+    assert sorted(sum(ran_on, [])) == list(HOSTS), ran_on
+    assert not [v for v in variables if v.name.startswith("rendezvous-")], "the rendezvous record is removed"
+
+
+def test_too_few_workers_fail_the_gang_within_its_join_timeout_and_leave_nothing_running(stack, colour_image_dirs, tmp_path):
+    stack.stop_process(stack.workers.pop("host-b"))
+    join_timeout = 20
+    result, seconds = run_pipeline(stack, colour_image_dirs, tmp_path, "colours-gang", "--join-timeout-s", str(join_timeout))
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "NodesNotJoinedError: only 1 of 2 training nodes started within 20 s (join_timeout_s)" in output, output[-5000:]
+    assert "work pool 'gpu'" in output and "host-a" in output and "Every node run was cancelled; none trained" in output
+    # Conversion and the flow's start take some seconds; cancelling the node that started, a few more.
+    assert seconds < join_timeout + 120, seconds
+
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert not training_processes(run_dir), "a training process was left running"
+    assert not (run_dir / "model" / "metrics.json").exists(), "a node trained alone"
+    runs, parents, _ = node_runs(stack)
+    mine = [r for r in runs if r.parameters["output_dir"] == str(run_dir / "model")]
+    assert len(mine) == 2 and all(r.state.is_cancelled() for r in mine), [(r.name, r.state) for r in mine]
