@@ -20,7 +20,8 @@ HOSTS = ("host-a", "host-b")
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """A server, the pools and deployments as `make deploy` makes them, and one worker per "host" (limit 1)."""
-    settings = {"PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "2"}
+    # Two "hosts" share this machine's cores: one compute thread per training process.
+    settings = {"PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "2", "OMP_NUM_THREADS": "1"}
     with PrefectStack(home=tmp_path_factory.mktemp("prefect-home"), settings=settings) as running:
         for pool in ("gpu", "default"):
             running.cli("work-pool", "create", pool, "--type", "process")
