@@ -17,6 +17,7 @@ run is cancelled (they are its subflows).
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import socket
 import time
@@ -26,7 +27,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
-from tasks.errors import NodesNotJoinedError, TrainingNodeFailedError
+from tasks.errors import NodesNotJoinedError, PipelineInputError, TrainingNodeFailedError
 from tasks.training.config import TrainingParams
 
 NODE_DEPLOYMENT = "train-node/train-node"
@@ -96,11 +97,11 @@ def describe_workers(workers: Sequence, now: datetime.datetime) -> str:
 
 def not_joined_message(states: Sequence, pool: str, workers: Sequence, timeout_s: float, now: datetime.datetime) -> str:
     joined = [rank for rank, state in enumerate(states) if started(state)]
-    waiting = [f"node {rank} ({state.name if state else 'not created'})" for rank, state in enumerate(states)
-               if rank not in joined]  # fmt: skip
+    waiting = [f"node {rank} ({state.name})" for rank, state in enumerate(states) if rank not in joined]
     return (
         f"only {len(joined)} of {len(states)} training nodes started within {timeout_s:g} s (join_timeout_s): "
-        f"{', '.join(waiting)} still waiting for a worker of work pool {pool!r}, which has {describe_workers(workers, now)}. "
+        f"{', '.join(waiting)} still waiting for a worker of work pool {pool!r}, which has "
+        f"{describe_workers(workers, now)}. "
         f"Each GPU host's worker takes one run at a time: start a worker on {len(waiting)} more host(s) "
         "(make worker POOL=gpu), wait for theirs to finish, or lower nodes. Every node run was cancelled; none trained."
     )
@@ -118,6 +119,7 @@ from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.deployments import run_deployment  # noqa: E402
+from prefect.exceptions import ObjectNotFound  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 from prefect.settings import PREFECT_API_URL  # noqa: E402
 from prefect.states import Cancelled, Cancelling  # noqa: E402
@@ -170,6 +172,34 @@ def cancel_unfinished(client, runs: Sequence, message: str, wait_seconds: float 
         time.sleep(1.0)
 
 
+def submit_nodes(deployment: str, parameters: list[dict], log) -> list:
+    """One flow run of ``deployment`` per node, each a subflow of the calling task's flow run; not waited for."""
+    name = flow_run.get_name() or "train"
+    runs = []
+    for rank, node_parameters in enumerate(parameters):
+        run = run_deployment(deployment, parameters=node_parameters, timeout=0, flow_run_name=f"{name}-node-{rank}")
+        log(logging.INFO, f"node {rank} of {len(parameters)}: flow run {run.name!r} ({run.id}) submitted to {deployment}")
+        runs.append(run)
+    return runs
+
+
+def check_nodes(client, runs: Sequence, deployment: str, params: TrainingParams, joining: bool) -> bool:
+    """One look at the node runs: True once all completed; raises when one ended otherwise, or when ``joining``
+    is over (``join_timeout_s`` passed) and some have not started."""
+    for rank, run in enumerate(runs):
+        if run.state.is_final() and not run.state.is_completed():
+            message = node_failed_message(rank, run.name, run.state)
+            raise TrainingNodeFailedError(message, returncode=None, rank=None, log_tail=run.state.message or "")
+    if all(run.state.is_completed() for run in runs):
+        return True
+    if not joining and not all(started(run.state) for run in runs):
+        pool = client.read_deployment_by_name(deployment).work_pool_name
+        workers = client.read_workers_for_work_pool(pool)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        raise NodesNotJoinedError(not_joined_message([r.state for r in runs], pool, workers, params.join_timeout_s, now))
+    return False
+
+
 def run_nodes(
     train_dir: str,
     validation_dir: str,
@@ -183,40 +213,34 @@ def run_nodes(
 ) -> None:
     """Submit one node run per node and watch them to the end (see the module's docstring); ``on_poll`` runs on
     every look, for progress. Raises NodesNotJoinedError or TrainingNodeFailedError."""
-    logger = get_run_logger()
+    log = get_run_logger().log
     key = rendezvous_key()
-    parent_name = flow_run.get_name() or "train"
-    runs = []
-    try:
-        for rank, parameters in enumerate(node_run_parameters(train_dir, validation_dir, model_spec_dir, output_dir, params, key)):
-            runs.append(run_deployment(deployment, parameters=parameters, timeout=0, flow_run_name=f"{parent_name}-node-{rank}"))
-            logger.info("node %d of %d: flow run %r (%s) submitted to %s", rank, params.nodes, runs[-1].name, runs[-1].id, deployment)
-        joined_by = time.monotonic() + params.join_timeout_s
-        seen: list[str | None] = [None] * len(runs)
-        with get_client(sync_client=True) as client:
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(deployment)
+        except ObjectNotFound:
+            raise PipelineInputError(
+                f"nodes={params.nodes} trains through the {deployment!r} deployment, which this Prefect server does "
+                "not have: deploy deployments/prefect.yaml (make deploy)"
+            ) from None
+        runs: list = []
+        try:
+            runs = submit_nodes(deployment, node_run_parameters(train_dir, validation_dir, model_spec_dir, output_dir,
+                                                                params, key), log)  # fmt: skip
+            joined_by = time.monotonic() + params.join_timeout_s
+            seen: dict[int, str] = {}
             while True:
-                current = [client.read_flow_run(run.id) for run in runs]
-                for rank, run in enumerate(current):
-                    if run.state and run.state.name != seen[rank]:
+                runs = [client.read_flow_run(run.id) for run in runs]
+                for rank, run in enumerate(runs):
+                    if seen.get(rank) != run.state.name:
                         seen[rank] = run.state.name
-                        logger.info("node %d (flow run %r): %s", rank, run.name, run.state.name)
+                        log(logging.INFO, f"node {rank} (flow run {run.name!r}): {run.state.name}")
                 on_poll()
-                failed = [(rank, run) for rank, run in enumerate(current) if run.state.is_final() and not run.state.is_completed()]
-                if failed:
-                    rank, run = failed[0]
-                    message = node_failed_message(rank, run.name, run.state)
-                    raise TrainingNodeFailedError(message, returncode=None, rank=None, log_tail=run.state.message or "")
-                if all(run.state.is_completed() for run in current):
+                if check_nodes(client, runs, deployment, params, joining=time.monotonic() < joined_by):
                     return
-                if time.monotonic() > joined_by and not all(started(run.state) for run in current):
-                    pool = client.read_deployment_by_name(deployment).work_pool_name
-                    workers = client.read_workers_for_work_pool(pool)
-                    now = datetime.datetime.now(datetime.timezone.utc)
-                    raise NodesNotJoinedError(not_joined_message([r.state for r in current], pool, workers, params.join_timeout_s, now))
                 time.sleep(poll_seconds)
-    finally:
-        with get_client(sync_client=True) as client:
+        finally:
             ended = cancel_unfinished(client, runs, "cancelled with the other nodes of its training")
             if any(not r.state.is_final() for r in ended):
-                logger.warning("node runs still not ended after cancelling: %s", [f"{r.name}: {r.state.name}" for r in ended])
+                log(logging.WARNING, f"node runs not ended after cancelling: {[f'{r.name}: {r.state.name}' for r in ended]}")
             Variable.unset(key)

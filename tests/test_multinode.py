@@ -6,15 +6,49 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.model_directory import ModelDirectory, driver_log_path
+from tasks.nodes import node_run_parameters, not_joined_message, reachable_address
 from tasks.registry import list_versions, read_registration
+from tasks.training.config import TrainingParams
 
 HOSTS = ("host-a", "host-b")
+
+
+def test_each_node_run_gets_what_the_node_flow_takes():
+    from prefect.flows import load_flow_from_entrypoint
+
+    node_flow = load_flow_from_entrypoint(str(PROJECT_ROOT / "flows" / "train_node.py:train_node_flow"))
+    parameters = node_run_parameters("/d/train", "/d/val", "/d/spec", "/d/model", TrainingParams(nodes=3), "rendezvous-1")
+    assert [p["node_rank"] for p in parameters] == [0, 1, 2]
+    for node in parameters:
+        assert node_flow.validate_parameters(node)["params"] == TrainingParams(nodes=3)
+
+
+def test_the_gang_timeout_names_the_nodes_waiting_the_pool_and_its_workers():
+    from prefect.client.schemas.objects import Worker, WorkerStatus
+    from prefect.states import Running, Scheduled
+
+    now = datetime.now(timezone.utc)
+    workers = [Worker(name="gpu-b", work_pool_id=uuid4(), status=WorkerStatus.OFFLINE, last_heartbeat_time=now - timedelta(seconds=95)),
+               Worker(name="gpu-a", work_pool_id=uuid4(), status=WorkerStatus.ONLINE, last_heartbeat_time=now - timedelta(seconds=3))]  # fmt: skip
+    message = not_joined_message([Running(), Scheduled(), Scheduled()], "gpu", workers, 60, now)
+    assert message.startswith("only 1 of 3 training nodes started within 60 s (join_timeout_s): node 1 (Scheduled), "
+                              "node 2 (Scheduled) still waiting for a worker of work pool 'gpu', which has "
+                              "gpu-a (online, last heartbeat 3 s ago), gpu-b (offline, last heartbeat 95 s ago).")  # fmt: skip
+    assert "start a worker on 2 more host(s)" in message
+    assert "no worker at all" in not_joined_message([Scheduled(), Scheduled()], "gpu", [], 60, now)
+
+
+def test_node_0_publishes_its_address_towards_the_prefect_server_unless_told_another():
+    assert reachable_address("http://127.0.0.1:4200/api") == "127.0.0.1"
+    assert reachable_address("http://127.0.0.1:4200/api", override="gpu-0.example.org") == "gpu-0.example.org"
 
 
 @pytest.fixture(scope="module")
