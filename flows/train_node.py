@@ -30,8 +30,8 @@ def train_node_flow(
         model_spec_dir: UntrainedModelDirectory.
         output_dir: ModelDirectory every node writes into (rank 0 the model files, each rank its log).
         params: Training parameters, the same on every node.
-        node_rank: 0 serves the rendezvous; the others join it.
-        rendezvous_key: Prefect Variable where node 0 publishes its endpoint (also the rendezvous id).
+        node_rank: This node's number among the runs the train stage submitted (names it in logs).
+        rendezvous_key: Prefect Variable where the first node to start publishes its endpoint (and the rendezvous id).
     """
     rendezvous = find_rendezvous(params, node_rank, rendezvous_key)
     return train_node(train_dir, validation_dir, model_spec_dir, output_dir, params, rendezvous)

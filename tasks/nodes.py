@@ -1,17 +1,21 @@
 """Multi-node training through the work pool: one flow run of the ``train-node`` deployment per node.
 
-With ``nodes > 1`` the train task (tasks/train.py) submits one run of the node deployment (flows/train_node.py)
-per node, as subflows of its own flow run: the UI shows each node's run, state and logs under the train task, and
-whichever worker of the deployment's pool (``gpu``, one per GPU host) is free picks each up. Every node trains
-through ``tasks.train.launch_training``, the one launch path, and all meet at one c10d rendezvous: node 0 takes a
-free port on its host and publishes ``host:port`` in a Prefect Variable that the other nodes wait for
+With ``nodes > 1`` (or ``min:max``) the train task (tasks/train.py) submits one run of the node deployment
+(flows/train_node.py) per node, as subflows of its own flow run: the UI shows each node's run, state and logs under
+the train task, and whichever worker of the deployment's pool (``gpu``, one per GPU host) is free picks each up.
+Every node trains through ``tasks.train.launch_training``, the one launch path, and all meet at one c10d
+rendezvous: the first node to start takes a free port on its host, publishes ``host:port`` as a Prefect Variable
+(created once: the server refuses a second) and serves the rendezvous there; the others read it and join
 (``rendezvous_endpoint`` set by hand overrides it).
 
-Gang: unless every node run has started within ``join_timeout_s``, every run is cancelled and the task fails with
-``NodesNotJoinedError`` naming the pool and its workers. A node run that ends without completing, or the train
-task ending any other way (failed, cancelled, interrupted), cancels every run still going; the task returns or
-raises only once they have all ended, so no node trains alone. The server cancels them too if the parent flow
-run is cancelled (they are its subflows).
+Gang: unless enough node runs (``nodes``, or ``min`` of ``min:max``) have started within ``join_timeout_s``,
+every run is cancelled and the task fails with ``NodesNotJoinedError`` naming the pool and its workers. With a
+fixed ``nodes`` a node run that ends without completing cancels every other one; with ``min:max`` the others
+carry on (torchrun re-forms the group from the last checkpoint, given ``max_restarts``), runs still waiting for a
+worker may join late (torchrun rescales), and those that never started are cancelled when training is over.
+However the train task ends (done, failed, cancelled, interrupted), it cancels every node run still going and
+returns or raises only once they have all ended, so no node trains alone. The server cancels them too if the
+parent flow run is cancelled (they are its subflows).
 """
 
 from __future__ import annotations
@@ -74,10 +78,10 @@ def free_port() -> int:
 def node_run_parameters(
     train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str, params: TrainingParams, key: str
 ) -> list[dict]:
-    """The parameters of each node's flow run (flows/train_node.py), node 0 first."""
+    """The parameters of each node's flow run (flows/train_node.py): one per node, up to ``max`` of ``min:max``."""
     shared = dict(train_dir=train_dir, validation_dir=validation_dir, model_spec_dir=model_spec_dir,
                   output_dir=output_dir, params=params.model_dump(mode="json"), rendezvous_key=key)  # fmt: skip
-    return [{**shared, "node_rank": rank} for rank in range(params.nodes)]
+    return [{**shared, "node_rank": rank} for rank in range(params.max_nodes)]
 
 
 def started(state) -> bool:
@@ -95,15 +99,18 @@ def describe_workers(workers: Sequence, now: datetime.datetime) -> str:
     return ", ".join(described)
 
 
-def not_joined_message(states: Sequence, pool: str, workers: Sequence, timeout_s: float, now: datetime.datetime) -> str:
+def not_joined_message(
+    states: Sequence, needed: int, pool: str, workers: Sequence, timeout_s: float, now: datetime.datetime
+) -> str:
     joined = [rank for rank, state in enumerate(states) if started(state)]
     waiting = [f"node {rank} ({state.name})" for rank, state in enumerate(states) if rank not in joined]
+    of = f"{len(states)}" if needed == len(states) else f"the {needed} needed (nodes {needed}:{len(states)})"
     return (
-        f"only {len(joined)} of {len(states)} training nodes started within {timeout_s:g} s (join_timeout_s): "
+        f"only {len(joined)} of {of} training nodes started within {timeout_s:g} s (join_timeout_s): "
         f"{', '.join(waiting)} still waiting for a worker of work pool {pool!r}, which has "
-        f"{describe_workers(workers, now)}. "
-        f"Each GPU host's worker takes one run at a time: start a worker on {len(waiting)} more host(s) "
-        "(make worker POOL=gpu), wait for theirs to finish, or lower nodes. Every node run was cancelled; none trained."
+        f"{describe_workers(workers, now)}. Each GPU host's worker takes one run at a time: start a worker on "
+        f"{needed - len(joined)} more host(s) (make worker POOL={pool}), wait for theirs to finish, or lower nodes. "
+        "Every node run was cancelled; none trained."
     )
 
 
@@ -114,46 +121,58 @@ def node_failed_message(rank: int, run_name: str, state) -> str:
     )
 
 
+def nodes_outcome(states: Sequence, elastic: bool) -> tuple[bool, int | None]:
+    """(done, the node whose failure fails the training) from the node runs' states.
+
+    Fixed nodes: done once all completed; any node ending otherwise fails it. Elastic (``min:max``): done once one
+    completed and no started run is still going (runs that never started are cancelled); a node ending otherwise
+    fails it only when no run is left going and none completed (the others carry on without it)."""
+    failed = [rank for rank, state in enumerate(states) if state.is_final() and not state.is_completed()]
+    going = [rank for rank, state in enumerate(states) if started(state) and not state.is_final()]
+    completed = any(state.is_completed() for state in states)
+    if not elastic:
+        return all(state.is_completed() for state in states), failed[0] if failed else None
+    if going:
+        return False, None
+    return completed, None if completed or not failed else failed[0]
+
+
 # --- Prefect ------------------------------------------------------------------------------------
 from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.client.schemas.actions import VariableCreate  # noqa: E402
 from prefect.deployments import run_deployment  # noqa: E402
-from prefect.exceptions import ObjectNotFound  # noqa: E402
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 from prefect.settings import PREFECT_API_URL  # noqa: E402
 from prefect.states import Cancelled, Cancelling  # noqa: E402
 from prefect.variables import Variable  # noqa: E402
 
 
-def wait_for_endpoint(key: str, timeout_s: float, poll_seconds: float = 1.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while (endpoint := Variable.get(key)) is None:
-        if time.monotonic() > deadline:
-            raise NodesNotJoinedError(
-                f"node 0 did not publish its rendezvous endpoint (Prefect Variable {key!r}) within {timeout_s:g} s "
-                "(join_timeout_s): its run never started, or failed before its launch"
-            )
-        time.sleep(poll_seconds)
-    return endpoint
+def claim_rendezvous(key: str, endpoint: str) -> tuple[str, bool]:
+    """Publish ``endpoint`` as the rendezvous unless another node did first (the server creates a Variable name
+    once): the endpoint to use, and whether it is this node's."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_variable(VariableCreate(name=key, value=endpoint))
+            return endpoint, True
+        except ObjectAlreadyExists:
+            return client.read_variable_by_name(key).value, False
 
 
 @task(name="find-rendezvous", cache_policy=NO_CACHE)
 def find_rendezvous(params: TrainingParams, node_rank: int, key: str) -> Rendezvous:
-    """Node 0 publishes ``host:port`` (its address towards the Prefect server, a free port); the others wait for it."""
-    logger = get_run_logger()
+    """The first node to start serves the rendezvous on its address towards the Prefect server and a free port;
+    the others join it."""
     rendezvous_id = params.rendezvous_id or key
     if params.rendezvous_endpoint:
         return Rendezvous(endpoint=params.rendezvous_endpoint, id=rendezvous_id, is_host=None)
-    if node_rank == 0:
-        address = reachable_address(PREFECT_API_URL.value(), os.environ.get(NODE_ADDRESS_VARIABLE))
-        endpoint = f"{address}:{free_port()}"
-        Variable.set(key, endpoint, overwrite=True)
-        logger.info("node 0 serves the rendezvous at %s (published as Prefect Variable %r)", endpoint, key)
-    else:
-        endpoint = wait_for_endpoint(key, params.join_timeout_s)
-        logger.info("node %d joins the rendezvous at %s", node_rank, endpoint)
-    return Rendezvous(endpoint=endpoint, id=rendezvous_id, is_host=node_rank == 0)
+    address = reachable_address(PREFECT_API_URL.value(), os.environ.get(NODE_ADDRESS_VARIABLE))
+    endpoint, is_host = claim_rendezvous(key, f"{address}:{free_port()}")
+    role = "serves" if is_host else "joins"
+    get_run_logger().info("node %d %s the rendezvous at %s (Prefect Variable %r)", node_rank, role, endpoint, key)
+    return Rendezvous(endpoint=endpoint, id=rendezvous_id, is_host=is_host)
 
 
 def cancel_unfinished(client, runs: Sequence, message: str, wait_seconds: float = CANCEL_WAIT_SECONDS) -> list:
@@ -184,19 +203,21 @@ def submit_nodes(deployment: str, parameters: list[dict], log) -> list:
 
 
 def check_nodes(client, runs: Sequence, deployment: str, params: TrainingParams, joining: bool) -> bool:
-    """One look at the node runs: True once all completed; raises when one ended otherwise, or when ``joining``
-    is over (``join_timeout_s`` passed) and some have not started."""
-    for rank, run in enumerate(runs):
-        if run.state.is_final() and not run.state.is_completed():
-            message = node_failed_message(rank, run.name, run.state)
-            raise TrainingNodeFailedError(message, returncode=None, rank=None, log_tail=run.state.message or "")
-    if all(run.state.is_completed() for run in runs):
+    """One look at the node runs: True once training is done (``nodes_outcome``); raises when a node's end fails
+    it, or when ``joining`` is over (``join_timeout_s`` passed) and fewer than the nodes needed have started."""
+    states = [run.state for run in runs]
+    done, failed = nodes_outcome(states, elastic=params.min_nodes < params.max_nodes)
+    if failed is not None:
+        run = runs[failed]
+        message = node_failed_message(failed, run.name, run.state)
+        raise TrainingNodeFailedError(message, returncode=None, rank=None, log_tail=run.state.message or "")
+    if done:
         return True
-    if not joining and not all(started(run.state) for run in runs):
+    if not joining and sum(started(state) for state in states) < params.min_nodes:
         pool = client.read_deployment_by_name(deployment).work_pool_name
         workers = client.read_workers_for_work_pool(pool)
         now = datetime.datetime.now(datetime.timezone.utc)
-        raise NodesNotJoinedError(not_joined_message([r.state for r in runs], pool, workers, params.join_timeout_s, now))
+        raise NodesNotJoinedError(not_joined_message(states, params.min_nodes, pool, workers, params.join_timeout_s, now))
     return False
 
 
@@ -242,5 +263,6 @@ def run_nodes(
         finally:
             ended = cancel_unfinished(client, runs, "cancelled with the other nodes of its training")
             if any(not r.state.is_final() for r in ended):
-                log(logging.WARNING, f"node runs not ended after cancelling: {[f'{r.name}: {r.state.name}' for r in ended]}")
+                still = [f"{r.name}: {r.state.name}" for r in ended if not r.state.is_final()]
+                log(logging.WARNING, f"node runs not ended {CANCEL_WAIT_SECONDS:g} s after cancelling: {still}")
             Variable.unset(key)

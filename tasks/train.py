@@ -73,11 +73,11 @@ def build_torchrun_command(
 ) -> list[str]:
     """The ``python -m torch.distributed.run ... -m tasks.training.worker ...`` argument list.
 
-    With ``nodes > 1``, ``is_host`` says whether this node serves the rendezvous (node 0 of a launch through the
-    work pool); ``None`` leaves it to torchrun, which serves it when the endpoint names this machine."""
+    With ``nodes > 1``, ``is_host`` says whether this node serves the rendezvous (the first node of a launch
+    through the work pool); ``None`` leaves it to torchrun, which serves it when the endpoint names this machine."""
     command = [python, "-m", "torch.distributed.run", "--nnodes", str(params.nodes),
                "--nproc-per-node", str(params.processes_per_node), "--max-restarts", str(params.max_restarts)]  # fmt: skip
-    if params.nodes == 1:
+    if params.max_nodes == 1:
         # A private rendezvous on a free port: runs on one host never collide.
         command.append("--standalone")
     elif params.rendezvous_endpoint:
@@ -185,7 +185,7 @@ class WatchLimits:
     def of(cls, params: TrainingParams) -> "WatchLimits":
         return cls(
             timeout_s=params.timeout_minutes * 60 if params.timeout_minutes else None,
-            hang_timeout_s=params.hang_timeout_s, stall_timeout_s=params.stall_timeout_s, claim_output=params.nodes == 1,
+            hang_timeout_s=params.hang_timeout_s, stall_timeout_s=params.stall_timeout_s, claim_output=params.max_nodes == 1,
         )  # fmt: skip
 
 
@@ -400,7 +400,7 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
         done = params.epochs if metrics.stopped_early else len(metrics.epochs)
         update_progress_artifact(progress, 100.0 * done / params.epochs, description=epochs_done(metrics, params.epochs))
 
-    if params.nodes == 1:
+    if params.max_nodes == 1:
         model_dir = launch_training(
             train_dir, validation_dir, model_spec_dir, output_dir, params,
             run_id=Path(output_dir).parent.name, log=logger.log, on_metrics=on_metrics,

@@ -14,7 +14,7 @@ import pytest
 
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.model_directory import ModelDirectory, driver_log_path
-from tasks.nodes import node_run_parameters, not_joined_message, reachable_address
+from tasks.nodes import node_run_parameters, nodes_outcome, not_joined_message, reachable_address
 from tasks.registry import list_versions, read_registration
 from tasks.training.config import TrainingParams
 
@@ -25,10 +25,30 @@ def test_each_node_run_gets_what_the_node_flow_takes():
     from prefect.flows import load_flow_from_entrypoint
 
     node_flow = load_flow_from_entrypoint(str(PROJECT_ROOT / "flows" / "train_node.py:train_node_flow"))
-    parameters = node_run_parameters("/d/train", "/d/val", "/d/spec", "/d/model", TrainingParams(nodes=3), "rendezvous-1")
+    params = TrainingParams(nodes="2:3")
+    parameters = node_run_parameters("/d/train", "/d/val", "/d/spec", "/d/model", params, "rendezvous-1")
     assert [p["node_rank"] for p in parameters] == [0, 1, 2]
     for node in parameters:
-        assert node_flow.validate_parameters(node)["params"] == TrainingParams(nodes=3)
+        assert node_flow.validate_parameters(node)["params"] == params
+
+
+def test_nodes_is_a_number_or_torchruns_min_max():
+    assert (TrainingParams(nodes="2").nodes, TrainingParams(nodes=" 1:4 ").nodes) == (2, "1:4")
+    assert (TrainingParams(nodes="1:4").min_nodes, TrainingParams(nodes="1:4").max_nodes) == (1, 4)
+    for bad in (0, "0:2", "3:2", "two", "1:2:3"):
+        with pytest.raises(ValueError, match="nodes is"):
+            TrainingParams(nodes=bad)
+
+
+def test_fixed_nodes_fail_with_any_node_and_elastic_ones_carry_on_without_it():
+    from prefect.states import Cancelled, Completed, Failed, Running, Scheduled
+
+    assert nodes_outcome([Running(), Failed()], elastic=False) == (False, 1)
+    assert nodes_outcome([Completed(), Running()], elastic=False) == (False, None)
+    assert nodes_outcome([Completed(), Completed()], elastic=False) == (True, None)
+    assert nodes_outcome([Running(), Failed(), Scheduled()], elastic=True) == (False, None)
+    assert nodes_outcome([Completed(), Failed(), Scheduled()], elastic=True) == (True, None)
+    assert nodes_outcome([Failed(), Cancelled(), Scheduled()], elastic=True) == (False, 0)
 
 
 def test_the_gang_timeout_names_the_nodes_waiting_the_pool_and_its_workers():
@@ -38,12 +58,13 @@ def test_the_gang_timeout_names_the_nodes_waiting_the_pool_and_its_workers():
     now = datetime.now(timezone.utc)
     workers = [Worker(name="gpu-b", work_pool_id=uuid4(), status=WorkerStatus.OFFLINE, last_heartbeat_time=now - timedelta(seconds=95)),
                Worker(name="gpu-a", work_pool_id=uuid4(), status=WorkerStatus.ONLINE, last_heartbeat_time=now - timedelta(seconds=3))]  # fmt: skip
-    message = not_joined_message([Running(), Scheduled(), Scheduled()], "gpu", workers, 60, now)
+    message = not_joined_message([Running(), Scheduled(), Scheduled()], 3, "gpu", workers, 60, now)
     assert message.startswith("only 1 of 3 training nodes started within 60 s (join_timeout_s): node 1 (Scheduled), "
                               "node 2 (Scheduled) still waiting for a worker of work pool 'gpu', which has "
                               "gpu-a (online, last heartbeat 3 s ago), gpu-b (offline, last heartbeat 95 s ago).")  # fmt: skip
     assert "start a worker on 2 more host(s)" in message
-    assert "no worker at all" in not_joined_message([Scheduled(), Scheduled()], "gpu", [], 60, now)
+    elastic = not_joined_message([Scheduled(), Scheduled()], 1, "gpu", [], 60, now)
+    assert elastic.startswith("only 0 of the 1 needed (nodes 1:2) training nodes started") and "no worker at all" in elastic
 
 
 def test_node_0_publishes_its_address_towards_the_prefect_server_unless_told_another():
@@ -69,13 +90,18 @@ def stack(tmp_path_factory):
         yield running
 
 
-def run_pipeline(stack, colour_image_dirs, tmp_path, name: str, *flags: str) -> tuple[subprocess.CompletedProcess, float]:
-    """`python -m flows.pipeline` against the stack's server: the parent flow runs here, its nodes on the pool."""
+def pipeline_command(colour_image_dirs, tmp_path, name: str, *flags: str) -> list[str]:
+    """`python -m flows.pipeline` with 2 nodes (unless ``flags`` say otherwise): run against the stack's server, the
+    parent flow runs here and its nodes on the pool."""
     train, val = colour_image_dirs
-    command = [sys.executable, "-m", "flows.pipeline", "--train-data", str(train), "--validation-data", str(val),
-               "--model-name", name, "--registry", str(tmp_path / "registry"), "--work-dir", str(tmp_path / "runs"),
-               "--epochs", "1", "--batch-size", "4", "--device", "cpu", "--nodes", "2", *flags]  # fmt: skip
+    return [sys.executable, "-m", "flows.pipeline", "--train-data", str(train), "--validation-data", str(val),
+            "--model-name", name, "--registry", str(tmp_path / "registry"), "--work-dir", str(tmp_path / "runs"),
+            "--epochs", "1", "--batch-size", "4", "--device", "cpu", "--nodes", "2", *flags]  # fmt: skip
+
+
+def run_pipeline(stack, colour_image_dirs, tmp_path, name: str, *flags: str) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
+    command = pipeline_command(colour_image_dirs, tmp_path, name, *flags)
     result = subprocess.run(command, env=stack.env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=500)
     return result, time.monotonic() - started
 
@@ -148,3 +174,35 @@ def test_too_few_workers_fail_the_gang_within_its_join_timeout_and_leave_nothing
     runs, parents, _ = node_runs(stack)
     mine = [r for r in runs if r.parameters["output_dir"] == str(run_dir / "model")]
     assert len(mine) == 2 and all(r.state.is_cancelled() for r in mine), [(r.name, r.state) for r in mine]
+
+
+def test_elastic_nodes_train_with_the_minimum_and_take_in_a_node_that_comes_late(stack, colour_image_dirs, tmp_path):
+    """nodes 1:2 with one worker: node 0 trains alone (world size 1); a second host's worker starts mid-training,
+    its node joins, torchrun rescales to world size 2 and the run resumes from the last checkpoint."""
+    if "host-b" in stack.workers:
+        stack.stop_process(stack.workers.pop("host-b"))
+    command = pipeline_command(colour_image_dirs, tmp_path, "colours-elastic", "--nodes", "1:2", "--epochs", "40",
+                               "--patience", "100", "--processes-per-node", "1")  # fmt: skip
+    parent = subprocess.Popen(command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not (metrics := [ModelDirectory(p).metrics() for p in (tmp_path / "runs").glob("*/model")
+                               if (p / "metrics.json").is_file()]):  # fmt: skip
+            assert parent.poll() is None and time.monotonic() < deadline, parent.stdout.read()[-5000:]
+            time.sleep(0.5)
+        assert metrics[0].world_size == 1 and len(metrics[0].epochs) < 40, "training did not start alone"
+        stack.workers["host-b"] = stack.start_worker("gpu", "host-b", limit=1, cwd=tmp_path)
+        output, _ = parent.communicate(timeout=400)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert parent.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
+
+    (model_dir,) = [ModelDirectory(p) for p in (tmp_path / "runs").glob("*/model")]
+    assert model_dir.metrics().world_size == 2 and len(model_dir.metrics().epochs) == 40
+    logs = "".join(driver_log_path(model_dir.root, rank).read_text() for rank in (0, 1))
+    assert "world size 2 (the checkpoint's was 1)" in logs
+    assert list_versions(tmp_path / "registry", "colours-elastic") == [1]
+    runs, _, _ = node_runs(stack, read_registration(tmp_path / "registry", "colours-elastic", 1).flow_run_id)
+    assert all(r.state.is_completed() for r in runs), [(r.name, r.state) for r in runs]
