@@ -106,6 +106,11 @@ def worker_environment(params: TrainingParams, base: dict[str, str] | None = Non
     env["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // params.processes_per_node)))
+    if params.min_nodes < params.max_nodes:
+        # Elastic: with the rendezvous store shared with the workers (torch's default), a node joining a running
+        # job waits for an address the first node never writes again, and both launchers fail after 60 s
+        # (DistStoreError). Unshared, the workers' rank 0 publishes a store of its own in every round.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return allocator_environment(env)
 
 
