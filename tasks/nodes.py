@@ -191,15 +191,12 @@ def cancel_unfinished(client, runs: Sequence, message: str, wait_seconds: float 
         time.sleep(1.0)
 
 
-def submit_nodes(deployment: str, parameters: list[dict], log) -> list:
-    """One flow run of ``deployment`` per node, each a subflow of the calling task's flow run; not waited for."""
-    name = flow_run.get_name() or "train"
-    runs = []
-    for rank, node_parameters in enumerate(parameters):
-        run = run_deployment(deployment, parameters=node_parameters, timeout=0, flow_run_name=f"{name}-node-{rank}")
-        log(logging.INFO, f"node {rank} of {len(parameters)}: flow run {run.name!r} ({run.id}) submitted to {deployment}")
-        runs.append(run)
-    return runs
+def submit_node(deployment: str, rank: int, parameters: dict, log):
+    """A flow run of ``deployment`` for one node, a subflow of the calling task's flow run; not waited for."""
+    run = run_deployment(deployment, parameters=parameters, timeout=0,
+                         flow_run_name=f"{flow_run.get_name() or 'train'}-node-{rank}")  # fmt: skip
+    log(logging.INFO, f"node {rank}: flow run {run.name!r} ({run.id}) submitted to {deployment}")
+    return run
 
 
 def check_nodes(client, runs: Sequence, deployment: str, params: TrainingParams, joining: bool) -> bool:
@@ -246,8 +243,9 @@ def run_nodes(
             ) from None
         runs: list = []
         try:
-            runs = submit_nodes(deployment, node_run_parameters(train_dir, validation_dir, model_spec_dir, output_dir,
-                                                                params, key), log)  # fmt: skip
+            parameters = node_run_parameters(train_dir, validation_dir, model_spec_dir, output_dir, params, key)
+            for rank, node_parameters in enumerate(parameters):
+                runs.append(submit_node(deployment, rank, node_parameters, log))
             joined_by = time.monotonic() + params.join_timeout_s
             seen: dict[int, str] = {}
             while True:
