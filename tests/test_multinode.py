@@ -157,6 +157,31 @@ def test_two_nodes_train_through_the_pool_and_register_one_model(stack, colour_i
     assert not [v for v in variables if v.name.startswith("rendezvous-")], "the rendezvous record is removed"
 
 
+def test_stopping_the_parent_run_cancels_every_node_and_leaves_nothing_running(stack, colour_image_dirs, tmp_path):
+    """SIGTERM to the parent flow's process (what its worker sends when the run is cancelled) while both nodes
+    train: the train task cancels both node runs, waits for them to end, and every training process is gone."""
+    import signal
+
+    command = pipeline_command(colour_image_dirs, tmp_path, "colours-stopped", "--epochs", "200", "--patience", "300")
+    parent = subprocess.Popen(command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not [p for p in (tmp_path / "runs").glob("*/model/metrics.json")]:
+            assert parent.poll() is None and time.monotonic() < deadline, parent.stdout.read()[-5000:]
+            time.sleep(0.5)
+        os.kill(parent.pid, signal.SIGTERM)
+        output, _ = parent.communicate(timeout=200)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    runs, _, _ = node_runs(stack)
+    mine = [r for r in runs if r.parameters["output_dir"] == str(run_dir / "model")]
+    assert len(mine) == 2 and all(r.state.is_cancelled() for r in mine), [(r.name, r.state) for r in mine] + [output[-3000:]]
+    assert not training_processes(run_dir), "a training process was left running"
+
+
 def test_too_few_workers_fail_the_gang_within_its_join_timeout_and_leave_nothing_running(stack, colour_image_dirs, tmp_path):
     stack.stop_process(stack.workers.pop("host-b"))
     join_timeout = 20

@@ -26,8 +26,8 @@ class TrainingParams(BaseModel):
     )
     processes_per_node: int = Field(1, gt=0, description="worker processes per machine (torchrun --nproc-per-node)")
     rendezvous_endpoint: str | None = Field(
-        None, description="host:port of the c10d rendezvous when nodes > 1; empty: node 0's host and a free port there, "
-        "found when the nodes start"
+        None, description="host:port of the c10d rendezvous when nodes > 1; empty: the first node's host and a free port "
+        "there, found when the nodes start"
     )
     rendezvous_id: str | None = Field(
         None, description="job id shared by every node's launcher; empty: one per launch of the nodes"
