@@ -49,6 +49,14 @@ def test_multi_node_command_uses_c10d_rendezvous():
     assert command[command.index("--max-restarts") + 1] == "3"
 
 
+def test_a_node_launched_through_the_pool_says_whether_it_serves_the_rendezvous():
+    params = TrainingParams(nodes=2, rendezvous_endpoint="10.0.0.1:41234", join_timeout_s=90)
+    conf = {is_host: build_torchrun_command(**DIRS, params=params, is_host=is_host) for is_host in (True, False, None)}
+    assert conf[True][conf[True].index("--rdzv-conf") + 1] == "join_timeout=90,is_host=1"
+    assert conf[False][conf[False].index("--rdzv-conf") + 1] == "join_timeout=90,is_host=0"
+    assert conf[None][conf[None].index("--rdzv-conf") + 1] == "join_timeout=90"
+
+
 def test_multi_node_without_endpoint_is_refused_before_launch():
     with pytest.raises(PipelineInputError, match="rendezvous_endpoint"):
         build_torchrun_command(**DIRS, params=TrainingParams(nodes=2))

@@ -58,7 +58,7 @@ from tasks.model_directory import (
 )
 from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
 from tasks.training.data import BatchesOfTwoOrMore, ImageFiles, choose_image_size, eval_transform, train_transform
-from tasks.training.checkpoint import load_checkpoint, save_checkpoint
+from tasks.training.checkpoint import load_checkpoint, rescale_schedule, save_checkpoint
 from tasks.training.models import build_model, memory_format
 
 logger = logging.getLogger("tasks.training.worker")
@@ -328,6 +328,16 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     else:
         logger.info("resuming from %s after epoch %d", checkpoint_path, len(metrics.epochs))
     start_epoch = len(metrics.epochs)
+    if metrics.world_size != env.world_size:
+        # Another number of processes (an elastic rescale, a retry on other hosts): the rate scales with the world
+        # size and an epoch has another number of batches, so the checkpoint's rate and step would be wrong.
+        lr = rescale_schedule(optimizer, scheduler, params.learning_rate * env.world_size, start_epoch * steps)
+        logger.info(
+            "world size %d (the checkpoint's was %d): learning rate %g (base %g = %g x %d), at step %d of %d",
+            env.world_size, metrics.world_size, lr, params.learning_rate * env.world_size, params.learning_rate,
+            env.world_size, start_epoch * steps, params.epochs * steps,
+        )  # fmt: skip
+        metrics.world_size = env.world_size
 
     if env.is_main:
         write_text_atomic(output / SPEC_FILE, trained_spec.model_dump_json(indent=2))
