@@ -63,15 +63,18 @@ class PrefectStack:
         self.processes: list[subprocess.Popen] = []
         self.logs = self.home / "logs"
 
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen:
-        return self.spawn(name, sys.executable, "-m", "prefect", *args)
+    def _spawn(self, name: str, *args: str, cwd: Path = PROJECT_ROOT) -> subprocess.Popen:
+        return self.spawn(name, sys.executable, "-m", "prefect", *args, cwd=cwd)
 
-    def spawn(self, name: str, *command: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        """Start ``command`` in the project root with this stack's environment; output to ``logs/<name>.log``."""
+    def spawn(
+        self, name: str, *command: str, env: dict[str, str] | None = None, cwd: Path = PROJECT_ROOT
+    ) -> subprocess.Popen:
+        """Start ``command`` (in the project root unless told) with this stack's environment; output to
+        ``logs/<name>.log``."""
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.log", "ab")
         process = subprocess.Popen(
-            command, env=env or self.env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, env=env or self.env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
         self.processes.append(process)
@@ -106,9 +109,25 @@ class PrefectStack:
             raise RuntimeError(f"prefect {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
         return result
 
-    def start_worker(self, pool: str, name: str | None = None) -> subprocess.Popen:
+    def start_worker(
+        self, pool: str, name: str | None = None, limit: int | None = None, cwd: Path = PROJECT_ROOT
+    ) -> subprocess.Popen:
+        """A ``prefect worker start`` on ``pool``, taking at most ``limit`` runs at once, started in ``cwd`` (a
+        folder of its own stands for another host's)."""
         name = name or f"{pool}-worker-{len(self.processes)}"
-        return self._spawn(name, "worker", "start", "--pool", pool, "--name", name)
+        options = ["--limit", str(limit)] if limit else []
+        return self._spawn(name, "worker", "start", "--pool", pool, "--name", name, *options, cwd=cwd)
+
+    def stop_process(self, process: subprocess.Popen, timeout: float = 20) -> None:
+        """Stop one process started here (SIGTERM to its group, SIGKILL after ``timeout``)."""
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        self.processes.remove(process)
 
     def make(self, name: str, target: str, env: dict[str, str] | None = None, **variables: str) -> subprocess.Popen:
         """Start ``make <target> VAR=value...`` against this server, with this interpreter's environment taken

@@ -16,7 +16,7 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
-from tasks.convert import convert
+from tasks.convert import ConversionLimits, convert
 from tasks.datasets import sources
 from tasks.evaluate import Evaluation, evaluate
 from tasks.model import build_model_directory
@@ -76,6 +76,7 @@ def train_pipeline(
     validation_data: str | None = None,
     model: ModelSpec = ModelSpec(),
     training: TrainingParams = TrainingParams(),
+    conversion: ConversionLimits = ConversionLimits(),
     model_name: str | None = None,
     registry: str = "registry",
     work_dir: str = "runs",
@@ -92,6 +93,7 @@ def train_pipeline(
         validation_data: Validation images with the same classes; empty: the bundled digits.
         model: The torchvision architecture and its options (Azure's DenseNet / ResNet modules).
         training: Training parameters; defaults are Azure's "Train PyTorch Model" component's.
+        conversion: Limits on what converting the images may unpack and decode (archive size, pixels per image, memory).
         model_name: Registry name; empty: the training data's name, a dash and the architecture, e.g. digits-resnet18.
         registry: Registry folder or s3://bucket/prefix.
         work_dir: Folder for each run's converted data, model, logs and scores.
@@ -103,8 +105,8 @@ def train_pipeline(
     """
     run_dir = run_folder(work_dir)  # a retried run finds its checkpoints again
     train_source, validation_source = sources(train_data, validation_data, work_dir)
-    train_dir = convert(train_source, str(run_dir / "data" / "train"), "train")
-    validation_dir = convert(validation_source, str(run_dir / "data" / "validation"), "validation")
+    train_dir = convert(train_source, str(run_dir / "data" / "train"), "train", limits=conversion)
+    validation_dir = convert(validation_source, str(run_dir / "data" / "validation"), "validation", limits=conversion)
     validate_labels(train_dir, validation_dir)
     spec_dir = build_model_directory(str(run_dir / "model_spec"), model)
     model_dir = train(train_dir, validation_dir, spec_dir, str(run_dir / "model"), training)

@@ -16,7 +16,7 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
-from tasks.convert import convert
+from tasks.convert import ConversionLimits, convert
 from tasks.evaluate import Evaluation, compare, evaluate
 from tasks.registry.prefect_tasks import resolve_model
 from tasks.score import BATCH_SIZE, Runtime, score
@@ -44,6 +44,7 @@ def score_pipeline(
     batch_size: int = BATCH_SIZE,
     work_dir: str = "runs",
     labeled: bool | None = None,
+    conversion: ConversionLimits = ConversionLimits(),
 ) -> ScoreResult:
     """Score images with a trained model into a table of Azure's columns; evaluate it when the images are labeled.
 
@@ -58,9 +59,11 @@ def score_pipeline(
         labeled: Empty: inferred (two or more class folders, or a labels file, are evaluated; a single
             folder of images is scored unlabeled); true: labels required, even a single class folder;
             false: scored without labels whatever the folders.
+        conversion: Limits on what converting the images may unpack and decode (archive size, pixels per image, memory).
     """
     run_dir = run_folder(work_dir, prefix="score-")
-    image_dir = convert(images, str(run_dir / "images"), "score", labeled=labeled, single_class="unlabeled")
+    image_dir = convert(images, str(run_dir / "images"), "score", labeled=labeled, single_class="unlabeled",
+                        limits=conversion)  # fmt: skip
     model_dir = resolve_model(model, registry, str(Path(work_dir).resolve() / "models"))
     scored = score(model_dir, image_dir, output_csv or str(run_dir / "scores.csv"), runtime, batch_size)
     evaluation = evaluate(scored.table, str(run_dir / "confusion_matrix.png")) if scored.labeled else None

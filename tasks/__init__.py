@@ -33,6 +33,8 @@ _EXPORTS = {
     "TrainingHungError": "tasks.errors",
     "TrainingTimeoutError": "tasks.errors",
     "OutputInUseError": "tasks.errors",
+    "NodesNotJoinedError": "tasks.errors",
+    "TrainingNodeFailedError": "tasks.errors",
 }
 __all__ = sorted(_EXPORTS)
 

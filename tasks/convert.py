@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from PIL import Image, ImageOps, UnidentifiedImageError
+from pydantic import BaseModel, Field
 
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import sha256_file, staged_directory
@@ -50,11 +51,29 @@ from tasks.storage import is_s3_uri, read_bytes
 # A 48-megapixel phone photo fits; Pillow's own decompression-bomb warning starts at ~89 MP.
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
 DEFAULT_DECODE_MEMORY_BYTES = 2**30
+
 # Pillow holds RGB as 4 bytes a pixel; normalising adds the rotated and the converted copy.
 _BYTES_PER_PIXEL, _NORMALISING_BYTES_PER_PIXEL = 4, 12
 _CHUNK = 1 << 20
 # Formats whose encoder would otherwise pick a low default quality when re-encoding a normalised image.
 _SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"quality": 95}}
+
+
+class ConversionLimits(BaseModel):
+    """What one conversion may unpack and decode: the bounds that keep a hostile or huge source from filling
+    the disk or the memory. The flows take it as their ``conversion`` parameter (a form in the UI)."""
+
+    max_extracted_bytes: int = Field(
+        DEFAULT_MAX_EXTRACTED_BYTES, gt=0,
+        description="Most bytes an archive or S3 prefix may unpack or download (larger ones are refused as archive bombs)",
+    )  # fmt: skip
+    max_image_pixels: int = Field(
+        DEFAULT_MAX_IMAGE_PIXELS, gt=0,
+        description="Largest image in pixels (width x height); larger ones are quarantined from their header, never decoded",
+    )  # fmt: skip
+    decode_memory_bytes: int = Field(
+        DEFAULT_DECODE_MEMORY_BYTES, gt=0, description="Decoded pixels, in bytes, that all decoding threads may hold at once"
+    )
 
 
 class DecodeBudget:
@@ -330,9 +349,8 @@ def convert(
     labels: str | None = None,
     labeled: bool | None = None,
     normalisation: Normalisation | None = None,
-    max_extracted_bytes: int = DEFAULT_MAX_EXTRACTED_BYTES,
     single_class: SingleClass = "labeled",
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    limits: ConversionLimits = ConversionLimits(),
 ) -> str:
     """Convert ``source`` for ``role`` ('train', 'validation', 'score'); artifact ``<role>-images``.
 
@@ -346,8 +364,7 @@ def convert(
         labeled=labeled,
         single_class=single_class,
         normalisation=normalisation,
-        max_extracted_bytes=max_extracted_bytes,
-        max_image_pixels=max_image_pixels,
+        **limits.model_dump(),
     )
     manifest, logger = image_dir.manifest, get_run_logger()
     rows = [

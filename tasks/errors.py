@@ -36,6 +36,11 @@ class InvalidTrainingSetupError(PipelineInputError):
     """The training parameters ask for what this host cannot give (e.g. more CUDA processes than GPUs)."""
 
 
+class NodesNotJoinedError(InvalidTrainingSetupError):
+    """Not every node of a multi-node training started within ``join_timeout_s``: the work pool lacks free workers
+    (or node 0 never published its rendezvous endpoint). Every node run was cancelled; retrying at once cannot help."""
+
+
 class OnnxMismatchError(PipelineInputError):
     """The exported ONNX model does not reproduce PyTorch's outputs: exporting again cannot help."""
 
@@ -44,10 +49,11 @@ class TrainingFailedError(RuntimeError):
     """The torchrun worker exited with a non-zero status.
 
     ``rank`` is the first rank whose log recorded a failure (``None`` if no rank did),
-    ``log_tail`` the last lines of that rank's log (or of the launcher output).
+    ``log_tail`` the last lines of that rank's log (or of the launcher output); ``returncode`` is ``None`` when
+    torchrun had not exited (stopped by the watch) or ran elsewhere (a node of a multi-node training).
     """
 
-    def __init__(self, message: str, *, returncode: int, rank: int | None, log_tail: str) -> None:
+    def __init__(self, message: str, *, returncode: int | None, rank: int | None, log_tail: str) -> None:
         super().__init__(f"{message}\n--- log tail (rank {rank if rank is not None else '?'}) ---\n{log_tail}")
         self.returncode = returncode
         self.rank = rank
@@ -60,6 +66,10 @@ class TrainingHungError(TrainingFailedError):
 
 class TrainingTimeoutError(TrainingFailedError):
     """Training ran past ``timeout_minutes``; every process was stopped (a retry resumes from the checkpoint)."""
+
+
+class TrainingNodeFailedError(TrainingFailedError):
+    """A node of a multi-node training ended without completing (failed, crashed, cancelled); the others were cancelled."""
 
 
 class OutputInUseError(RuntimeError):

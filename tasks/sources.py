@@ -34,11 +34,6 @@ IGNORED_NAMES = frozenset({"__MACOSX", ".DS_Store", "Thumbs.db", "desktop.ini", 
 _DOWNLOAD_THREADS = 8
 
 
-def visible(relative: PurePosixPath) -> bool:
-    """False for hidden files and the litter of macOS and Windows, at any depth."""
-    return not any(part.startswith(".") or part in IGNORED_NAMES for part in relative.parts)
-
-
 def litter(name: str) -> bool:
     """Files that operating systems leave behind (and a manifest of an ImageDirectory given as a source)."""
     return name in IGNORED_NAMES or name.startswith("._")  # "._x": macOS AppleDouble metadata of x
@@ -144,7 +139,9 @@ def _sort_s3_objects(listed: list[S3Object]) -> S3Listing:
     for obj in listed:
         if problem := _s3_key_problem(obj.relative):
             skipped.append(QuarantinedFile(path=obj.relative, reason=problem))
-        elif visible(PurePosixPath(obj.relative)):
+        elif not litter(PurePosixPath(obj.relative).name):
+            # Hidden keys come down too: the folder rules then apply (a hidden folder of images beside the
+            # class folders is a class, ".net"; other hidden entries are skipped and reported).
             objects.append(obj)
     # S3 allows "cat" beside "cat/0.png"; a file system does not allow a file to be a folder too.
     folders = {"/".join(o.relative.split("/")[:depth]): o.relative

@@ -68,21 +68,26 @@ def build_torchrun_command(
     output_dir: str | os.PathLike[str],
     params: TrainingParams,
     run_id: str = "image-classifier",
+    is_host: bool | None = None,
     python: str = sys.executable,
 ) -> list[str]:
-    """The ``python -m torch.distributed.run ... -m tasks.training.worker ...`` argument list."""
+    """The ``python -m torch.distributed.run ... -m tasks.training.worker ...`` argument list.
+
+    With ``nodes > 1``, ``is_host`` says whether this node serves the rendezvous (the first node of a launch
+    through the work pool); ``None`` leaves it to torchrun, which serves it when the endpoint names this machine."""
     command = [python, "-m", "torch.distributed.run", "--nnodes", str(params.nodes),
                "--nproc-per-node", str(params.processes_per_node), "--max-restarts", str(params.max_restarts)]  # fmt: skip
-    if params.nodes == 1:
+    if params.max_nodes == 1:
         # A private rendezvous on a free port: runs on one host never collide.
         command.append("--standalone")
     elif params.rendezvous_endpoint:
+        conf = f"join_timeout={params.join_timeout_s:g}" + ("" if is_host is None else f",is_host={int(is_host)}")
         command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", params.rendezvous_endpoint,
-                    "--rdzv-id", params.rendezvous_id or run_id]  # fmt: skip
+                    "--rdzv-id", params.rendezvous_id or run_id, "--rdzv-conf", conf]  # fmt: skip
     else:
         raise PipelineInputError(
-            f"nodes={params.nodes} needs rendezvous_endpoint (host:port reachable from every node, "
-            "e.g. the first node's address and port 29400)"
+            f"nodes={params.nodes} needs rendezvous_endpoint (host:port reachable from every node, e.g. the first "
+            "node's address and port 29400) when torchrun is launched directly; the train task finds one itself"
         )
     return command + [
         "-m", WORKER_MODULE,
@@ -101,6 +106,11 @@ def worker_environment(params: TrainingParams, base: dict[str, str] | None = Non
     env["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // params.processes_per_node)))
+    if params.min_nodes < params.max_nodes:
+        # Elastic: with the rendezvous store shared with the workers (torch's default), a node joining a running
+        # job waits for an address the first node never writes again, and both launchers fail after 60 s
+        # (DistStoreError). Unshared, the workers' rank 0 publishes a store of its own in every round.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return allocator_environment(env)
 
 
@@ -180,7 +190,7 @@ class WatchLimits:
     def of(cls, params: TrainingParams) -> "WatchLimits":
         return cls(
             timeout_s=params.timeout_minutes * 60 if params.timeout_minutes else None,
-            hang_timeout_s=params.hang_timeout_s, stall_timeout_s=params.stall_timeout_s, claim_output=params.nodes == 1,
+            hang_timeout_s=params.hang_timeout_s, stall_timeout_s=params.stall_timeout_s, claim_output=params.max_nodes == 1,
         )  # fmt: skip
 
 
@@ -324,16 +334,18 @@ def launch_training(
     params: TrainingParams,
     *,
     run_id: str = "image-classifier",
+    is_host: bool | None = None,
     log: Callable[[int, str], None] = print_line,
     on_metrics: Callable[[TrainingMetrics], None] = lambda metrics: None,
     poll_seconds: float = 1.0,
 ) -> ModelDirectory:
     """Train: the torchrun command, the workers' environment, the run watched within ``params``' limits.
 
-    Everything that starts training (the train task, tests, benchmarks) comes through here."""
+    Everything that starts training (the train task, each node of a multi-node training, tests, benchmarks)
+    comes through here."""
     command = build_torchrun_command(
         train_dir=train_dir, validation_dir=validation_dir, model_spec_dir=model_spec_dir,
-        output_dir=output_dir, params=params, run_id=run_id,
+        output_dir=output_dir, params=params, run_id=run_id, is_host=is_host,
     )  # fmt: skip
     log(logging.INFO, f"launching {shlex.join(command)}")
     return run_training(
@@ -355,6 +367,7 @@ from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType  # noqa: E402
 from prefect.runtime import task_run  # noqa: E402
 
+from tasks.nodes import Rendezvous, run_nodes  # noqa: E402
 from tasks.plots import plot_training_curves, png_markdown, significant  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 
@@ -392,10 +405,23 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
         done = params.epochs if metrics.stopped_early else len(metrics.epochs)
         update_progress_artifact(progress, 100.0 * done / params.epochs, description=epochs_done(metrics, params.epochs))
 
-    model_dir = launch_training(
-        train_dir, validation_dir, model_spec_dir, output_dir, params,
-        run_id=Path(output_dir).parent.name, log=logger.log, on_metrics=on_metrics,
-    )  # fmt: skip
+    if params.max_nodes == 1:
+        model_dir = launch_training(
+            train_dir, validation_dir, model_spec_dir, output_dir, params,
+            run_id=Path(output_dir).parent.name, log=logger.log, on_metrics=on_metrics,
+        )  # fmt: skip
+    else:
+        # One flow run per node through the work pool (tasks/nodes.py); they write into output_dir, watched here.
+        epochs_seen = [-1]
+
+        def poll_metrics() -> None:
+            metrics = read_metrics(Path(output_dir))
+            if metrics is not None and len(metrics.epochs) != epochs_seen[0]:
+                epochs_seen[0] = len(metrics.epochs)
+                on_metrics(metrics)
+
+        run_nodes(train_dir, validation_dir, model_spec_dir, output_dir, params, on_poll=poll_metrics)
+        model_dir = ModelDirectory(output_dir)
     metrics = model_dir.metrics()
     update_progress_artifact(progress, 100.0, description=epochs_done(metrics, params.epochs))
     curves = model_dir.root / TRAINING_CURVES_FILE
@@ -413,4 +439,18 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
         table=[{name: significant(value) for name, value in epoch.model_dump().items()} for epoch in metrics.epochs],
         description=f"{summary}; curves in {curves.resolve()}",
     )
+    return str(model_dir.root)
+
+
+@task(name="train-node", cache_policy=NO_CACHE)
+def train_node(
+    train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str, params: TrainingParams, rendezvous: Rendezvous
+) -> str:
+    """One node's launcher of a multi-node training (flows/train_node.py); not retried alone: the train task
+    that submitted the nodes retries them all together."""
+    at = params.model_copy(update={"rendezvous_endpoint": rendezvous.endpoint})
+    model_dir = launch_training(
+        train_dir, validation_dir, model_spec_dir, output_dir, at,
+        run_id=rendezvous.id, is_host=rendezvous.is_host, log=get_run_logger().log,
+    )  # fmt: skip
     return str(model_dir.root)

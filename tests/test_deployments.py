@@ -29,7 +29,8 @@ def test_every_deployment_names_a_real_flow_with_valid_parameters(monkeypatch):
     assert config["deployments"]
     for deployment in config["deployments"]:
         flow = load_flow_from_entrypoint(deployment["entrypoint"])
-        flow.validate_parameters(deployment.get("parameters", {}))
+        if "parameters" in deployment:  # train-node has none: the train stage gives each of its runs every one
+            flow.validate_parameters(deployment["parameters"])
         for schedule in deployment.get("schedules", []):
             assert schedule["timezone"] and schedule["cron"]
 

@@ -61,6 +61,22 @@ def test_two_launchers_rendezvous_over_loopback_as_two_nodes(tmp_path, colour_im
         assert "rank %d/2 on cpu (gloo)" % rank in driver_log_path(model_dir.root, rank).read_text()
 
 
+def test_resuming_at_another_world_size_rescales_the_rate_and_records_the_size(tmp_path, colour_image_dirs, resnet_spec):
+    """1 process for epoch 1, then 2 processes for epoch 2 from its checkpoint (as after an elastic rescale)."""
+    output = tmp_path / "model"
+    params = TrainingParams(epochs=1, batch_size=4, learning_rate=0.01, processes_per_node=1, device="cpu")
+    assert launch(colour_image_dirs, resnet_spec, output, params).metrics().world_size == 1
+    resumed = launch(colour_image_dirs, resnet_spec, output, params.model_copy(update={"epochs": 2, "processes_per_node": 2}))
+    metrics = resumed.metrics()
+    assert metrics.world_size == 2
+    # 24 images in batches of 4 on 2 processes: 3 steps an epoch, 6 in all; epoch 2 starts half-way down the
+    # linear decay of the rate 0.01 x 2. Kept from the checkpoint, it would have started at 0.01 x 1, at step 6 of 6.
+    assert metrics.epochs[1].lr == pytest.approx(0.01 * 2 * 0.5)
+    assert "world size 2 (the checkpoint's was 1): learning rate 0.01 (base 0.02 = 0.01 x 2), at step 3 of 6" in (
+        driver_log_path(output, 0).read_text()
+    )
+
+
 def worker_pids(output: Path) -> list[int]:
     """PIDs of the worker processes (not the torchrun agent) training into ``output``."""
     pids = []

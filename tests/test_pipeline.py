@@ -12,6 +12,7 @@ from prefect.client.orchestration import get_client
 
 from flows.pipeline import train_pipeline
 from tasks import InvalidDatasetError
+from tasks.convert import ConversionLimits
 from tasks.model_directory import ModelDirectory, ModelSpec
 from tasks.registry import list_versions, read_registration, resolve
 from tasks.training.config import TrainingParams
@@ -97,6 +98,15 @@ def test_mismatched_classes_fail_validation_without_retry_or_training(prefect_se
         train_pipeline(train_data=str(train), validation_data=str(val), registry=str(tmp_path / "registry"),
                        work_dir=str(tmp_path / "runs"))  # fmt: skip
     assert not (tmp_path / "registry").exists()
+    assert not list((tmp_path / "runs").glob("*/model"))
+
+
+def test_conversion_limits_reach_the_convert_stage(prefect_server, tmp_path):
+    train = write_class_folders(tmp_path / "train", 3)
+    val = write_class_folders(tmp_path / "val", 2, seed=1)
+    with pytest.raises(InvalidDatasetError, match=r"16x16 pixels \(256\), over the limit of 100 \(max_image_pixels\)"):
+        train_pipeline(train_data=str(train), validation_data=str(val), conversion=ConversionLimits(max_image_pixels=100),
+                       registry=str(tmp_path / "registry"), work_dir=str(tmp_path / "runs"))  # fmt: skip
     assert not list((tmp_path / "runs").glob("*/model"))
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tasks import InvalidDatasetError, convert_to_image_directory
 from tasks.storage import s3_client
-from tests.conftest import COLOURS, write_class_folders
+from tests.conftest import COLOURS, write_class_folders, write_image
 from tests.faulty_proxy import FaultyProxy
 
 
@@ -154,6 +154,19 @@ def test_s3_prefix_is_streamed_into_an_image_directory_and_reused_while_unchange
     changed = convert_to_image_directory(uri, tmp_path / "out")
     assert changed.manifest.counts["red"] == 2 and [q.path for q in changed.manifest.quarantined] == ["red/red_0.png"]
     assert client.get_object(Bucket=s3_bucket, Key="datasets/colours/train/.DS_Store")["Body"].read() == b"junk"
+
+
+def test_s3_prefix_follows_the_folder_rules_for_hidden_entries(s3_bucket, tmp_path):
+    write_class_folders(tmp_path / "train", 2)
+    (tmp_path / "train" / "red").rename(tmp_path / "train" / ".net")
+    write_image(tmp_path / "train" / "blue" / ".secret.png", COLOURS["blue"], seed=60)
+    upload(tmp_path / "train", s3_bucket, "hidden/train")
+
+    image_dir = convert_to_image_directory(f"s3://{s3_bucket}/hidden/train", tmp_path / "out")
+    assert image_dir.classes == [".net", "blue", "green"] and image_dir.manifest.counts[".net"] == 2
+    assert {q.path: q.reason for q in image_dir.manifest.quarantined} == {
+        "blue/.secret.png": "hidden file (its name starts with '.'): skipped"
+    }
 
 
 def test_s3_archive_object_and_s3_labels_file(s3_bucket, colour_source, tmp_path):

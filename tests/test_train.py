@@ -1,5 +1,6 @@
 import json
 import logging
+import shutil
 import subprocess
 import sys
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from tasks import InvalidModelDirectoryError, PipelineInputError, TrainingFailedError
+from tasks.errors import InvalidTrainingSetupError
 from tasks.model_directory import (
     CHECKPOINT_FILE,
     MODEL_FILES,
@@ -45,6 +47,14 @@ def test_multi_node_command_uses_c10d_rendezvous():
     assert command[command.index("--rdzv-endpoint") + 1] == "10.0.0.1:29400"
     assert command[command.index("--rdzv-id") + 1] == "run-7"
     assert command[command.index("--max-restarts") + 1] == "3"
+
+
+def test_a_node_launched_through_the_pool_says_whether_it_serves_the_rendezvous():
+    params = TrainingParams(nodes=2, rendezvous_endpoint="10.0.0.1:41234", join_timeout_s=90)
+    conf = {is_host: build_torchrun_command(**DIRS, params=params, is_host=is_host) for is_host in (True, False, None)}
+    assert conf[True][conf[True].index("--rdzv-conf") + 1] == "join_timeout=90,is_host=1"
+    assert conf[False][conf[False].index("--rdzv-conf") + 1] == "join_timeout=90,is_host=0"
+    assert conf[None][conf[None].index("--rdzv-conf") + 1] == "join_timeout=90"
 
 
 def test_multi_node_without_endpoint_is_refused_before_launch():
@@ -210,12 +220,21 @@ def test_unreadable_weights_inside_the_worker_are_an_input_error_not_retried(tmp
     assert isinstance(error.value, PipelineInputError) and not isinstance(error.value, TrainingFailedError)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA to make the workers fail")
-def test_failing_worker_raises_typed_error_with_rank_and_log_tail(tmp_path, colour_image_dirs, resnet_spec):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_asked_for_where_there_is_none_is_an_input_error(tmp_path, colour_image_dirs, resnet_spec):
     train, val = colour_image_dirs
-    spec_dir = resnet_spec
-    # A runtime failure, not a mistake in the data: asking for CUDA where there is none.
     params = TrainingParams(epochs=1, processes_per_node=2, device="cuda")
+    with pytest.raises(InvalidTrainingSetupError, match="device is 'cuda' but torch .* sees no CUDA device"):
+        launch_training(train, val, resnet_spec, tmp_path / "model", params, log=lambda level, line: None)
+
+
+def test_failing_worker_raises_typed_error_with_rank_and_log_tail(tmp_path, colour_image_dirs, resnet_spec):
+    train, val = (shutil.copytree(d, tmp_path / d.name) for d in colour_image_dirs)
+    spec_dir = resnet_spec
+    # A runtime failure, not a mistake in what the user gave: an image damaged after conversion.
+    for image in sorted(train.rglob("*.png")):
+        image.write_bytes(b"damaged after conversion")
+    params = TrainingParams(epochs=1, processes_per_node=2)
     logged: list[tuple[int, str]] = []
     with pytest.raises(TrainingFailedError) as error:
         launch_training(train, val, spec_dir, tmp_path / "model", params, log=lambda level, line: logged.append((level, line)))

@@ -39,3 +39,14 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, classes) -> Trainin
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     return TrainingMetrics.model_validate(state["metrics"])
+
+
+def rescale_schedule(optimizer, scheduler, base_lr: float, step: int) -> float:
+    """Resuming at another world size: the base rate (learning_rate x world size) and the schedule's position
+    (epochs done x this world size's batches per epoch) that an unbroken run at this size would have, instead of
+    the checkpoint's. Returns the learning rate the next batch uses."""
+    scheduler.base_lrs = [base_lr for _ in optimizer.param_groups]
+    scheduler.last_epoch = step
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group["initial_lr"], group["lr"] = base_lr, base_lr * factor(step)
+    return optimizer.param_groups[0]["lr"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class TrainingParams(BaseModel):
@@ -20,13 +20,21 @@ class TrainingParams(BaseModel):
     random_seed: int = Field(1, description="seed for weights, sampling and augmentation")
     patience: int = Field(3, gt=0, description="stop after this many epochs without lower validation loss")
     print_frequency: int = Field(10, gt=0, description="log training progress every N batches")
-    nodes: int = Field(1, gt=0, description="machines taking part (torchrun --nnodes)")
+    nodes: int | str = Field(
+        1, description="machines taking part (torchrun --nnodes): a number, or min:max (e.g. 1:4) to start with at "
+        "least min and take in more as they come (elastic)"
+    )
     processes_per_node: int = Field(1, gt=0, description="worker processes per machine (torchrun --nproc-per-node)")
     rendezvous_endpoint: str | None = Field(
-        None, description="host:port of the c10d rendezvous, needed when nodes > 1 (same on every node)"
+        None, description="host:port of the c10d rendezvous when nodes > 1; empty: the first node's host and a free port "
+        "there, found when the nodes start"
     )
     rendezvous_id: str | None = Field(
-        None, description="job id shared by every node's launcher; empty: the run folder's name"
+        None, description="job id shared by every node's launcher; empty: one per launch of the nodes"
+    )
+    join_timeout_s: float = Field(
+        600, gt=0, description="with nodes > 1: fail (and cancel every node) unless all nodes started within this "
+        "many seconds"
     )
     max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed workers (each resumes from the checkpoint)")
     image_size: int | None = Field(
@@ -58,6 +66,33 @@ class TrainingParams(BaseModel):
     )
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD (Nesterov) momentum")
     weight_decay: float = Field(1e-4, ge=0, description="SGD weight decay")
+
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes_or_range(cls, value: int | str) -> int | str:
+        low, high = node_range(value)
+        if not 1 <= low <= high:
+            raise ValueError(f"nodes is {value!r}: give a number of machines (1 or more) or min:max with 1 <= min <= max")
+        return f"{low}:{high}" if ":" in str(value) else low
+
+    @property
+    def min_nodes(self) -> int:
+        return node_range(self.nodes)[0]
+
+    @property
+    def max_nodes(self) -> int:
+        return node_range(self.nodes)[1]
+
+
+def node_range(nodes: int | str) -> tuple[int, int]:
+    """``(min, max)`` machines of a ``nodes`` value: ``2`` → (2, 2), ``"1:4"`` → (1, 4)."""
+    text = str(nodes).strip()
+    low, _, high = text.partition(":")
+    try:
+        return int(low), int(high or low)
+    except ValueError:
+        raise ValueError(f"nodes is {nodes!r}: give a number of machines or min:max (torchrun's --nnodes form)") from None
 
 
 def add_training_flags(parser) -> None:

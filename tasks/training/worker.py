@@ -58,7 +58,7 @@ from tasks.model_directory import (
 )
 from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
 from tasks.training.data import BatchesOfTwoOrMore, ImageFiles, choose_image_size, eval_transform, train_transform
-from tasks.training.checkpoint import load_checkpoint, save_checkpoint
+from tasks.training.checkpoint import load_checkpoint, rescale_schedule, save_checkpoint
 from tasks.training.models import build_model, memory_format
 
 logger = logging.getLogger("tasks.training.worker")
@@ -237,6 +237,20 @@ def write_training_log(output: Path, metrics: TrainingMetrics) -> None:
     write_text_atomic(output / METRICS_FILE, metrics.model_dump_json(indent=2))
 
 
+def check_gpus(processes_per_node: int, gpus: int) -> None:
+    """One process per GPU: NCCL refuses two ranks on one device, deep inside its setup."""
+    if gpus == 0:
+        raise InvalidTrainingSetupError(
+            f"device is 'cuda' but torch {torch.__version__} sees no CUDA device on this host: "
+            "use device 'auto' or 'cpu', or run on a GPU worker"
+        )
+    if processes_per_node > gpus:
+        raise InvalidTrainingSetupError(
+            f"processes_per_node is {processes_per_node} but this host has {gpus} CUDA device(s): use at most "
+            f"one process per GPU (processes_per_node={gpus})"
+        )
+
+
 def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     params: TrainingParams = params_from_flags(args)
     env = DistributedEnv.from_environ()
@@ -244,12 +258,7 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
 
     use_cuda = params.device == "cuda" or (params.device == "auto" and torch.cuda.is_available())
     if use_cuda:
-        if env.local_rank >= torch.cuda.device_count():
-            # NCCL runs one rank per GPU; a second rank on the same device fails deep inside NCCL's setup.
-            raise InvalidTrainingSetupError(
-                f"processes_per_node is {env.local_world_size} but this host has {torch.cuda.device_count()} CUDA "
-                f"device(s): use at most one process per GPU (processes_per_node={torch.cuda.device_count()})"
-            )
+        check_gpus(env.local_world_size, torch.cuda.device_count())
         torch.cuda.set_device(env.local_rank)
         device = torch.device("cuda", env.local_rank)
         # Input sizes are fixed, so cuDNN's per-shape algorithm search pays for itself after one batch.
@@ -319,6 +328,16 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     else:
         logger.info("resuming from %s after epoch %d", checkpoint_path, len(metrics.epochs))
     start_epoch = len(metrics.epochs)
+    if metrics.world_size != env.world_size:
+        # Another number of processes (an elastic rescale, a retry on other hosts): the rate scales with the world
+        # size and an epoch has another number of batches, so the checkpoint's rate and step would be wrong.
+        lr = rescale_schedule(optimizer, scheduler, params.learning_rate * env.world_size, start_epoch * steps)
+        logger.info(
+            "world size %d (the checkpoint's was %d): learning rate %g (base %g = %g x %d), at step %d of %d",
+            env.world_size, metrics.world_size, lr, params.learning_rate * env.world_size, params.learning_rate,
+            env.world_size, start_epoch * steps, params.epochs * steps,
+        )  # fmt: skip
+        metrics.world_size = env.world_size
 
     if env.is_main:
         write_text_atomic(output / SPEC_FILE, trained_spec.model_dump_json(indent=2))
