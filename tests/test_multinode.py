@@ -146,7 +146,7 @@ def test_two_nodes_train_through_the_pool_and_register_one_model(stack, colour_i
     (model_dir,) = [ModelDirectory(p) for p in (tmp_path / "runs").glob("*/model")]
     assert model_dir.metrics().world_size == 2
     for rank in (0, 1):
-        assert "rank %d/2 on cpu (gloo)" % rank in driver_log_path(model_dir.root, rank).read_text()
+        assert "rank %d/2 on cpu (gloo, fp32, contiguous)" % rank in driver_log_path(model_dir.root, rank).read_text()
 
     # Each node was a flow run of the deployment on the pool, a subflow of the pipeline's run, on its own worker.
     runs, _, variables = node_runs(stack, registration.flow_run_id)
