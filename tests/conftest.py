@@ -43,6 +43,27 @@ def run_worker(*args: str, processes: int = 2, env: dict | None = None) -> subpr
     return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def processes_of(output: Path) -> list[int]:
+    """Every process (torchrun, its wrapper, the workers) whose command line names ``output``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(output).encode() in argv and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
 @pytest.fixture
 def colour_source(tmp_path: Path) -> Path:
     """A class-per-folder source: 3 colour classes x 6 PNG images."""

@@ -17,7 +17,7 @@ from tasks.lifeline import HangWatch, TrainingHang, read_heartbeats
 from tasks.model_directory import LOGS_DIR
 from tasks.train import LineLevels, WatchLimits, build_torchrun_command, launch_training, run_training, worker_environment
 from tasks.training.config import TrainingParams
-from tests.conftest import write_class_folders
+from tests.conftest import alive, processes_of, write_class_folders
 
 # Long enough that every test below interrupts it; none of them runs it to the end.
 LONG = dict(epochs=200, patience=200, batch_size=4, processes_per_node=2, device="cpu")
@@ -37,27 +37,6 @@ def wait_for(condition, timeout: float = 120, what: str = "condition", outcome: 
 def training_heartbeats(output: Path, ranks: int = 2) -> dict[int, dict]:
     beats = read_heartbeats(output / LOGS_DIR)
     return beats if len(beats) == ranks and all(b["phase"] == "train" for b in beats.values()) else {}
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def processes_of(output: Path) -> list[int]:
-    """Every process (torchrun, its wrapper, the workers) whose command line names ``output``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry.name.isdigit() and str(output).encode() in argv and alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
 
 
 def launch_in_thread(data, spec, output, params):

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from uuid import uuid4
 
 import pytest
@@ -17,6 +16,7 @@ from tasks.model_directory import ModelDirectory, driver_log_path
 from tasks.nodes import node_run_parameters, nodes_outcome, not_joined_message, reachable_address
 from tasks.registry import list_versions, read_registration
 from tasks.training.config import TrainingParams
+from tests.conftest import processes_of
 
 HOSTS = ("host-a", "host-b")
 
@@ -121,19 +121,6 @@ def node_runs(stack, parent_flow_run_id=None):
     return sorted(runs, key=lambda r: r.parameters["node_rank"]), parents, variables
 
 
-def training_processes(output: Path) -> list[int]:
-    """PIDs of torchrun launchers and training workers writing into ``output``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry.name.isdigit() and str(output).encode() in argv and int(entry.name) != os.getpid():
-            found.append(int(entry.name))
-    return found
-
-
 def test_two_nodes_train_through_the_pool_and_register_one_model(stack, colour_image_dirs, tmp_path):
     result, _ = run_pipeline(stack, colour_image_dirs, tmp_path, "colours-2nodes", "--processes-per-node", "1")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:] + stack.log_text()[-3000:]
@@ -179,7 +166,7 @@ def test_stopping_the_parent_run_cancels_every_node_and_leaves_nothing_running(s
     runs, _, _ = node_runs(stack)
     mine = [r for r in runs if r.parameters["output_dir"] == str(run_dir / "model")]
     assert len(mine) == 2 and all(r.state.is_cancelled() for r in mine), [(r.name, r.state) for r in mine] + [output[-3000:]]
-    assert not training_processes(run_dir), "a training process was left running"
+    assert not processes_of(run_dir), "a training process was left running"
 
 
 def test_too_few_workers_fail_the_gang_within_its_join_timeout_and_leave_nothing_running(stack, colour_image_dirs, tmp_path):
@@ -194,7 +181,7 @@ def test_too_few_workers_fail_the_gang_within_its_join_timeout_and_leave_nothing
     assert seconds < join_timeout + 120, seconds
 
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert not training_processes(run_dir), "a training process was left running"
+    assert not processes_of(run_dir), "a training process was left running"
     assert not (run_dir / "model" / "metrics.json").exists(), "a node trained alone"
     runs, parents, _ = node_runs(stack)
     mine = [r for r in runs if r.parameters["output_dir"] == str(run_dir / "model")]
