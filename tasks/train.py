@@ -143,6 +143,19 @@ def read_metrics(output_dir: Path) -> TrainingMetrics | None:
         return None
 
 
+class NewEpochs:
+    """Hands ``on_metrics`` the output's metrics each time they hold another number of epochs."""
+
+    def __init__(self, output_dir: Path, on_metrics: Callable[[TrainingMetrics], None]) -> None:
+        self.output_dir, self.on_metrics, self.seen = output_dir, on_metrics, -1
+
+    def poll(self) -> None:
+        metrics = read_metrics(self.output_dir)
+        if metrics is not None and len(metrics.epochs) != self.seen:
+            self.seen = len(metrics.epochs)
+            self.on_metrics(metrics)
+
+
 _WORKER_LEVEL = re.compile(r"^\[rank \d+\] (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 _TORCH_LEVEL = re.compile(r"^([DIWEF])\d{4} \d\d:\d\d:\d\d")
 _GLOG_LEVELS = {"D": logging.DEBUG, "I": logging.INFO, "W": logging.WARNING, "E": logging.ERROR, "F": logging.CRITICAL}
@@ -286,14 +299,11 @@ def run_training(
     reader = threading.Thread(target=pump, name="torchrun-output", daemon=True)
     reader.start()
     started = time.monotonic()
-    epochs_seen = -1
+    new_epochs = NewEpochs(output_dir, on_metrics)
     try:
         while True:
             finished = process.poll() is not None
-            metrics = read_metrics(output_dir)
-            if metrics is not None and len(metrics.epochs) != epochs_seen:
-                epochs_seen = len(metrics.epochs)
-                on_metrics(metrics)
+            new_epochs.poll()
             if finished:
                 break
             try:
@@ -412,15 +422,8 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
         )  # fmt: skip
     else:
         # One flow run per node through the work pool (tasks/nodes.py); they write into output_dir, watched here.
-        epochs_seen = [-1]
-
-        def poll_metrics() -> None:
-            metrics = read_metrics(Path(output_dir))
-            if metrics is not None and len(metrics.epochs) != epochs_seen[0]:
-                epochs_seen[0] = len(metrics.epochs)
-                on_metrics(metrics)
-
-        run_nodes(train_dir, validation_dir, model_spec_dir, output_dir, params, on_poll=poll_metrics)
+        run_nodes(train_dir, validation_dir, model_spec_dir, output_dir, params,
+                  on_poll=NewEpochs(Path(output_dir), on_metrics).poll)  # fmt: skip
         model_dir = ModelDirectory(output_dir)
     metrics = model_dir.metrics()
     update_progress_artifact(progress, 100.0, description=epochs_done(metrics, params.epochs))

@@ -67,7 +67,6 @@ class TrainingParams(BaseModel):
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD (Nesterov) momentum")
     weight_decay: float = Field(1e-4, ge=0, description="SGD weight decay")
 
-
     @field_validator("nodes")
     @classmethod
     def _nodes_or_range(cls, value: int | str) -> int | str:

@@ -278,7 +278,8 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     logger.info(
         "rank %d/%d on %s (%s, %s, %s), restart %d, torch %s",
         env.rank, env.world_size, device, dist.get_backend() if dist.is_initialized() else "single process",
-        "bf16 autocast" if uses_bf16(device, params) else "fp32", "channels_last" if memory_format(device) == torch.channels_last else "contiguous",
+        "bf16 autocast" if uses_bf16(device, params) else "fp32",
+        "channels_last" if memory_format(device) == torch.channels_last else "contiguous",
         env.restart_count, torch.__version__,
     )  # fmt: skip
 
@@ -358,14 +359,17 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         sampler.set_epoch(epoch)
         started = time.perf_counter()
         train_loss, train_error, images_per_s, lr = train_one_epoch(
-            ddp_model, train_loader, train_set.transform.normalize, criterion, optimizer, scheduler, device, epoch, params, heartbeat, env.world_size
+            ddp_model, train_loader, train_set.transform.normalize, criterion, optimizer, scheduler, device, epoch,
+            params, heartbeat, env.world_size,
         )
         if dist.is_initialized():
             # Each rank's last forward pass moved its own BatchNorm statistics: evaluate (and save)
             # rank 0's on every rank, so the figures describe exactly the weights written to model.pt.
             for buffer in model.buffers():
                 dist.broadcast(buffer, src=0)
-        val_loss, top1, top5 = evaluate(model, val_loader, val_set.transform.normalize, criterion, device, len(classes), params, heartbeat, epoch)
+        val_loss, top1, top5 = evaluate(
+            model, val_loader, val_set.transform.normalize, criterion, device, len(classes), params, heartbeat, epoch
+        )
         record = EpochMetrics(
             epoch=epoch + 1, lr=lr, train_images_per_s=images_per_s, train_loss=train_loss,
             train_error=train_error, val_loss=val_loss, top1=top1, top5=top5, seconds=time.perf_counter() - started,
