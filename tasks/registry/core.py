@@ -40,6 +40,7 @@ from tasks.registry.layout import (
     Promotion,
     PromotionRule,
     Registration,
+    VersionStatus,
     alias_key,
     check_alias,
     check_model_name,
@@ -78,10 +79,11 @@ def _record(backend: RegistryBackend, name: str, version: int) -> Registration |
     return None if data is None else parse_registration(data, f"{backend.location}/{key}", name, version)
 
 
-def registrations(
+def versions_with_status(
     backend: RegistryBackend, name: str, newest_first: bool = False, include_archived: bool = True
-) -> Iterator[Registration]:
-    """Committed, undeleted versions of ``name``; corrupt ones are left out with a warning."""
+) -> Iterator[tuple[Registration, VersionStatus | None]]:
+    """Committed, undeleted versions of ``name`` with their status record (None: never changed); corrupt ones
+    are left out with a warning."""
     versions = numbered(backend.list_keys(check_model_name(name)), name, REGISTRATION_FILE)
     for version in sorted(versions, reverse=newest_first):
         try:
@@ -91,7 +93,14 @@ def registrations(
             logger.warning("%s: this version is left out", error)
             continue
         if record is not None and not (status and (status.deleted or (status.archived and not include_archived))):
-            yield record
+            yield record, status
+
+
+def registrations(
+    backend: RegistryBackend, name: str, newest_first: bool = False, include_archived: bool = True
+) -> Iterator[Registration]:
+    """Committed, undeleted versions of ``name`` (see ``versions_with_status``)."""
+    return (record for record, _ in versions_with_status(backend, name, newest_first, include_archived))
 
 
 def list_versions(registry: Registry, name: str, include_archived: bool = True) -> list[int]:

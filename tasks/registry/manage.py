@@ -16,13 +16,22 @@ from typing import Any
 from pydantic import BaseModel
 
 from tasks.errors import PipelineInputError
-from tasks.registry.core import Registry, backend_of, read_aliases, read_registration, registrations, resolve
+from tasks.registry.core import (
+    Registry,
+    backend_of,
+    read_aliases,
+    read_registration,
+    registrations,
+    resolve,
+    versions_with_status,
+)
 from tasks.registry.layout import (
     REGISTERED_FILES,
     REGISTRATION_FILE,
     AliasedVersionError,
     ModelReference,
     Registration,
+    VersionStatus,
     is_model_name,
     numbered,
     version_key,
@@ -96,8 +105,7 @@ def list_models(registry: Registry) -> list[str]:
     return [name for name in names if numbered(keys, name, REGISTRATION_FILE) and next(registrations(backend, name), None)]
 
 
-def _view(backend, registration: Registration, aliases: dict[str, int]) -> VersionView:
-    status = read_status(backend, registration.name, registration.version)
+def _view(registration: Registration, status: VersionStatus | None, aliases: dict[str, int]) -> VersionView:
     return VersionView(
         registration=registration, tags=status.tags if status else registration.tags,
         archived=bool(status and status.archived),
@@ -109,13 +117,14 @@ def model_versions(registry: Registry, name: str) -> list[VersionView]:
     """Every committed version of ``name``, archived ones included, oldest first."""
     backend = backend_of(registry)
     aliases = {a: r.version for a, r in read_aliases(backend, name).items()}
-    return [_view(backend, r, aliases) for r in registrations(backend, name)]
+    return [_view(record, status, aliases) for record, status in versions_with_status(backend, name)]
 
 
 def show_version(registry: Registry, reference: str | ModelReference) -> VersionView:
     backend = backend_of(registry)
     registration = resolve(backend, reference)
-    return _view(backend, registration, {a: r.version for a, r in read_aliases(backend, registration.name).items()})
+    status = read_status(backend, registration.name, registration.version)
+    return _view(registration, status, {a: r.version for a, r in read_aliases(backend, registration.name).items()})
 
 
 def tag(registry: Registry, reference: str, tags: dict[str, str]) -> VersionView:
