@@ -66,18 +66,16 @@ def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
     present = set(truth) | set(predicted)
     macro = [i for i, c in enumerate(classes) if c in present]
     weighted = skm.precision_recall_fscore_support(truth, predicted, labels=classes, average="weighted", zero_division=0)
+    ordered = sorted(classes)  # scikit-learn wants the labels, and so the probability columns, sorted
+    probabilities = scores[[probability_column(c) for c in ordered]].to_numpy(dtype=float)
     auc = None
     if set(truth) == set(classes):
         if len(classes) == 2:
             auc = float(skm.roc_auc_score(truth == classes[1], scores[probability_column(classes[1])]))
         else:
-            ordered = sorted(classes)  # scikit-learn wants the labels, and so the columns, sorted
-            probabilities = scores[[probability_column(c) for c in ordered]].to_numpy()
             auc = float(skm.roc_auc_score(truth, probabilities, multi_class="ovr", labels=ordered))
     loss = None
     if set(truth) <= set(classes):
-        ordered = sorted(classes)  # as for the AUC: scikit-learn takes the probability columns in sorted label order
-        probabilities = scores[[probability_column(c) for c in ordered]].to_numpy(dtype=float)
         # float32 softmax rows miss 1 by rounding, which scikit-learn warns about: make each row sum to 1.
         loss = float(skm.log_loss(truth, probabilities / probabilities.sum(axis=1, keepdims=True), labels=ordered))
     return Evaluation(
