@@ -319,7 +319,7 @@ def run_training(
                 stop_training(process, log_dir)
                 raise TrainingTimeoutError(
                     f"training ran past its limit of {limits.timeout_s / 60:g} minutes (timeout_minutes) after "
-                    f"{max(epochs_seen, 0)} epochs; every training process was stopped, a retry resumes from the checkpoint",
+                    f"{max(new_epochs.seen, 0)} epochs; every training process was stopped, a retry resumes from the checkpoint",
                     returncode=process.returncode, rank=None, log_tail="\n".join(list(output)[-LOG_TAIL_LINES:]),
                 )  # fmt: skip
             try:
