@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from flows import run_folder
 from tasks.convert import ConversionLimits, convert
-from tasks.datasets import sources
+from tasks.datasets import resolve_sources
 from tasks.evaluate import Evaluation, evaluate
 from tasks.model import build_model_directory
 from tasks.model_directory import ModelSpec
@@ -104,7 +104,7 @@ def train_pipeline(
         export_onnx: Also export model.onnx (checked against PyTorch with onnxruntime) and register it.
     """
     run_dir = run_folder(work_dir)  # a retried run finds its checkpoints again
-    train_source, validation_source = sources(train_data, validation_data, work_dir)
+    train_source, validation_source = resolve_sources(train_data, validation_data, work_dir)
     train_dir = convert(train_source, str(run_dir / "data" / "train"), "train", limits=conversion)
     validation_dir = convert(validation_source, str(run_dir / "data" / "validation"), "validation", limits=conversion)
     validate_labels(train_dir, validation_dir)

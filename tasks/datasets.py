@@ -51,7 +51,7 @@ def export_digits(output: str | Path, validation_fraction: float = 0.2, seed: in
     return output / "train", output / "validation"
 
 
-def resolve_sources(train: str | None, validation: str | None, default_root: str | Path) -> tuple[str, str]:
+def given_or_default_sources(train: str | None, validation: str | None, default_root: str | Path) -> tuple[str, str]:
     """The user's (train, validation) sources, or the digits export under ``default_root`` when neither is given."""
     if train is None and validation is None:
         train_dir, validation_dir = export_digits(Path(default_root) / "digits")
@@ -70,8 +70,8 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 
 @task(name="resolve-sources", cache_policy=NO_CACHE)
-def sources(train: str | None, validation: str | None, default_root: str) -> tuple[str, str]:
-    return resolve_sources(train, validation, default_root)
+def resolve_sources(train: str | None, validation: str | None, default_root: str) -> tuple[str, str]:
+    return given_or_default_sources(train, validation, default_root)
 
 
 if __name__ == "__main__":

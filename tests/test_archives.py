@@ -1,4 +1,4 @@
-"""Archives unpacked by tasks.archives: links never made, damage never read as a shorter archive."""
+"""Archives unpacked by tasks.convert.archives: links never made, damage never read as a shorter archive."""
 
 import bz2
 import gzip

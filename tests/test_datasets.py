@@ -3,7 +3,7 @@ from collections import Counter
 import pytest
 
 from tasks import InvalidDatasetError, convert_to_image_directory
-from tasks.datasets import export_digits, resolve_sources
+from tasks.datasets import export_digits, given_or_default_sources
 
 
 def test_digits_export_is_a_stratified_seeded_split(tmp_path):
@@ -40,5 +40,5 @@ def test_export_is_reused_and_never_overwrites_other_folders(tmp_path):
 
 def test_sources_need_both_sets_or_neither(tmp_path):
     with pytest.raises(InvalidDatasetError, match="give both"):
-        resolve_sources("/data/train", None, tmp_path)
-    assert resolve_sources("/a", "/b", tmp_path) == ("/a", "/b")
+        given_or_default_sources("/data/train", None, tmp_path)
+    assert given_or_default_sources("/a", "/b", tmp_path) == ("/a", "/b")

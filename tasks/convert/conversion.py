@@ -1,7 +1,7 @@
 """Convert to Image Directory: a folder, archive or S3 prefix of images becomes an ImageDirectory.
 
-Sources (``tasks.sources``): a folder, a .zip/.tar/.tar.gz/.tgz/.tar.bz2/.tar.xz archive (or a .gz of a
-tar), an ``s3://bucket/prefix``. Labels (``tasks.labelling``): class folders, a labels file, or none.
+Sources (``tasks.convert.sources``): a folder, a .zip/.tar/.tar.gz/.tgz/.tar.bz2/.tar.xz archive (or a .gz of a
+tar), an ``s3://bucket/prefix``. Labels (``tasks.convert.labelling``): class folders, a labels file, or none.
 Wrapper folders (``export/photos/<class>/...``) are skipped down to the real base folder; ``__MACOSX``,
 ``.DS_Store`` and ``Thumbs.db`` are ignored; hidden entries, links leaving the source and special files are
 skipped and reported. Every image is identified from its header first (nothing is read whole), refused
@@ -44,8 +44,9 @@ from tasks.image_directory import (
     class_folders,
     safe_name,
 )
-from tasks.labelling import SingleClass, SourceFile, plan_source, read_labels_file, some
-from tasks.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, list_folder
+from tasks.convert.labelling import SingleClass, SourceFile, plan_source, read_labels_file, some
+from tasks.convert.listing import list_folder
+from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
 from tasks.storage import is_s3_uri, read_bytes
 
 # A 48-megapixel phone photo fits; Pillow's own decompression-bomb warning starts at ~89 MP.
@@ -222,9 +223,7 @@ def _check_locations(source: Source, output: Path) -> None:
             f"output {output} is an existing file, not a folder: give a new or empty folder, or an ImageDirectory "
             "to replace (the file is left as it is)"
         )
-    if not is_s3_uri(source.location) and (
-        output.is_relative_to(source.path) or (source.path.is_dir() and source.path.is_relative_to(output))
-    ):
+    if source.overlaps(output):
         raise InvalidDatasetError(f"output {output} and source {source.location} must not contain each other")
     if output.exists() and any(output.iterdir()) and not (output / MANIFEST_NAME).is_file():
         raise InvalidDatasetError(f"output {output} exists and is not an ImageDirectory: choose an empty or new folder")
@@ -260,7 +259,7 @@ def convert_to_image_directory(
     ``decode_memory_bytes`` of pixels at once. A previous ImageDirectory at ``output`` is reused when its
     ``conversion_hash`` matches, else replaced only once the new one is complete.
     """
-    origin = Source(os.fspath(source), max_extracted_bytes)
+    origin = open_source(os.fspath(source), max_extracted_bytes)
     output = Path(output).resolve()
     _check_locations(origin, output)
     labels = os.fspath(labels) if labels is not None else None

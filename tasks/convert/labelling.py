@@ -4,7 +4,7 @@ A base folder is labeled by class folders (``<base>/<class>/.../<image>``) or by
 ``image`` and ``label`` columns, or a JSON object ``{"<image>": "<label>"}``, naming images by their path
 below the base folder (or by file name, where that is unique). A ``labels.csv`` or ``labels.json`` at the
 top of the base folder is used without being asked for. The planning here works on a ``FolderListing``
-(``tasks.sources.list_folder``); nothing is decoded or written.
+(``tasks.convert.listing.list_folder``); nothing is decoded or written.
 
 Hidden entries (a name starting with ".") are skipped and reported, except a hidden folder of images beside
 other class folders: that is a class (``.net``). Class folder names equal once Unicode-normalised (NFC and
@@ -24,7 +24,7 @@ from typing import Literal
 
 from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
 from tasks.image_directory import IMAGE_EXTENSIONS, QuarantinedFile
-from tasks.sources import FolderListing
+from tasks.convert.listing import FolderListing
 
 LABELS_FILE_NAMES = ("labels.csv", "labels.json")
 _SHOWN = 5  # names quoted in a message before "and N more"

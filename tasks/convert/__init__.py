@@ -1,0 +1,24 @@
+"""Convert to Image Directory: a folder, archive or S3 prefix of images becomes an ImageDirectory.
+
+    sources.py     where images come from, as types behind one interface: FolderSource, ArchiveSource,
+                   S3Source (``open_source`` picks one)
+    archives.py    unpacking .zip / .tar(.gz|.bz2|.xz) safely: no member lands outside, sizes are capped
+    listing.py     one walk of a local folder: what can be read, what was skipped and why
+    labelling.py   which file has which label: class folders, a labels file, or none
+    conversion.py  decoding, checking and storing each image, the manifest; the ``convert`` Prefect task
+
+``from tasks.convert import convert`` (the task) and ``convert_to_image_directory`` (the plain function)
+are loaded lazily, so that the sources, listing and labelling modules import no Prefect.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["ConversionLimits", "convert", "convert_to_image_directory"]
+
+
+def __getattr__(name: str):
+    if name not in __all__:
+        raise AttributeError(f"module 'tasks.convert' has no attribute {name!r}")
+    return getattr(importlib.import_module("tasks.convert.conversion"), name)
