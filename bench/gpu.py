@@ -27,12 +27,12 @@ from torch.utils.data import DataLoader
 from bench.harness import Figure, table
 from tasks import convert_to_image_directory
 from tasks.image_directory import ImageDirectory
-from tasks.model import create_model_directory
+from tasks.model import write_untrained_model_directory
 from tasks.model_directory import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
 from tasks.train import launch_training
 from tasks.training.config import TrainingParams
-from tasks.training.data import ImageFiles, train_transform
-from tasks.training.models import build_model, memory_format
+from tasks.vision.images import ImageFiles, train_transform
+from tasks.vision.networks import build_network, memory_format
 from tasks.training.worker import autocast, make_optimizer
 
 H100_GOAL = 3200.0  # the team goal for one H100 (the seed table's 16 x V100 figure)
@@ -71,7 +71,7 @@ def device_ceiling(architecture: str, size: int, batch: int, classes: int = 10, 
     autocast and channels_last): the most training can get from the device alone, with no loading at all."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     params = TrainingParams(batch_size=batch, image_size=size)
-    model = build_model(ModelSpec(architecture=architecture), classes).to(device, memory_format=memory_format(device))
+    model = build_network(ModelSpec(architecture=architecture), classes).to(device, memory_format=memory_format(device))
     optimizer, criterion = make_optimizer(model, 0.1, params), torch.nn.CrossEntropyLoss()
     images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=memory_format(device))
     labels = torch.randint(0, classes, (batch,), device=device)
@@ -105,7 +105,7 @@ def figures(images: int | None = None, ceiling_seconds: float | None = None) -> 
         image_dir = convert_to_image_directory(scratch / "jpegs", scratch / "images").root
         ceiling = loader_ceiling(image_dir, size, batch, workers, seconds=ceiling_seconds or (20 if cuda else 5))
 
-        spec = create_model_directory(scratch / "spec", ModelSpec(architecture=architecture))
+        spec = write_untrained_model_directory(scratch / "spec", ModelSpec(architecture=architecture))
         params = TrainingParams(epochs=2, batch_size=batch, image_size=size, data_workers=workers,
                                 learning_rate=0.1, print_frequency=10**6)  # fmt: skip
         model_dir = launch_training(image_dir, image_dir, spec, scratch / "model", params, log=lambda level, line: None)

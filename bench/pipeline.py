@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench.harness import Figure, alternate, table
 from tasks import check_training_data, convert_to_image_directory, evaluate_scores, export_digits, score_images
-from tasks.model import create_model_directory
+from tasks.model import write_untrained_model_directory
 from tasks.model_directory import ModelSpec
 from tasks.registry import lineage, register_model
 from tasks.train import launch_training
@@ -29,7 +29,7 @@ def plain_functions(train_source: Path, validation_source: Path, out: Path) -> N
     train = convert_to_image_directory(train_source, out / "data" / "train")
     validation = convert_to_image_directory(validation_source, out / "data" / "validation")
     check_training_data(train, validation)
-    spec = create_model_directory(out / "model_spec", ModelSpec())
+    spec = write_untrained_model_directory(out / "model_spec", ModelSpec())
     model_dir = launch_training(train.root, validation.root, spec, out / "model", PARAMS, log=lambda level, line: None)
     scores = score_images(model_dir, validation)
     scores.to_csv(out / "scores.csv", index=False)

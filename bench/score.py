@@ -42,14 +42,14 @@ from tasks.model_directory import (
 from tasks.onnx_export import export_onnx
 from tasks.registry import load_model
 from tasks.score import BATCH_SIZE, score_images
-from tasks.training.data import choose_image_size, eval_transform
-from tasks.training.models import build_model, load_trained_model
+from tasks.vision.images import choose_image_size, eval_transform
+from tasks.vision.networks import build_network, load_trained_model
 
 
 def random_model_directory(root: Path, architecture: str, classes: list[str], image_size: int) -> ModelDirectory:
     spec = TrainedModelSpec(**ModelSpec(architecture=architecture).model_dump(), num_classes=len(classes), image_size=image_size)
     root.mkdir(parents=True, exist_ok=True)
-    torch.save(build_model(spec, len(classes)).state_dict(), root / WEIGHTS_FILE)
+    torch.save(build_network(spec, len(classes)).state_dict(), root / WEIGHTS_FILE)
     (root / SPEC_FILE).write_text(spec.model_dump_json(indent=2))
     (root / CLASSES_FILE).write_text(json.dumps(classes))
     return ModelDirectory(root)

@@ -17,7 +17,8 @@ import resource
 import time
 
 from bench.harness import Figure, alternate, in_fresh_process, table
-from tasks.allocator import ENVIRONMENT, allocator_environment, peak_rss_mb
+from tasks.allocator import ENVIRONMENT, allocator_environment
+from tasks.memory import peak_rss_mb
 
 VARIANTS = {  # name: (fused optimizer, allocator settings, torch.compile)
     "default": (False, False, False),

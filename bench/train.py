@@ -27,7 +27,7 @@ from torchvision import transforms as T
 
 from bench.harness import Figure, alternate, in_fresh_process, table
 from tasks import convert_to_image_directory, export_digits
-from tasks.model import create_model_directory
+from tasks.model import write_untrained_model_directory
 from tasks.model_directory import ModelSpec, driver_log_path
 from tasks.train import launch_training, worker_environment
 from tasks.training.config import TrainingParams
@@ -92,7 +92,7 @@ def figures(repetitions: int = 3) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="bench-train-") as scratch:
         scratch = Path(scratch)
         train_src, _, train, val = digits(scratch)
-        spec = create_model_directory(scratch / "spec", ModelSpec(architecture="resnet18"))
+        spec = write_untrained_model_directory(scratch / "spec", ModelSpec(architecture="resnet18"))
         single = TrainingParams(epochs=2, processes_per_node=1, device="cpu", image_size=IMAGE_SIZE)
         counter = iter(range(10**6))
         peaks: list[int] = []

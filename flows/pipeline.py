@@ -19,7 +19,7 @@ from flows import run_folder
 from tasks.convert import ConversionLimits, convert
 from tasks.datasets import resolve_sources
 from tasks.evaluate import Evaluation, evaluate
-from tasks.model import build_model_directory
+from tasks.model import untrained_model_directory
 from tasks.model_directory import ModelSpec
 from tasks.onnx_export import export_and_check_onnx
 from tasks.registry import Registration
@@ -108,7 +108,7 @@ def train_pipeline(
     train_dir = convert(train_source, str(run_dir / "data" / "train"), "train", limits=conversion)
     validation_dir = convert(validation_source, str(run_dir / "data" / "validation"), "validation", limits=conversion)
     validate_labels(train_dir, validation_dir)
-    spec_dir = build_model_directory(str(run_dir / "model_spec"), model)
+    spec_dir = untrained_model_directory(str(run_dir / "model_spec"), model)
     model_dir = train(train_dir, validation_dir, spec_dir, str(run_dir / "model"), training)
     if export_onnx:
         model_dir = export_and_check_onnx(model_dir, validation_dir)

@@ -10,7 +10,7 @@ import importlib
 _EXPORTS = {
     "convert_to_image_directory": "tasks.convert",
     "check_training_data": "tasks.validate",
-    "create_model_directory": "tasks.model",
+    "write_untrained_model_directory": "tasks.model",
     "build_torchrun_command": "tasks.train",
     "launch_training": "tasks.train",
     "run_training": "tasks.train",

@@ -10,9 +10,6 @@ is worse than the default (0.4x): both are set, or neither.
 A subprocess gets them through its environment (glibc reads ``MALLOC_*_`` at start); a process that is
 already running sets them with ``mallopt``. Settings the user chose are left alone. Other C libraries
 (musl, macOS) ignore both.
-
-``peak_rss_mb`` reports a process's peak resident memory as its own: ``getrusage``'s ``ru_maxrss`` survives
-``exec`` and starts a child at its parent's size (a worker forked from a 1.8 GB benchmark process reported 1.8 GB).
 """
 
 from __future__ import annotations
@@ -21,9 +18,7 @@ import ctypes
 import ctypes.util
 import os
 import platform
-import resource
 from collections.abc import Mapping
-from pathlib import Path
 
 MMAP_THRESHOLD = 256 * 2**20  # blocks below this come from the heap and are reused after free
 TRIM_THRESHOLD = 2**30  # free memory at the top of the heap kept before returning it to the kernel
@@ -49,15 +44,3 @@ def keep_freed_memory() -> bool:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     _applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     return _applied
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set size in MB since it started its program (Linux: VmHWM)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if platform.system() == "Darwin" else peak / 1024  # bytes on macOS, KiB elsewhere

@@ -8,15 +8,15 @@ from pathlib import Path
 from tasks.model_directory import ModelSpec, write_model_spec
 
 
-def create_model_directory(output: str | os.PathLike[str], spec: ModelSpec) -> Path:
+def write_untrained_model_directory(output: str | os.PathLike[str], spec: ModelSpec) -> Path:
     """Write ``spec`` to ``output/model_spec.json``, after checking that pretrained weights exist and fit.
 
     Checking here, not in the worker, fails a bad weights file before any training job is launched.
     """
     if spec.pretrained:
-        from tasks.training.models import build_model
+        from tasks.vision.networks import build_network
 
-        build_model(spec, num_classes=2)
+        build_network(spec, num_classes=2)
     return write_model_spec(output, spec)
 
 
@@ -26,10 +26,10 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 
-@task(name="build-model", cache_policy=NO_CACHE)
-def build_model_directory(output: str, spec: ModelSpec) -> str:
+@task(name="untrained-model", cache_policy=NO_CACHE)
+def untrained_model_directory(output: str, spec: ModelSpec) -> str:
     """Artifact ``model-spec``."""
-    root = create_model_directory(output, spec)
+    root = write_untrained_model_directory(output, spec)
     options = "\n".join(f"| {k} | {v} |" for k, v in spec.model_dump().items())
     create_markdown_artifact(
         key="model-spec",

@@ -28,8 +28,8 @@ from tasks.errors import InvalidModelDirectoryError, OnnxMismatchError
 from tasks.fileio import atomic_write
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ONNX_FILE, ModelDirectory
-from tasks.training.data import ImageFiles, eval_transform
-from tasks.training.models import load_trained_model
+from tasks.vision.images import ImageFiles, eval_transform
+from tasks.vision.networks import load_trained_model
 
 ONNX_TOLERANCE = 1e-4
 OPSET = 17

@@ -24,8 +24,8 @@ from tasks.fileio import atomic_write
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ModelDirectory
 from tasks.storage import is_s3_uri, parse_s3_uri, read_bytes, s3_client
-from tasks.training.data import ImageFiles, eval_transform
-from tasks.training.models import load_trained_model, memory_format
+from tasks.vision.images import ImageFiles, eval_transform
+from tasks.vision.networks import load_trained_model, memory_format
 
 SCORED_LABELS = "Scored Labels"
 PROBABILITY_PREFIX = "Scored Probabilities_"

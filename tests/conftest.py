@@ -95,10 +95,10 @@ def colour_image_dirs(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def resnet_spec(tmp_path_factory) -> Path:
-    from tasks.model import create_model_directory
+    from tasks.model import write_untrained_model_directory
     from tasks.model_directory import ModelSpec
 
-    return create_model_directory(tmp_path_factory.mktemp("spec"), ModelSpec(architecture="resnet18"))
+    return write_untrained_model_directory(tmp_path_factory.mktemp("spec"), ModelSpec(architecture="resnet18"))
 
 
 @pytest.fixture(scope="session")

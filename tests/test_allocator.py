@@ -33,7 +33,7 @@ def test_peak_memory_is_the_process_own_not_its_parents():
     # getrusage's ru_maxrss would report the parent's 400 MB here: it survives fork and exec.
     ballast = bytearray(400 * 2**20)
     ballast[:: 2**12] = b"x" * len(ballast[:: 2**12])  # touch every page: resident, not just reserved
-    probe = "from tasks.allocator import peak_rss_mb; print(peak_rss_mb())"
+    probe = "from tasks.memory import peak_rss_mb; print(peak_rss_mb())"
     project = Path(__file__).resolve().parent.parent
     child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=project)
     assert 1 < float(child.stdout) < 200

@@ -374,7 +374,7 @@ def peak_memory_of_conversion(source: Path, output: Path, **options) -> tuple[fl
 
     script = (
         "import json, sys\n"
-        "from tasks.allocator import peak_rss_mb\n"
+        "from tasks.memory import peak_rss_mb\n"
         "from tasks.convert import convert_to_image_directory\n"
         "before = peak_rss_mb()\n"
         "image_dir = convert_to_image_directory(sys.argv[1], sys.argv[2], **json.loads(sys.argv[3]))\n"

@@ -7,14 +7,14 @@ import torch
 import torchvision
 
 from tasks import InvalidModelDirectoryError
-from tasks.model import create_model_directory
+from tasks.model import write_untrained_model_directory
 from tasks.model_directory import DENSENETS, RESNETS, ModelSpec
-from tasks.training.models import build_model
+from tasks.vision.networks import build_network
 
 
 @pytest.mark.parametrize("architecture", ["resnet18", "densenet121", "resnext50_32x4d", "wide_resnet50_2"])
 def test_heads_match_the_number_of_classes(architecture):
-    model = build_model(ModelSpec(architecture=architecture), num_classes=7)
+    model = build_network(ModelSpec(architecture=architecture), num_classes=7)
     logits = model.eval()(torch.zeros(2, 3, 32, 32))
     assert logits.shape == (2, 7)
 
@@ -25,10 +25,10 @@ def test_the_zoo_is_the_azure_components():
 
 
 def test_family_options_reach_the_model():
-    densenet = build_model(ModelSpec(architecture="densenet121", memory_efficient=True), 3)
+    densenet = build_network(ModelSpec(architecture="densenet121", memory_efficient=True), 3)
     assert all(layer.memory_efficient for name, layer in densenet.features.named_modules() if "denselayer" in name
                and name.count(".") == 1)  # fmt: skip
-    resnet = build_model(ModelSpec(architecture="resnet18", zero_init_residual=True), 3)
+    resnet = build_network(ModelSpec(architecture="resnet18", zero_init_residual=True), 3)
     assert torch.count_nonzero(resnet.layer1[0].bn2.weight) == 0
 
 
@@ -37,7 +37,7 @@ def test_pretrained_weights_from_a_local_file_then_a_new_head(tmp_path):
     imagenet = torchvision.models.resnet18()
     weights = tmp_path / "resnet18-imagenet.pth"
     torch.save(imagenet.state_dict(), weights)
-    model = build_model(ModelSpec(pretrained=True, weights_path=str(weights)), num_classes=4)
+    model = build_network(ModelSpec(pretrained=True, weights_path=str(weights)), num_classes=4)
     assert torch.equal(model.conv1.weight, imagenet.conv1.weight)
     assert model.fc.out_features == 4
 
@@ -52,7 +52,7 @@ def test_pretrained_densenet_from_torch_cache_in_torchvisions_old_key_format(tmp
     cache = tmp_path / "hub" / "checkpoints"
     cache.mkdir(parents=True)
     torch.save(old_keys, cache / "densenet121-a639ec97.pth")
-    model = build_model(ModelSpec(architecture="densenet121", pretrained=True), num_classes=3)
+    model = build_network(ModelSpec(architecture="densenet121", pretrained=True), num_classes=3)
     assert torch.equal(model.features.conv0.weight, imagenet.features.conv0.weight)
     assert model.classifier.out_features == 3
 
@@ -60,7 +60,7 @@ def test_pretrained_densenet_from_torch_cache_in_torchvisions_old_key_format(tmp
 def test_missing_pretrained_weights_say_where_to_put_them(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     with pytest.raises(InvalidModelDirectoryError) as error:
-        create_model_directory(tmp_path / "model", ModelSpec(architecture="resnet50", pretrained=True))
+        write_untrained_model_directory(tmp_path / "model", ModelSpec(architecture="resnet50", pretrained=True))
     assert str(tmp_path / "hub" / "checkpoints" / "resnet50-") in str(error.value)
     assert "nothing is downloaded" in str(error.value)
     assert not (tmp_path / "model").exists()
@@ -70,8 +70,8 @@ def test_weights_of_another_architecture_are_refused_before_training(tmp_path):
     weights = tmp_path / "resnet18.pth"
     torch.save(torchvision.models.resnet18().state_dict(), weights)
     with pytest.raises(InvalidModelDirectoryError, match="do not fit resnet34"):
-        create_model_directory(tmp_path / "model", ModelSpec(architecture="resnet34", pretrained=True,
+        write_untrained_model_directory(tmp_path / "model", ModelSpec(architecture="resnet34", pretrained=True,
                                                              weights_path=str(weights)))  # fmt: skip
     weights.write_bytes(b"not a state dict")
     with pytest.raises(InvalidModelDirectoryError, match="not a readable PyTorch state dict"):
-        create_model_directory(tmp_path / "model", ModelSpec(pretrained=True, weights_path=str(weights)))
+        write_untrained_model_directory(tmp_path / "model", ModelSpec(pretrained=True, weights_path=str(weights)))

@@ -21,7 +21,7 @@ from tasks.model_directory import (
 )
 from tasks.train import build_torchrun_command, launch_training, worker_environment
 from tasks.training.config import TrainingParams, params_from_flags
-from tasks.training.data import ImageFiles, eval_transform, train_transform
+from tasks.vision.images import ImageFiles, eval_transform, train_transform
 from tasks.training.worker import get_args_parser, make_optimizer, warmup_poly_schedule
 from tests.conftest import run_worker, write_class_folders
 

@@ -8,7 +8,7 @@ from tasks import (
     NotLabeledDatasetError,
     convert_to_image_directory,
 )
-from tasks.model import create_model_directory
+from tasks.model import write_untrained_model_directory
 from tasks.model_directory import ModelDirectory, ModelSpec, read_model_spec
 from tasks.validate import check_training_data
 from tests.conftest import write_class_folders, write_image
@@ -70,7 +70,7 @@ def test_model_spec_with_unknown_architecture_is_invalid(tmp_path):
 def test_pretrained_spec_whose_weights_file_is_missing_is_invalid(tmp_path):
     spec = ModelSpec(architecture="densenet121", pretrained=True, weights_path=str(tmp_path / "densenet121.pth"))
     with pytest.raises(InvalidModelDirectoryError, match="densenet121.pth for densenet121 does not exist"):
-        create_model_directory(tmp_path / "model", spec)
+        write_untrained_model_directory(tmp_path / "model", spec)
 
 
 def test_untrained_directory_is_not_a_trained_model(resnet_spec):

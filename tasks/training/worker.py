@@ -35,11 +35,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from tasks.allocator import peak_rss_mb
-from tasks.fileio import atomic_write, write_text_atomic
-from tasks.lifeline import Heartbeat, die_with_parent, output_lock, write_failure
-from tasks.image_directory import ImageDirectory
 from tasks.errors import InvalidDatasetError, InvalidTrainingSetupError
+from tasks.fileio import atomic_write, write_text_atomic
+from tasks.image_directory import ImageDirectory
+from tasks.lifeline import Heartbeat, die_with_parent, output_lock, write_failure
+from tasks.memory import peak_rss_mb
 from tasks.model_directory import (
     CHECKPOINT_FILE,
     CLASSES_FILE,
@@ -56,10 +56,16 @@ from tasks.model_directory import (
     driver_log_path,
     read_model_spec,
 )
-from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
-from tasks.training.data import BatchesOfTwoOrMore, ImageFiles, choose_image_size, eval_transform, train_transform
+from tasks.training.batches import BatchesOfTwoOrMore
 from tasks.training.checkpoint import load_checkpoint, rescale_schedule, save_checkpoint
-from tasks.training.models import build_model, memory_format
+from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
+from tasks.vision.images import (
+    ImageFiles,
+    choose_image_size,
+    eval_transform,
+    train_transform,
+)
+from tasks.vision.networks import build_network, memory_format
 
 logger = logging.getLogger("tasks.training.worker")
 
@@ -292,7 +298,7 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     trained_spec = TrainedModelSpec(**spec.model_dump(), num_classes=len(classes), image_size=image_size)
 
     torch.manual_seed(params.random_seed)
-    model = build_model(spec, len(classes)).to(device, memory_format=memory_format(device))
+    model = build_network(spec, len(classes)).to(device, memory_format=memory_format(device))
     ddp_model = DistributedDataParallel(model, device_ids=[env.local_rank] if use_cuda else None) if dist.is_initialized() else model
 
     workers = params.data_workers

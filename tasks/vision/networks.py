@@ -1,4 +1,4 @@
-"""Build torchvision classifiers from a ModelSpec; ImageNet weights come from local files only."""
+"""torchvision classifiers from a ModelSpec (DenseNet, ResNet); ImageNet weights come from local files only."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def load_pretrained(model: nn.Module, spec: ModelSpec) -> None:
         raise InvalidModelDirectoryError(f"the weights in {path} do not fit {spec.architecture}: {detail}") from error
 
 
-def build_model(spec: ModelSpec, num_classes: int) -> nn.Module:
+def build_network(spec: ModelSpec, num_classes: int) -> nn.Module:
     """A torchvision model for ``spec`` whose classifier head has ``num_classes`` outputs.
 
     Pretrained ImageNet weights are loaded (from a local file) before the head is replaced.
@@ -82,6 +82,6 @@ def build_model(spec: ModelSpec, num_classes: int) -> nn.Module:
 def load_trained_model(model_dir: ModelDirectory, device: torch.device | str = "cpu") -> nn.Module:
     """The trained network of a ModelDirectory, in eval mode."""
     spec = model_dir.spec.model_copy(update={"pretrained": False})
-    model = build_model(spec, spec.num_classes)
+    model = build_network(spec, spec.num_classes)
     model_dir.load_weights_into(model)
     return model.to(device).eval()
