@@ -23,7 +23,7 @@ POOL ?= gpu
 WORKER_LIMIT ?= 1
 WORKER_NAME ?= $(POOL)-$(shell hostname)
 
-.PHONY: run test browser bench data server worker deploy serve clean torch-check
+.PHONY: run test test-fast lint browser bench data server worker deploy serve clean torch-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,8 +47,17 @@ torch-check:
 run: $(VENV)/.installed
 	$(BIN)/python -m flows.pipeline $(RUN_ARGS)
 
-test: $(VENV)/.installed browser
+test: $(VENV)/.installed browser lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The fast loop while editing: the tests that start no server, torchrun or subprocess (under a minute).
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -m "not slow and not integration" $(PYTEST_ARGS)
+
+# One linter and formatter, configured in pyproject.toml.
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The UI test drives Debian's Chromium with its matching driver; installed here (apt, as root) when missing.
 browser:

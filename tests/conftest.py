@@ -1,4 +1,8 @@
-"""Fixtures that write small real images, and a real (temporary) Prefect server for flow tests."""
+"""Fixtures: small real images, trained models, a real (temporary) Prefect server, a moto S3 server.
+
+Markers (pyproject.toml): ``integration`` marks every test that starts a real outside component (a Prefect
+server, an S3 endpoint, torchrun, a subprocess); ``slow`` one that takes seconds for another reason.
+``pytest -m "not slow and not integration"`` is the fast loop."""
 
 from __future__ import annotations
 
@@ -10,58 +14,10 @@ from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from PIL import Image  # noqa: E402
 
 from deployments.local import free_port  # noqa: E402
-
-# Colours far apart, so that a couple of epochs on a dozen images learn them.
-COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
-
-
-def write_image(path: Path, rgb: tuple[int, int, int], size: int = 16, seed: int = 0, fmt: str | None = None) -> Path:
-    """A real image file: a solid colour with noise, so no two files are equal."""
-    rng = np.random.default_rng(seed)
-    pixels = np.clip(np.array(rgb)[None, None, :] + rng.integers(-25, 25, (size, size, 3)), 0, 255).astype(np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(pixels, mode="RGB").save(path, format=fmt)
-    return path
-
-
-def write_class_folders(root: Path, per_class: int, classes=tuple(COLOURS), seed: int = 0, ext: str = ".png") -> Path:
-    for c, name in enumerate(classes):
-        for i in range(per_class):
-            write_image(root / name / f"{name}_{i}{ext}", COLOURS[name], seed=seed * 1000 + c * 100 + i)
-    return root
-
-
-def run_worker(*args: str, processes: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
-    """A real torchrun launch of the training worker (Gloo on CPU)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
-               "-m", "tasks.training.worker", *args]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def processes_of(output: Path) -> list[int]:
-    """Every process (torchrun, its wrapper, the workers) whose command line names ``output``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry.name.isdigit() and str(output).encode() in argv and alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
+from tests.helpers import run_worker, write_class_folders  # noqa: E402
 
 
 @pytest.fixture
@@ -190,3 +146,21 @@ def s3_bucket(s3_endpoint, monkeypatch):
     name = f"bucket-{uuid.uuid4().hex[:12]}"
     s3_client().create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(params=["local", "s3"])
+def registry(request, tmp_path):
+    """A registry location: a local folder, then a prefix on the S3 endpoint."""
+    if request.param == "local":
+        return str(tmp_path / "registry")
+    return f"s3://{request.getfixturevalue('s3_bucket')}/team/models"
+
+
+# Fixtures that start an outside component (or train through torchrun): a test using one is an integration test.
+INTEGRATION_FIXTURES = {"prefect_server", "s3_endpoint", "s3_bucket", "trained_model", "stack"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)

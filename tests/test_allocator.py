@@ -1,7 +1,7 @@
 import subprocess
 import sys
-from pathlib import Path
 
+from deployments.local import PROJECT_ROOT
 from tasks.allocator import ENVIRONMENT, allocator_environment
 
 PROBE = "from tasks.allocator import keep_freed_memory; print(keep_freed_memory(), keep_freed_memory())"
@@ -9,8 +9,7 @@ PROBE = "from tasks.allocator import keep_freed_memory; print(keep_freed_memory(
 
 def run_probe(**extra_env: str) -> str:
     env = {"PATH": "/usr/bin:/bin", **extra_env}
-    project = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, env=env, cwd=project)
+    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, env=env, cwd=PROJECT_ROOT)
     return result.stdout.strip()
 
 
@@ -34,7 +33,6 @@ def test_peak_memory_is_the_process_own_not_its_parents():
     ballast = bytearray(400 * 2**20)
     ballast[:: 2**12] = b"x" * len(ballast[:: 2**12])  # touch every page: resident, not just reserved
     probe = "from tasks.memory import peak_rss_mb; print(peak_rss_mb())"
-    project = Path(__file__).resolve().parent.parent
-    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=project)
+    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=PROJECT_ROOT)
     assert 1 < float(child.stdout) < 200
     del ballast

@@ -6,6 +6,7 @@ from tasks import InvalidDatasetError, convert_to_image_directory
 from tasks.datasets import export_digits, given_or_default_sources
 
 
+@pytest.mark.slow
 def test_digits_export_is_a_stratified_seeded_split(tmp_path):
     train, val = export_digits(tmp_path / "digits")
     train_counts = Counter(p.parent.name for p in train.rglob("*.png"))
@@ -26,6 +27,7 @@ def test_digits_export_is_a_stratified_seeded_split(tmp_path):
     assert image_dir.manifest.images[0].width == 8 and image_dir.manifest.images[0].mode == "L"
 
 
+@pytest.mark.slow
 def test_export_is_reused_and_never_overwrites_other_folders(tmp_path):
     train, _ = export_digits(tmp_path / "digits")
     marker = train / "0" / "kept.txt"

@@ -24,6 +24,7 @@ from tasks.training.config import TrainingParams
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.integration,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run `pytest -m gpu` on a GPU host"),
 ]
 

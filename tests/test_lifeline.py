@@ -15,9 +15,18 @@ from tasks import InvalidDatasetError, InvalidModelDirectoryError, OutputInUseEr
 from tasks.errors import TrainingHungError, TrainingTimeoutError
 from tasks.lifeline import HangWatch, TrainingHang, read_heartbeats
 from tasks.model_directory import LOGS_DIR
-from tasks.train import LineLevels, WatchLimits, build_torchrun_command, launch_training, run_training, worker_environment
+from tasks.train import (
+    LineLevels,
+    WatchLimits,
+    build_torchrun_command,
+    launch_training,
+    run_training,
+    worker_environment,
+)
 from tasks.training.config import TrainingParams
-from tests.conftest import alive, processes_of, write_class_folders
+from tests.helpers import alive, processes_of, write_class_folders
+
+pytestmark = pytest.mark.integration
 
 # Long enough that every test below interrupts it; none of them runs it to the end.
 LONG = dict(epochs=200, patience=200, batch_size=4, processes_per_node=2, device="cpu")

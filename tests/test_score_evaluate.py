@@ -4,11 +4,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tasks import ImageDirectory, InvalidDatasetError, ModelDirectory, NotLabeledDatasetError
-from tasks import convert_to_image_directory
+from tasks import (
+    ImageDirectory,
+    InvalidDatasetError,
+    ModelDirectory,
+    NotLabeledDatasetError,
+    convert_to_image_directory,
+)
 from tasks.evaluate import comparison_rows, evaluate_scores, evaluation_markdown
 from tasks.score import read_scores, score_images, scores_summary, write_scores
-from tests.conftest import COLOURS, write_class_folders, write_image
+from tests.helpers import COLOURS, write_class_folders, write_image
 
 
 def test_scores_table_has_azure_columns_and_probabilities(trained_model, colour_image_dirs):
@@ -174,7 +179,7 @@ def test_two_class_evaluations_show_roc_and_precision_recall_curves(prefect_serv
     from prefect import flow
 
     from tasks.evaluate import evaluate
-    from tests.test_model_card import card_versions
+    from tests.helpers import card_versions
 
     rng = np.random.default_rng(0)
     labels = ["cat"] * 20 + ["dog"] * 20

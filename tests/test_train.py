@@ -13,17 +13,17 @@ from tasks.model_directory import (
     CHECKPOINT_FILE,
     MODEL_FILES,
     EpochMetrics,
-    TrainingMetrics,
     ModelDirectory,
     ModelSpec,
+    TrainingMetrics,
     driver_log_path,
     write_model_spec,
 )
 from tasks.train import build_torchrun_command, launch_training, worker_environment
 from tasks.training.config import TrainingParams, params_from_flags
-from tasks.vision.images import ImageFiles, eval_transform, train_transform
 from tasks.training.worker import get_args_parser, make_optimizer, warmup_poly_schedule
-from tests.conftest import run_worker, write_class_folders
+from tasks.vision.images import ImageFiles, eval_transform, train_transform
+from tests.helpers import run_worker, write_class_folders
 
 DIRS = {"train_dir": "/d/train", "validation_dir": "/d/val", "model_spec_dir": "/d/spec", "output_dir": "/d/model"}
 
@@ -165,6 +165,7 @@ def test_early_stopping_after_patience_epochs_without_lower_validation_loss():
     assert not last.stopped_early, "finishing on the last epoch is not stopping early"
 
 
+@pytest.mark.integration
 def test_worker_imports_no_prefect():
     code = "import sys, tasks.training.worker; sys.exit('prefect' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
@@ -191,6 +192,7 @@ def test_trained_model_directory_is_complete(trained_model, colour_image_dirs):
     assert header == "epoch,lr,train_images_per_s,train_loss,train_error,val_loss,top1,top5,seconds"
 
 
+@pytest.mark.integration
 def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs, resnet_spec):
     train, val = colour_image_dirs
     args = ["--train", str(train), "--validation", str(val), "--model-spec", str(resnet_spec),
@@ -207,6 +209,7 @@ def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
 
 
+@pytest.mark.integration
 def test_unreadable_weights_inside_the_worker_are_an_input_error_not_retried(tmp_path, colour_image_dirs):
     train, val = colour_image_dirs
     weights = tmp_path / "resnet18.pth"
@@ -220,6 +223,7 @@ def test_unreadable_weights_inside_the_worker_are_an_input_error_not_retried(tmp
     assert isinstance(error.value, PipelineInputError) and not isinstance(error.value, TrainingFailedError)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_asked_for_where_there_is_none_is_an_input_error(tmp_path, colour_image_dirs, resnet_spec):
     train, val = colour_image_dirs
@@ -228,6 +232,7 @@ def test_cuda_asked_for_where_there_is_none_is_an_input_error(tmp_path, colour_i
         launch_training(train, val, resnet_spec, tmp_path / "model", params, log=lambda level, line: None)
 
 
+@pytest.mark.integration
 def test_failing_worker_raises_typed_error_with_rank_and_log_tail(tmp_path, colour_image_dirs, resnet_spec):
     train, val = (shutil.copytree(d, tmp_path / d.name) for d in colour_image_dirs)
     spec_dir = resnet_spec

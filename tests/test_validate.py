@@ -11,7 +11,7 @@ from tasks import (
 from tasks.model import write_untrained_model_directory
 from tasks.model_directory import ModelDirectory, ModelSpec, read_model_spec
 from tasks.validate import check_training_data
-from tests.conftest import write_class_folders, write_image
+from tests.helpers import write_class_folders, write_image
 
 
 def convert(source, out):
@@ -114,7 +114,7 @@ def test_label_validation_artifact_reports_leakage(prefect_server, tmp_path):
     from prefect import flow
 
     from tasks.validate import validate_labels
-    from tests.test_convert import artifacts_and_run_count
+    from tests.helpers import artifacts_and_run_count
 
     write_class_folders(tmp_path / "t", 3)
     write_class_folders(tmp_path / "v", 2, seed=1)

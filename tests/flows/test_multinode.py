@@ -16,7 +16,7 @@ from tasks.model_directory import ModelDirectory, driver_log_path
 from tasks.nodes import node_run_parameters, nodes_outcome, not_joined_message, reachable_address
 from tasks.registry import list_versions, read_registration
 from tasks.training.config import TrainingParams
-from tests.conftest import processes_of
+from tests.helpers import processes_of
 
 HOSTS = ("host-a", "host-b")
 

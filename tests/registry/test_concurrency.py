@@ -15,16 +15,26 @@ from pathlib import Path
 import pytest
 import torch
 
+from deployments.local import PROJECT_ROOT
 from tasks import ModelDirectory
 from tasks.fileio import sha256_file
 from tasks.model_directory import MODEL_FILES, WEIGHTS_FILE
-from tasks.registry import CLAIM_FILE, REGISTRATION_FILE, fetch_model, list_versions, open_backend, read_registration
-from tasks.registry import register_model, resolve
+from tasks.registry import (
+    CLAIM_FILE,
+    REGISTRATION_FILE,
+    fetch_model,
+    list_versions,
+    open_backend,
+    read_registration,
+    register_model,
+    resolve,
+)
 from tests.faulty_proxy import FaultyProxy
+
+pytestmark = pytest.mark.integration
 
 NAME = "race-resnet18"
 WORKERS = 8
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +80,7 @@ print(registration.version)
 def start_registration(registry: str, model: Path, worker: int, go: Path | None = None, env: dict | None = None,
                        promote: str = ""):  # fmt: skip
     command = [sys.executable, "-c", REGISTER, registry, NAME, str(model), str(worker), str(go or ""), promote]
-    return subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+    return subprocess.Popen(command, cwd=PROJECT_ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 

@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from deployments.local import free_port
 from tasks import PipelineInputError, TrainingDivergedError, TrainingFailedError
 from tasks.fileio import sha256_file
 from tasks.model_directory import CHECKPOINT_FILE, WEIGHTS_FILE, ModelDirectory, driver_log_path
 from tasks.train import launch_training, read_metrics
 from tasks.training.config import TrainingParams
-from tests.conftest import free_port
+from tests.helpers import worker_pids
+
+pytestmark = pytest.mark.integration
 
 TIMING_FIELDS = {"train_images_per_s", "seconds"}
 
@@ -75,21 +78,6 @@ def test_resuming_at_another_world_size_rescales_the_rate_and_records_the_size(t
     assert "world size 2 (the checkpoint's was 1): learning rate 0.01 (base 0.02 = 0.01 x 2), at step 3 of 6" in (
         driver_log_path(output, 0).read_text()
     )
-
-
-def worker_pids(output: Path) -> list[int]:
-    """PIDs of the worker processes (not the torchrun agent) training into ``output``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"tasks.training.worker" in argv and str(output).encode() in argv and b"torch.distributed.run" not in argv:
-            pids.append(int(entry.name))
-    return pids
 
 
 def test_a_killed_worker_restarts_and_resumes_to_the_same_result(tmp_path, digits_image_dirs, resnet_spec):

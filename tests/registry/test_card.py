@@ -3,8 +3,8 @@ registered version, refreshed by each registration and by an alias moved from th
 
 import asyncio
 
+import pytest
 from prefect import flow
-from prefect.client.orchestration import get_client
 from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
 from tasks.evaluate import evaluate_scores
@@ -14,17 +14,11 @@ from tasks.registry import lineage
 from tasks.registry.card import model_card_key
 from tasks.registry.prefect_tasks import register
 from tasks.score import score_images
-from tests.test_registry_manage import cli
+from tests.helpers import card_versions, registry_cli
+
+pytestmark = pytest.mark.integration
 
 NAME = "colours-resnet18"
-
-
-async def card_versions(key):
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    async with get_client() as client:
-        artifacts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-    return sorted(artifacts, key=lambda a: a.created)
 
 
 def test_the_model_card_follows_registrations_and_alias_moves(prefect_server, trained_model, colour_image_dirs, tmp_path):
@@ -38,7 +32,7 @@ def test_the_model_card_follows_registrations_and_alias_moves(prefect_server, tr
                         {"epochs": 2}, promote_to=promote_to)  # fmt: skip
 
     first, second = register_once("production"), register_once(None)
-    moved = cli(registry, "alias", "set", NAME, "production", "2", env={"PREFECT_API_URL": PREFECT_API_URL.value()})
+    moved = registry_cli(registry, "alias", "set", NAME, "production", "2", env={"PREFECT_API_URL": PREFECT_API_URL.value()})
     assert moved.returncode == 0 and f"model card updated: artifact {model_card_key(NAME)}" in moved.stdout, moved.stderr
 
     cards = asyncio.run(card_versions("model-card-colours-resnet18"))

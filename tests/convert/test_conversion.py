@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from deployments.local import PROJECT_ROOT
 from tasks import ImageDirectory, InvalidDatasetError, NotLabeledDatasetError, convert_to_image_directory
 from tasks.fileio import sha256_file
 from tasks.image_directory import MANIFEST_NAME, Normalisation
-from tests.conftest import COLOURS, write_class_folders, write_image
+from tests.helpers import COLOURS, artifacts_and_run_count, write_class_folders, write_image
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -276,21 +277,6 @@ def test_labeled_flag_forces_unlabeled_or_requires_labels(colour_source, tmp_pat
         convert_to_image_directory(tmp_path / "flat", tmp_path / "out", labeled=True)
 
 
-async def artifacts_and_run_count(flow_run_id, task_run_id) -> tuple[dict[str, str], int]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, TaskRunFilter
-    from prefect.client.schemas.sorting import ArtifactSort
-
-    # Every filter spelled out: this server answers 422 to the nulls the client sends for the ones left out.
-    async with get_client() as client:
-        artifacts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])),
-            flow_run_filter=FlowRunFilter(), task_run_filter=TaskRunFilter(), limit=10, sort=ArtifactSort.CREATED_DESC,
-        )  # fmt: skip
-        task_run = await client.read_task_run(task_run_id)
-    return {a.key: str(a.data) for a in artifacts}, task_run.run_count
-
-
 def test_convert_task_reports_quarantine_and_is_not_retried_on_bad_input(prefect_server, colour_source, tmp_path):
     import asyncio
 
@@ -384,12 +370,13 @@ def peak_memory_of_conversion(source: Path, output: Path, **options) -> tuple[fl
     # together, not what glibc's per-thread heaps keep after each decode.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**17)}
     result = subprocess.run([sys.executable, "-c", script, str(source), str(output), json.dumps(options)],
-                            capture_output=True, text=True, cwd=Path(__file__).parent.parent, env=env)  # fmt: skip
+                            capture_output=True, text=True, cwd=PROJECT_ROOT, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
     return report["growth"], report["manifest"]
 
 
+@pytest.mark.slow
 def test_a_huge_file_and_large_dimension_pngs_are_refused_from_their_header_in_bounded_memory(colour_source, tmp_path):
     huge = colour_source / "red" / "huge.jpg"
     with open(huge, "wb") as handle:
@@ -406,6 +393,7 @@ def test_a_huge_file_and_large_dimension_pngs_are_refused_from_their_header_in_b
     assert growth < 100, f"converting grew the process by {growth:.0f} MB"
 
 
+@pytest.mark.slow
 def test_images_under_the_pixel_cap_share_a_decode_memory_budget(tmp_path):
     big = write_zero_png(tmp_path / "big.png", 4_000, 4_000)  # 16 MP: 64 MB decoded
     (tmp_path / "src").mkdir()
@@ -421,6 +409,7 @@ def test_images_under_the_pixel_cap_share_a_decode_memory_budget(tmp_path):
     assert len(capped.quarantined) == 4 and len(capped.images) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 def test_a_raised_pixel_cap_records_pillows_decompression_bomb_warning(tmp_path):
     write_zero_png(tmp_path / "src" / "wide.png", 10_000, 9_000, colour_type=0)

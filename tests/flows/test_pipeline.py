@@ -16,7 +16,9 @@ from tasks.convert import ConversionLimits
 from tasks.model_directory import ModelDirectory, ModelSpec
 from tasks.registry import list_versions, read_registration, resolve
 from tasks.training.config import TrainingParams
-from tests.conftest import write_class_folders
+from tests.helpers import artifacts_and_task_runs, progress_artifacts, write_class_folders
+
+pytestmark = pytest.mark.integration
 
 STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "model-spec", "training-progress",
                    "training-metrics", "training-curves", "scores", "evaluation", "confusion-matrix", "registered-model",
@@ -26,28 +28,6 @@ STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "mod
 async def flow_run_message(flow_run_id) -> str:
     async with get_client() as client:
         return (await client.read_flow_run(flow_run_id)).state.message
-
-
-async def artifacts_and_task_runs(flow_run_id):
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
-
-    async with get_client() as client:
-        artifacts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
-        )
-        task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return artifacts, task_runs
-
-
-async def progress_artifacts(task_run_id):
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType
-
-    async with get_client() as client:
-        return await client.read_artifacts(
-            artifact_filter=ArtifactFilter(
-                task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]), type=ArtifactFilterType(any_=["progress"])
-            )
-        )
 
 
 def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset, tmp_path):
@@ -112,7 +92,7 @@ def test_conversion_limits_reach_the_convert_stage(prefect_server, tmp_path):
 
 def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_server, digits_subset, tmp_path):
     """torchrun without restarts fails when a worker dies; the train task's retry resumes from the checkpoint."""
-    from tests.test_distributed import worker_pids
+    from tests.helpers import worker_pids
 
     train, val = digits_subset
     training = TrainingParams(epochs=3, processes_per_node=2, learning_rate=0.002, max_restarts=0)

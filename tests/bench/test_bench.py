@@ -3,12 +3,13 @@ have to be measured — positive numbers with the names and units BENCHMARKS.md 
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-PROJECT = Path(__file__).resolve().parent.parent
+from deployments.local import PROJECT_ROOT
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU stand-in; a CUDA host measures the real figure")
@@ -32,7 +33,7 @@ def test_scoring_benchmark_measures_ours_against_the_naive_loop_in_a_fresh_proce
 
 def test_step_benchmark_compares_each_variant_with_the_default():
     result = subprocess.run([sys.executable, "-m", "bench.step", "--steps", "2", "--repetitions", "1"],
-                            capture_output=True, text=True, cwd=PROJECT)  # fmt: skip
+                            capture_output=True, text=True, cwd=PROJECT_ROOT)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     for variant in ("default", "fused SGD", "kept blocks", "fused SGD + kept blocks (ours)"):
         assert any(line.startswith(variant) and "page faults/step" in line for line in result.stdout.splitlines())

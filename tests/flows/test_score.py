@@ -13,8 +13,9 @@ from tasks import ModelDirectory
 from tasks.onnx_export import export_onnx
 from tasks.registry import register_model
 from tasks.storage import s3_client
-from tests.conftest import COLOURS, write_class_folders, write_image
-from tests.test_pipeline import artifacts_and_task_runs
+from tests.helpers import COLOURS, artifacts_and_task_runs, write_class_folders, write_image
+
+pytestmark = pytest.mark.integration
 
 NAME = "colours-resnet18"
 PROBABILITIES = [f"Scored Probabilities_{c}" for c in sorted(COLOURS)]

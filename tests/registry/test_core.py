@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import uuid
 
 import pytest
 
@@ -14,7 +13,6 @@ from tasks.registry import (
     CLAIM_FILE,
     REGISTRATION_FILE,
     CorruptRegistryRecordError,
-    DatasetLineage,
     ModelIntegrityError,
     default_model_name,
     fetch_model,
@@ -28,28 +26,11 @@ from tasks.registry import (
     set_alias,
 )
 from tests.faulty_proxy import FaultyProxy
-
-LINEAGE = {"train": DatasetLineage(source="/data/train", content_hash="ab" * 32, images=24)}
-NAME = "colours-resnet18"
-
-
-def register(registry, model, name=NAME, accuracy=0.9, **options):
-    """A registration by its own task run of flow run ``run-1``."""
-    return register_model(
-        registry, name, ModelDirectory(model), metrics={"accuracy": accuracy}, params={"epochs": 2},
-        datasets=LINEAGE, flow_run_id="run-1", task_run_id=uuid.uuid4().hex, tags={"team": "vision"}, **options,
-    )  # fmt: skip
-
-
-@pytest.fixture(params=["local", "s3"])
-def registry(request, tmp_path):
-    if request.param == "local":
-        return str(tmp_path / "registry")
-    return f"s3://{request.getfixturevalue('s3_bucket')}/team/models"
+from tests.helpers import NAME, register_test_model
 
 
 def test_versions_count_up_and_carry_lineage(registry, trained_model, tmp_path):
-    versions = [register(registry, trained_model)[0].version for _ in range(3)]
+    versions = [register_test_model(registry, trained_model)[0].version for _ in range(3)]
     assert versions == [1, 2, 3] and list_versions(registry, NAME) == [1, 2, 3]
 
     record = read_registration(registry, NAME, 2)
@@ -63,7 +44,7 @@ def test_versions_count_up_and_carry_lineage(registry, trained_model, tmp_path):
 
 def test_references_and_aliases_resolve_and_move(registry, trained_model, tmp_path):
     for _ in range(3):
-        register(registry, trained_model)
+        register_test_model(registry, trained_model)
     assert resolve(registry, NAME).version == 3 and resolve(registry, f"{NAME}/2").version == 2
 
     set_alias(registry, NAME, "production", 1)
@@ -85,7 +66,7 @@ def test_references_and_aliases_resolve_and_move(registry, trained_model, tmp_pa
 
 
 def test_a_model_folder_missing_a_file_claims_no_version(registry, trained_model, tmp_path):
-    register(registry, trained_model)
+    register_test_model(registry, trained_model)
     broken = shutil.copytree(trained_model, tmp_path / "broken")
     # ModelDirectory checks what scoring needs; the log goes missing once the registration has started.
     model = ModelDirectory(broken)
@@ -97,35 +78,35 @@ def test_a_model_folder_missing_a_file_claims_no_version(registry, trained_model
         register_model(registry, NAME, model, metrics={}, params={}, datasets={})
     assert open_backend(registry).list_keys(f"{NAME}/2") == [], "nothing claimed, nothing uploaded"
 
-    registration, location = register(registry, trained_model)
+    registration, location = register_test_model(registry, trained_model)
     assert registration.version == 2 and list_versions(registry, NAME) == [1, 2]
     assert location.endswith(f"{NAME}/2")
 
 
 def test_versions_registered_before_claims_existed_are_never_claimed_again(tmp_path, trained_model):
-    first, _ = register(tmp_path, trained_model, accuracy=0.5)
+    first, _ = register_test_model(tmp_path, trained_model, accuracy=0.5)
     (tmp_path / NAME / "1" / CLAIM_FILE).unlink()  # the layout of registries written before claims
-    assert register(tmp_path, trained_model)[0].version == 2
+    assert register_test_model(tmp_path, trained_model)[0].version == 2
     assert read_registration(tmp_path, NAME, 1) == first
     for name, digest in first.files.items():
         assert sha256_file(tmp_path / NAME / "1" / name) == digest
 
 
 def test_champion_challenger_promotion_is_recorded(registry, trained_model):
-    first = register(registry, trained_model, accuracy=0.8, promote_to="production")[0]
+    first = register_test_model(registry, trained_model, accuracy=0.8, promote_to="production")[0]
     assert first.promotion.promoted and first.promotion.champion_version is None
-    weaker = register(registry, trained_model, accuracy=0.7, promote_to="production")[0]
+    weaker = register_test_model(registry, trained_model, accuracy=0.7, promote_to="production")[0]
     assert not weaker.promotion.promoted and (weaker.promotion.champion_version, weaker.promotion.champion) == (1, 0.8)
     assert resolve(registry, f"{NAME}@production").version == 1
-    tie = register(registry, trained_model, accuracy=0.8, promote_to="production")[0]
+    tie = register_test_model(registry, trained_model, accuracy=0.8, promote_to="production")[0]
     assert not tie.promotion.promoted, "a challenger must beat the champion, not equal it"
-    stronger = register(registry, trained_model, accuracy=0.95, promote_to="production")[0]
+    stronger = register_test_model(registry, trained_model, accuracy=0.95, promote_to="production")[0]
     assert stronger.promotion.promoted and resolve(registry, f"{NAME}@production").version == 4
     assert read_registration(registry, NAME, 2).promotion == weaker.promotion
     assert read_aliases(registry, NAME)["production"].previous_version == 1
 
     with pytest.raises(PipelineInputError, match=r"'f1' is not among this model's figures: \['accuracy'\]"):
-        register(registry, trained_model, promote_to="production", promotion_metric="f1")
+        register_test_model(registry, trained_model, promote_to="production", promotion_metric="f1")
     assert list_versions(registry, NAME) == [1, 2, 3, 4], "a refused promotion claims no version"
 
 
@@ -152,10 +133,10 @@ def test_lower_is_better_figures_and_a_minimum_improvement(registry, trained_mod
 def test_references_and_names_are_checked(tmp_path, trained_model):
     for bad in ("", "Digits", "../escape", "a/b", "x" * 101, "digits\n", "digits\n../x"):
         with pytest.raises(InvalidModelNameError):
-            register(tmp_path, trained_model, name=bad)
+            register_test_model(tmp_path, trained_model, name=bad)
     for bad in ("production\n", "prod\nx"):
         with pytest.raises(InvalidModelNameError):
-            register(tmp_path, trained_model, promote_to=bad)
+            register_test_model(tmp_path, trained_model, promote_to=bad)
         with pytest.raises(InvalidModelNameError):
             set_alias(tmp_path, NAME, bad, 1)
     for bad in ("digits/0", "digits@Prod", "digits@1x", "digits/1/2", "a@b@c"):
@@ -170,7 +151,7 @@ def test_references_and_names_are_checked(tmp_path, trained_model):
 
 
 def test_registration_json_is_plain_json_beside_the_model_files(tmp_path, trained_model):
-    registration, location = register(tmp_path, trained_model)
+    registration, location = register_test_model(tmp_path, trained_model)
     record = json.loads((tmp_path / NAME / "1" / REGISTRATION_FILE).read_text())
     assert record["version"] == 1 and set(record["files"]) == {p.name for p in (tmp_path / NAME / "1").glob("*.*")} - {
         REGISTRATION_FILE, CLAIM_FILE}  # fmt: skip
@@ -191,7 +172,7 @@ def tamper_record(registry, key, change):
 
 @pytest.mark.parametrize("bad_name", ["../../escaped.pt", "/tmp/escaped.pt", "logs/driver_log_0.txt"])
 def test_a_record_naming_a_file_outside_the_allowed_set_is_refused(registry, trained_model, tmp_path, bad_name):
-    register(registry, trained_model)
+    register_test_model(registry, trained_model)
     key = f"{NAME}/1/{REGISTRATION_FILE}"
     tamper_record(registry, key, lambda r: r["files"].update({bad_name: "0" * 64}))
     cache = tmp_path / "deep" / "cache"
@@ -204,8 +185,8 @@ def test_a_record_naming_a_file_outside_the_allowed_set_is_refused(registry, tra
 
 
 def test_a_record_claiming_another_version_is_refused(registry, trained_model):
-    register(registry, trained_model)
-    register(registry, trained_model)
+    register_test_model(registry, trained_model)
+    register_test_model(registry, trained_model)
     tamper_record(registry, f"{NAME}/2/{REGISTRATION_FILE}", lambda r: r.update(version=1))
     with pytest.raises(CorruptRegistryRecordError, match=f"it says it is {NAME}/1"):
         read_registration(registry, NAME, 2)
@@ -213,7 +194,7 @@ def test_a_record_claiming_another_version_is_refused(registry, trained_model):
 
 def test_corrupt_records_are_typed_errors_and_left_out_of_latest(registry, trained_model, caplog):
     for accuracy in (0.7, 0.8):
-        register(registry, trained_model, accuracy=accuracy)
+        register_test_model(registry, trained_model, accuracy=accuracy)
     set_alias(registry, NAME, "production", 2)
     set_alias(registry, NAME, "staging", 1)
     backend = open_backend(registry)
@@ -232,11 +213,11 @@ def test_corrupt_records_are_typed_errors_and_left_out_of_latest(registry, train
 
     assert set_alias(registry, NAME, "staging", 1).previous_version is None, "setting an alias repairs it"
     assert resolve(registry, f"{NAME}@staging").version == 1
-    assert register(registry, trained_model)[0].version == 3, "the corrupt version's number is not reused"
+    assert register_test_model(registry, trained_model)[0].version == 3, "the corrupt version's number is not reused"
 
 
 def test_a_local_version_whose_weights_changed_is_refused(tmp_path, trained_model):
-    register(tmp_path / "registry", trained_model)
+    register_test_model(tmp_path / "registry", trained_model)
     cache = tmp_path / "cache"
     assert fetch_model(tmp_path / "registry", NAME, cache).classes == ["blue", "green", "red"]
     memo = json.loads((cache / ".sha256" / f"{NAME}.1.json").read_text())
@@ -255,7 +236,7 @@ def test_a_local_version_whose_weights_changed_is_refused(tmp_path, trained_mode
 
 def test_a_tampered_s3_copy_is_downloaded_again_and_a_tampered_object_refused(s3_bucket, trained_model, tmp_path):
     registry = f"s3://{s3_bucket}/models"
-    register(registry, trained_model)
+    register_test_model(registry, trained_model)
     cache = tmp_path / "cache"
     weights = fetch_model(registry, NAME, cache).weights_path
     weights.write_bytes(b"tampered")
@@ -270,7 +251,7 @@ def test_a_tampered_s3_copy_is_downloaded_again_and_a_tampered_object_refused(s3
 
 def test_a_retry_after_a_failure_past_the_commit_returns_the_same_version(tmp_path, trained_model):
     registry = tmp_path / "registry"
-    register(registry, trained_model, accuracy=0.5, promote_to="production")
+    register_test_model(registry, trained_model, accuracy=0.5, promote_to="production")
     # The alias's lock file path taken by a folder: the commit succeeds, moving the alias fails.
     obstacle = registry / NAME / "aliases" / ".production.json.lock"
     obstacle.unlink()
@@ -295,7 +276,7 @@ def test_a_retry_after_a_failure_past_the_commit_returns_the_same_version(tmp_pa
 def test_a_registry_fetch_reads_again_the_bodies_cut_off_mid_way(s3_bucket, s3_endpoint, trained_model, tmp_path,
                                                                   monkeypatch):  # fmt: skip
     registry = f"s3://{s3_bucket}/models"
-    register(registry, trained_model)
+    register_test_model(registry, trained_model)
     with FaultyProxy(s3_endpoint, failure_rate=0.0, cut_rate=0.5, seed=2) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         model = fetch_model(registry, NAME, tmp_path / "cache")
@@ -308,7 +289,7 @@ def test_the_registered_model_artifact_is_absolute_with_a_one_line_figure(tmp_pa
     from tasks.registry.prefect_tasks import registered_model_markdown
 
     monkeypatch.chdir(tmp_path)
-    registration, location = register("relative-registry", trained_model, accuracy=0.98765)
+    registration, location = register_test_model("relative-registry", trained_model, accuracy=0.98765)
     markdown, description = registered_model_markdown(registration, location, "accuracy")
     assert location == str(tmp_path / "relative-registry" / NAME / "1")
     assert description == f"{NAME} v1, accuracy 0.9877"

@@ -12,6 +12,7 @@ from tasks.model_directory import DENSENETS, RESNETS, ModelSpec
 from tasks.vision.networks import build_network
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["resnet18", "densenet121", "resnext50_32x4d", "wide_resnet50_2"])
 def test_heads_match_the_number_of_classes(architecture):
     model = build_network(ModelSpec(architecture=architecture), num_classes=7)
@@ -42,6 +43,7 @@ def test_pretrained_weights_from_a_local_file_then_a_new_head(tmp_path):
     assert model.fc.out_features == 4
 
 
+@pytest.mark.slow
 def test_pretrained_densenet_from_torch_cache_in_torchvisions_old_key_format(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     imagenet = torchvision.models.densenet121()
@@ -66,6 +68,7 @@ def test_missing_pretrained_weights_say_where_to_put_them(tmp_path, monkeypatch)
     assert not (tmp_path / "model").exists()
 
 
+@pytest.mark.slow
 def test_weights_of_another_architecture_are_refused_before_training(tmp_path):
     weights = tmp_path / "resnet18.pth"
     torch.save(torchvision.models.resnet18().state_dict(), weights)

@@ -18,6 +18,8 @@ from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.registry import list_versions, read_registration
 from tests.browser import chromium, click_text, wait_for_text
 
+pytestmark = pytest.mark.integration
+
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
 STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "model-spec", "training-progress",
                    "training-metrics", "training-curves", "scores", "evaluation", "registered-model"}  # fmt: skip

@@ -14,7 +14,7 @@ import pytest
 
 from tasks import InvalidDatasetError, convert_to_image_directory
 from tasks.fileio import sha256_file
-from tests.conftest import write_image
+from tests.helpers import write_image
 
 
 @pytest.fixture

@@ -2,9 +2,6 @@
 runs them, on both backends: a local folder and the real HTTP S3 endpoint."""
 
 import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -25,12 +22,14 @@ from tasks.registry.manage import (
     untag,
 )
 from tasks.registry.status import change_status
-from tests.test_registry import NAME, register, registry  # noqa: F401 (registry: the local/S3 fixture)
+from tests.helpers import NAME, register_test_model, registry_cli
+
+pytestmark = pytest.mark.integration
 
 
-def test_tags_change_and_archived_versions_leave_latest(registry, trained_model):  # noqa: F811
+def test_tags_change_and_archived_versions_leave_latest(registry, trained_model):
     for _ in range(3):
-        register(registry, trained_model)
+        register_test_model(registry, trained_model)
     assert tag(registry, f"{NAME}/2", {"reviewed": "yes"}).tags == {"team": "vision", "reviewed": "yes"}
     assert untag(registry, f"{NAME}/2", ["team", "absent"]).tags == {"reviewed": "yes"}
     assert show_version(registry, f"{NAME}/1").tags == {"team": "vision"}, "untouched: the registration's tags"
@@ -46,9 +45,9 @@ def test_tags_change_and_archived_versions_leave_latest(registry, trained_model)
     assert list_models(registry) == [NAME]
 
 
-def test_an_aliased_version_is_not_deleted_and_a_deleted_number_is_not_reused(registry, trained_model):  # noqa: F811
+def test_an_aliased_version_is_not_deleted_and_a_deleted_number_is_not_reused(registry, trained_model):
     for _ in range(3):
-        register(registry, trained_model)
+        register_test_model(registry, trained_model)
     set_alias(registry, NAME, "production", 1)
     with pytest.raises(AliasedVersionError, match=rf"{NAME}/1 cannot be deleted .*: alias production points at it; "
                                                   r"move the alias to another version or unset it first"):  # fmt: skip
@@ -62,7 +61,7 @@ def test_an_aliased_version_is_not_deleted_and_a_deleted_number_is_not_reused(re
     assert open_backend(registry).list_keys(f"{NAME}/3") == [f"{NAME}/3/{CLAIM_FILE}", f"{NAME}/3/{STATUS_FILE}"]
     with pytest.raises(ModelNotFoundError):
         tag(registry, f"{NAME}/3", {"a": "b"})
-    assert register(registry, trained_model)[0].version == 4, "the deleted version's number is not used again"
+    assert register_test_model(registry, trained_model)[0].version == 4, "the deleted version's number is not used again"
 
     unset_alias(registry, NAME, "production")
     assert read_aliases(registry, NAME) == {}
@@ -74,11 +73,11 @@ def test_an_aliased_version_is_not_deleted_and_a_deleted_number_is_not_reused(re
         unset_alias(registry, NAME, "production")
 
 
-def test_an_alias_moved_onto_a_version_being_deleted_takes_itself_back(registry, trained_model):  # noqa: F811
+def test_an_alias_moved_onto_a_version_being_deleted_takes_itself_back(registry, trained_model):
     # The interleaving a deletion and an alias move can produce: the version is marked deleted after the
     # move judged it (the mark is set by hand here, as the deletion would set it) and before it checks.
     for _ in range(2):
-        register(registry, trained_model)
+        register_test_model(registry, trained_model)
     set_alias(registry, NAME, "production", 1)
     registration = resolve(registry, f"{NAME}/2")
     backend = open_backend(registry)
@@ -93,9 +92,9 @@ def test_an_alias_moved_onto_a_version_being_deleted_takes_itself_back(registry,
     assert resolve(registry, f"{NAME}@production").version == 1
 
 
-def test_deletions_racing_alias_moves_never_leave_an_alias_on_a_deleted_version(registry, trained_model):  # noqa: F811
+def test_deletions_racing_alias_moves_never_leave_an_alias_on_a_deleted_version(registry, trained_model):
     for _ in range(3):
-        register(registry, trained_model)
+        register_test_model(registry, trained_model)
 
     def attempt(job):
         try:
@@ -117,17 +116,17 @@ def test_deletions_racing_alias_moves_never_leave_an_alias_on_a_deleted_version(
         assert (version in versions) == (deleted != "done")
 
 
-def test_concurrent_tags_all_stay(registry, trained_model):  # noqa: F811
-    register(registry, trained_model)
+def test_concurrent_tags_all_stay(registry, trained_model):
+    register_test_model(registry, trained_model)
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: tag(registry, f"{NAME}/1", {f"k{i}": str(i)}), range(8)))
     assert show_version(registry, f"{NAME}/1").tags == {"team": "vision", **{f"k{i}": str(i) for i in range(8)}}
 
 
-def test_search_by_tag_and_figure(registry, trained_model):  # noqa: F811
+def test_search_by_tag_and_figure(registry, trained_model):
     for accuracy in (0.7, 0.95, 0.92):
-        register(registry, trained_model, accuracy=accuracy)
-    register(registry, trained_model, name="other-resnet18", accuracy=0.99)
+        register_test_model(registry, trained_model, accuracy=accuracy)
+    register_test_model(registry, trained_model, name="other-resnet18", accuracy=0.99)
     tag(registry, f"{NAME}/3", {"data": "v2"})
     archive(registry, f"{NAME}/2")
     found = search(registry, where=[parse_condition("accuracy>=0.9")])
@@ -141,34 +140,29 @@ def test_search_by_tag_and_figure(registry, trained_model):  # noqa: F811
             parse_condition(bad)
 
 
-def cli(registry, *args, env=None):
-    return subprocess.run([sys.executable, "-m", "tasks.registry", "--registry", registry, *args],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)  # fmt: skip
-
-
-def test_the_command_line(registry, trained_model):  # noqa: F811
+def test_the_command_line(registry, trained_model):
     for accuracy in (0.8, 0.93):
-        register(registry, trained_model, accuracy=accuracy)
-    assert cli(registry, "list").stdout.split() == [NAME]
-    moved = cli(registry, "alias", "set", NAME, "production", "1")
+        register_test_model(registry, trained_model, accuracy=accuracy)
+    assert registry_cli(registry, "list").stdout.split() == [NAME]
+    moved = registry_cli(registry, "alias", "set", NAME, "production", "1")
     assert moved.returncode == 0 and f"{NAME}@production -> version 1" in moved.stdout
     assert "model card of colours-resnet18 not updated: no Prefect API configured" in moved.stdout
-    assert "(was version 1)" in cli(registry, "alias", "set", NAME, "production", "2").stdout
-    assert cli(registry, "tag", f"{NAME}/1", "reviewed=yes").returncode == 0
-    assert cli(registry, "archive", f"{NAME}/1").returncode == 0
+    assert "(was version 1)" in registry_cli(registry, "alias", "set", NAME, "production", "2").stdout
+    assert registry_cli(registry, "tag", f"{NAME}/1", "reviewed=yes").returncode == 0
+    assert registry_cli(registry, "archive", f"{NAME}/1").returncode == 0
 
-    shown = json.loads(cli(registry, "show", f"{NAME}@production").stdout)
+    shown = json.loads(registry_cli(registry, "show", f"{NAME}@production").stdout)
     assert (shown["version"], shown["aliases"], shown["metrics"]["accuracy"]) == (2, ["production"], 0.93)
-    lines = cli(registry, "list", NAME).stdout.splitlines()
+    lines = registry_cli(registry, "list", NAME).stdout.splitlines()
     assert lines[0].startswith(f"{NAME}/1\t") and "reviewed=yes" in lines[0] and lines[0].endswith("(archived)")
     assert lines[1].startswith(f"{NAME}/2\t") and "@production" in lines[1] and "accuracy 0.93" in lines[1]
-    assert cli(registry, "search", "--where", "accuracy>=0.9").stdout.split("\t")[0] == f"{NAME}/2"
-    assert cli(registry, "search", "--tag", "reviewed=yes", "--archived").stdout.split("\t")[0] == f"{NAME}/1"
+    assert registry_cli(registry, "search", "--where", "accuracy>=0.9").stdout.split("\t")[0] == f"{NAME}/2"
+    assert registry_cli(registry, "search", "--tag", "reviewed=yes", "--archived").stdout.split("\t")[0] == f"{NAME}/1"
 
-    refused = cli(registry, "delete", f"{NAME}/2")
+    refused = registry_cli(registry, "delete", f"{NAME}/2")
     assert refused.returncode == 2 and "alias production points at it" in refused.stderr
-    bad = cli(registry, "search", "--where", "accuracy=>1")
+    bad = registry_cli(registry, "search", "--where", "accuracy=>1")
     assert bad.returncode == 2 and "is not allowed: use <figure><op><number>" in bad.stderr
-    assert cli(registry, "alias", "unset", NAME, "production").returncode == 0
-    assert cli(registry, "delete", f"{NAME}/2").stdout.startswith(f"deleted {NAME}/2")
+    assert registry_cli(registry, "alias", "unset", NAME, "production").returncode == 0
+    assert registry_cli(registry, "delete", f"{NAME}/2").stdout.startswith(f"deleted {NAME}/2")
     assert list_versions(registry, NAME) == [1]

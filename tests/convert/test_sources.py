@@ -13,8 +13,8 @@ import pytest
 
 from tasks import InvalidDatasetError, convert_to_image_directory
 from tasks.storage import s3_client
-from tests.conftest import COLOURS, write_class_folders, write_image
 from tests.faulty_proxy import FaultyProxy
+from tests.helpers import COLOURS, write_class_folders, write_image
 
 
 def tar_bytes(source: Path, wrapper: str, mode: str = "w") -> bytes:

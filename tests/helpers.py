@@ -1,0 +1,140 @@
+"""Helpers the tests share: small real images, the processes a training started, what a flow run published,
+the registry command line. Fixtures live in conftest.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from prefect.client.orchestration import get_client
+
+from tasks.model_directory import ModelDirectory
+from tasks.registry import DatasetLineage, register_model
+
+NAME = "colours-resnet18"  # the registered name of the colours model the registry tests use
+LINEAGE = {"train": DatasetLineage(source="/data/train", content_hash="ab" * 32, images=24)}
+
+# Colours far apart, so that a couple of epochs on a dozen images learn them.
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
+
+
+def write_image(path: Path, rgb: tuple[int, int, int], size: int = 16, seed: int = 0, fmt: str | None = None) -> Path:
+    """A real image file: a solid colour with noise, so no two files are equal."""
+    rng = np.random.default_rng(seed)
+    pixels = np.clip(np.array(rgb)[None, None, :] + rng.integers(-25, 25, (size, size, 3)), 0, 255).astype(np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels, mode="RGB").save(path, format=fmt)
+    return path
+
+
+def write_class_folders(root: Path, per_class: int, classes=tuple(COLOURS), seed: int = 0, ext: str = ".png") -> Path:
+    for c, name in enumerate(classes):
+        for i in range(per_class):
+            write_image(root / name / f"{name}_{i}{ext}", COLOURS[name], seed=seed * 1000 + c * 100 + i)
+    return root
+
+
+def run_worker(*args: str, processes: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A real torchrun launch of the training worker (Gloo on CPU)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+               "-m", "tasks.training.worker", *args]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def processes_of(output: Path) -> list[int]:
+    """Every process (torchrun, its wrapper, the workers) whose command line names ``output``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(output).encode() in argv and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def worker_pids(output: Path) -> list[int]:
+    """PIDs of the worker processes (not the torchrun agent) training into ``output``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"tasks.training.worker" in argv and str(output).encode() in argv and b"torch.distributed.run" not in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+async def artifacts_and_task_runs(flow_run_id):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+
+    async with get_client() as client:
+        artifacts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+        task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return artifacts, task_runs
+
+
+async def progress_artifacts(task_run_id):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType
+
+    async with get_client() as client:
+        return await client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]), type=ArtifactFilterType(any_=["progress"])
+            )
+        )
+
+
+async def artifacts_and_run_count(flow_run_id, task_run_id) -> tuple[dict[str, str], int]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, TaskRunFilter
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    # Every filter spelled out: this server answers 422 to the nulls the client sends for the ones left out.
+    async with get_client() as client:
+        artifacts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])),
+            flow_run_filter=FlowRunFilter(), task_run_filter=TaskRunFilter(), limit=10, sort=ArtifactSort.CREATED_DESC,
+        )  # fmt: skip
+        task_run = await client.read_task_run(task_run_id)
+    return {a.key: str(a.data) for a in artifacts}, task_run.run_count
+
+
+async def card_versions(key):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async with get_client() as client:
+        artifacts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    return sorted(artifacts, key=lambda a: a.created)
+
+
+def registry_cli(registry, *args, env=None):
+    return subprocess.run([sys.executable, "-m", "tasks.registry", "--registry", registry, *args],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)  # fmt: skip
+
+
+def register_test_model(registry, model, name=NAME, accuracy=0.9, **options):
+    """A registration by its own task run of flow run ``run-1``."""
+    return register_model(
+        registry, name, ModelDirectory(model), metrics={"accuracy": accuracy}, params={"epochs": 2},
+        datasets=LINEAGE, flow_run_id="run-1", task_run_id=uuid.uuid4().hex, tags={"team": "vision"}, **options,
+    )  # fmt: skip
