@@ -61,7 +61,7 @@ def score_pipeline(
             false: scored without labels whatever the folders.
         conversion: Limits on what converting the images may unpack and decode (archive size, pixels per image, memory).
     """
-    run_dir = run_folder(work_dir, prefix="score-")
+    run_dir = Path(run_folder(work_dir, prefix="score-"))
     image_dir = convert(images, str(run_dir / "images"), "score", labeled=labeled, single_class="unlabeled",
                         limits=conversion)  # fmt: skip
     model_dir = resolve_model(model, registry, str(Path(work_dir).resolve() / "models"))

@@ -58,7 +58,7 @@ from tasks.model_directory import (
 )
 from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
 from tasks.training.data import BatchesOfTwoOrMore, ImageFiles, choose_image_size, eval_transform, train_transform
-from tasks.training.checkpoint import load_checkpoint, rescale_schedule, save_checkpoint
+from tasks.training.checkpoint import newest_checkpoint, read_checkpoint, rescale_schedule, restore_checkpoint, save_checkpoint
 from tasks.training.models import build_model, memory_format
 
 logger = logging.getLogger("tasks.training.worker")
@@ -323,7 +323,8 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     )
 
     checkpoint_path = output / CHECKPOINT_FILE
-    metrics = load_checkpoint(checkpoint_path, model, optimizer, scheduler, classes)
+    state = newest_checkpoint(read_checkpoint(checkpoint_path))
+    metrics = restore_checkpoint(state, checkpoint_path, model, optimizer, scheduler, classes)
     if metrics is None:
         metrics = TrainingMetrics(world_size=env.world_size)
     else:
