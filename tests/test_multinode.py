@@ -151,7 +151,7 @@ def s3_work(stack):
 
 # Enough epochs to lose a node in the middle of them; colours this far apart are learnt in a few.
 EPOCHS = "6"
-S3_FLAGS = ("--epochs", EPOCHS, "--processes-per-node", "1")
+S3_FLAGS = ("--epochs", EPOCHS, "--learning-rate", "0.01", "--processes-per-node", "1")
 
 
 @pytest.fixture(scope="module")
@@ -352,3 +352,31 @@ def test_elastic_nodes_train_with_the_minimum_and_take_in_a_node_that_comes_late
     assert list_versions(tmp_path / "registry", "colours-elastic") == [1]
     runs, _, _ = node_runs(stack, read_registration(tmp_path / "registry", "colours-elastic", 1).flow_run_id)
     assert all(r.state.is_completed() for r in runs), [(r.name, r.state) for r in runs]
+
+
+def test_the_kubernetes_gpu_job_template_fills_in_and_the_server_takes_it(stack):
+    """deployments/kubernetes-gpu-job-template.json as the base job template of a `kubernetes` work pool: every
+    placeholder is a variable, filled with the defaults it is a GPU job (nvidia.com/gpu limit, /dev/shm in memory,
+    the node cache), and the Prefect server accepts it for a pool (no cluster here to run it on)."""
+    import json
+
+    from prefect.utilities.templating import apply_values, find_placeholders
+
+    path = PROJECT_ROOT / "deployments" / "kubernetes-gpu-job-template.json"
+    template = json.loads(path.read_text())
+    variables = template["variables"]["properties"]
+    assert {p.name for p in find_placeholders(template["job_configuration"])} <= set(variables)
+    values = {name: spec["default"] for name, spec in variables.items() if "default" in spec}
+    job = apply_values(template["job_configuration"], {**values, "image": "image-classifier:1", "name": "train-node"})
+    assert job["job_manifest"]["kind"] == "Job" and job["job_manifest"]["spec"]["backoffLimit"] == 0
+    pod = job["job_manifest"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert (container["name"], container["image"], pod["restartPolicy"]) == ("prefect-job", "image-classifier:1", "Never")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}["/dev/shm"]["emptyDir"]["medium"] == "Memory"
+    assert container["env"][CACHE_VARIABLE] == "/cache"
+
+    stack.cli("work-pool", "create", "gpu-kubernetes", "--type", "kubernetes", "--base-job-template", str(path))
+    shown = stack.cli("work-pool", "inspect", "gpu-kubernetes").stdout
+    assert "nvidia.com/gpu" in shown and "kubernetes" in shown
