@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any, ContextManager
 
 from tasks.errors import InvalidStorageURIError
@@ -176,4 +176,6 @@ def download_files(uri: str, names: Iterable[str], root: Path) -> None:
     """Download ``<uri>/<name>`` to ``root/<name>`` for each name, in order, each file atomically."""
     where, client = parse_s3_uri(uri), s3_client()
     for name in names:
+        if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
+            raise InvalidStorageURIError(f"{uri}/{name}: a name that would land outside {root}")
         download_s3_object(client, where.bucket, where.key(name), root / name)

@@ -19,11 +19,14 @@ resumes from the newest one wherever it now runs. Plain paths pass through every
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from botocore.exceptions import BotoCoreError, ClientError
 
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import sha256_file
@@ -48,6 +51,7 @@ from tasks.storage import (
 )
 
 CACHE_VARIABLE = "IMAGE_CLASSIFIER_CACHE"
+logger = logging.getLogger(__name__)
 # metrics.json last: it announces an epoch whose checkpoint and weights are already there.
 OUTPUT_FILES = (CHECKPOINT_FILE, WEIGHTS_FILE, SPEC_FILE, CLASSES_FILE, TRAINING_LOG_FILE, METRICS_FILE)
 
@@ -177,7 +181,6 @@ def mirror_of(output: str) -> OutputMirror | None:
     return OutputMirror(output) if is_s3_uri(output) else None
 
 
-
 @dataclass(frozen=True)
 class StagedTraining:
     """A training's locations on this host, and its output's S3 folder when it has one."""
@@ -189,8 +192,14 @@ class StagedTraining:
     mirror: OutputMirror | None
 
     def sync(self) -> None:
+        """One step of keeping the output in step with S3, while training runs: a storage error is logged and
+        the next look tries again, rather than stopping the training (``finish`` raises it)."""
         if self.mirror:
-            self.mirror.sync()
+            try:
+                self.mirror.sync()
+            except (BotoCoreError, ClientError, OSError) as error:
+                logger.warning("keeping %s in step with %s failed, tried again shortly: %s",
+                               self.output_dir, self.mirror.location, error)  # fmt: skip
 
     def finish(self) -> None:
         if self.mirror:

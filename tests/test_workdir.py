@@ -40,6 +40,13 @@ def test_an_image_directory_is_stored_once_and_each_host_fetches_it_once(s3_buck
     assert fetch_image_directory(str(train)) == train  # a path is used in place
 
 
+def test_a_name_that_would_land_outside_the_folder_is_refused(s3_bucket, tmp_path):
+    from tasks.storage import download_files
+
+    with pytest.raises(InvalidStorageURIError, match="would land outside"):
+        download_files(f"s3://{s3_bucket}/run", ["../../etc/passwd"], tmp_path)
+
+
 def test_an_image_that_differs_from_its_manifest_is_refused(s3_bucket, cache, colour_image_dirs):
     train, _ = colour_image_dirs
     location = f"s3://{s3_bucket}/run/data/train"

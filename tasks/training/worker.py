@@ -12,7 +12,8 @@ Launched by the train stage, or by hand, through torchrun::
         --rdzv-endpoint host0:29400 --rdzv-id job42 -m tasks.training.worker ...
 
 Rank 0 alone writes files, each atomically. A checkpoint is written after every epoch and
-picked up on start, so a torchrun restart or a Prefect retry continues where the run stopped.
+picked up on start (the newest any rank finds, sent to all: the hosts need not share a filesystem), so a
+torchrun restart or a Prefect retry continues where the run stopped.
 """
 
 from __future__ import annotations
