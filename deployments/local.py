@@ -63,8 +63,8 @@ class PrefectStack:
         self.processes: list[subprocess.Popen] = []
         self.logs = self.home / "logs"
 
-    def _spawn(self, name: str, *args: str, cwd: Path = PROJECT_ROOT) -> subprocess.Popen:
-        return self.spawn(name, sys.executable, "-m", "prefect", *args, cwd=cwd)
+    def _spawn(self, name: str, *args: str, cwd: Path = PROJECT_ROOT, env: dict[str, str] | None = None) -> subprocess.Popen:
+        return self.spawn(name, sys.executable, "-m", "prefect", *args, cwd=cwd, env={**self.env, **(env or {})})
 
     def spawn(
         self, name: str, *command: str, env: dict[str, str] | None = None, cwd: Path = PROJECT_ROOT
@@ -110,13 +110,14 @@ class PrefectStack:
         return result
 
     def start_worker(
-        self, pool: str, name: str | None = None, limit: int | None = None, cwd: Path = PROJECT_ROOT
+        self, pool: str, name: str | None = None, limit: int | None = None, cwd: Path = PROJECT_ROOT,
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen:
         """A ``prefect worker start`` on ``pool``, taking at most ``limit`` runs at once, started in ``cwd`` (a
-        folder of its own stands for another host's)."""
+        folder of its own stands for another host's) with ``env`` added to the stack's (its flow runs inherit it)."""
         name = name or f"{pool}-worker-{len(self.processes)}"
         options = ["--limit", str(limit)] if limit else []
-        return self._spawn(name, "worker", "start", "--pool", pool, "--name", name, *options, cwd=cwd)
+        return self._spawn(name, "worker", "start", "--pool", pool, "--name", name, *options, cwd=cwd, env=env)
 
     def stop_process(self, process: subprocess.Popen, timeout: float = 20) -> None:
         """Stop one process started here (SIGTERM to its group, SIGKILL after ``timeout``)."""

@@ -2,9 +2,13 @@
 
 from pathlib import Path
 
+from tasks.storage import is_s3_uri
 
-def run_folder(work_dir: str, prefix: str = "") -> Path:
-    """This flow run's folder under ``work_dir``, named after the run: a retried run finds its files again."""
+
+def run_folder(work_dir: str, prefix: str = "") -> str:
+    """This flow run's folder under ``work_dir`` (a path or s3://bucket/prefix), named after the run: a retried
+    run finds its files again."""
     from prefect.runtime import flow_run
 
-    return Path(work_dir).resolve() / f"{prefix}{flow_run.get_name()}-{flow_run.get_id()[:8]}"
+    name = f"{prefix}{flow_run.get_name()}-{flow_run.get_id()[:8]}"
+    return f"{work_dir.rstrip('/')}/{name}" if is_s3_uri(work_dir) else str(Path(work_dir).resolve() / name)

@@ -28,6 +28,7 @@ from tasks.score import score
 from tasks.train import train
 from tasks.training.config import TrainingParams
 from tasks.validate import validate_labels
+from tasks.workdir import join, local_folder, store
 
 
 class PipelineResult(BaseModel):
@@ -96,7 +97,8 @@ def train_pipeline(
         conversion: Limits on what converting the images may unpack and decode (archive size, pixels per image, memory).
         model_name: Registry name; empty: the training data's name, a dash and the architecture, e.g. digits-resnet18.
         registry: Registry folder or s3://bucket/prefix.
-        work_dir: Folder for each run's converted data, model, logs and scores.
+        work_dir: Folder or s3://bucket/prefix for each run's converted data, model, logs and scores; on S3 the
+            training hosts need no shared filesystem (each keeps a cache, $IMAGE_CLASSIFIER_CACHE).
         promote_to: Alias (e.g. production) the new version takes only if it beats the alias's current version.
         promotion_metric: Figure compared for promotion (accuracy, f1_macro, auc_ovr, log_loss, ...).
         lower_is_better: Whether a lower figure is better; empty: yes for figures named ...loss (log_loss), else no.
@@ -104,15 +106,20 @@ def train_pipeline(
         export_onnx: Also export model.onnx (checked against PyTorch with onnxruntime) and register it.
     """
     run_dir = run_folder(work_dir)  # a retried run finds its checkpoints again
-    train_source, validation_source = resolve_sources(train_data, validation_data, work_dir)
-    train_dir = convert(train_source, str(run_dir / "data" / "train"), "train", limits=conversion)
-    validation_dir = convert(validation_source, str(run_dir / "data" / "validation"), "validation", limits=conversion)
+    here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
+    train_source, validation_source = resolve_sources(train_data, validation_data, str(local_folder(work_dir)))
+    train_dir = convert(train_source, str(here / "data" / "train"), "train", limits=conversion)
+    validation_dir = convert(validation_source, str(here / "data" / "validation"), "validation", limits=conversion)
     validate_labels(train_dir, validation_dir)
-    spec_dir = untrained_model_directory(str(run_dir / "model_spec"), model)
-    model_dir = train(train_dir, validation_dir, spec_dir, str(run_dir / "model"), training)
+    spec_dir = untrained_model_directory(str(here / "model_spec"), model)
+    # Where every training node reads them: the same folders, or their copies stored in the S3 run folder.
+    stored = [store(local, join(run_dir, *parts)) for local, parts in
+              ((train_dir, ("data", "train")), (validation_dir, ("data", "validation")), (spec_dir, ("model_spec",)))]  # fmt: skip
+    model_dir = train(*stored, join(run_dir, "model"), training)
     if export_onnx:
         model_dir = export_and_check_onnx(model_dir, validation_dir)
-    evaluation = evaluate(score(model_dir, validation_dir, str(run_dir / "scores.csv")).table)
+    scores = score(model_dir, validation_dir, join(run_dir, "scores.csv")).table
+    evaluation = evaluate(scores, str(here / "confusion_matrix.png"))
     registered = register(
         registry,
         model_name,
@@ -129,7 +136,7 @@ def train_pipeline(
         model_name=registered.registration.name,
         version=registered.registration.version,
         location=registered.location,
-        run_dir=str(run_dir),
+        run_dir=run_dir,
         evaluation=evaluation,
         registration=registered.registration,
     )

@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 from prefect.states import Completed
 from pydantic import BaseModel
@@ -20,6 +18,7 @@ from tasks.convert import ConversionLimits, convert
 from tasks.evaluate import Evaluation, compare, evaluate
 from tasks.registry.prefect_tasks import resolve_model
 from tasks.score import BATCH_SIZE, Runtime, score
+from tasks.workdir import join, local_folder
 
 
 class ScoreResult(BaseModel):
@@ -55,18 +54,20 @@ def score_pipeline(
         registry: Registry folder or s3://bucket/prefix that references resolve in.
         runtime: 'torch', or 'onnx' for a model registered with its model.onnx (train with export_onnx).
         batch_size: Images per forward pass.
-        work_dir: Folder for each run's converted images, scores and the cache of models fetched from S3.
+        work_dir: Folder or s3://bucket/prefix for each run's scores (converted images and models fetched from S3
+            go to this host's cache when it is on S3).
         labeled: Empty: inferred (two or more class folders, or a labels file, are evaluated; a single
             folder of images is scored unlabeled); true: labels required, even a single class folder;
             false: scored without labels whatever the folders.
         conversion: Limits on what converting the images may unpack and decode (archive size, pixels per image, memory).
     """
     run_dir = run_folder(work_dir, prefix="score-")
-    image_dir = convert(images, str(run_dir / "images"), "score", labeled=labeled, single_class="unlabeled",
+    here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
+    image_dir = convert(images, str(here / "images"), "score", labeled=labeled, single_class="unlabeled",
                         limits=conversion)  # fmt: skip
-    model_dir = resolve_model(model, registry, str(Path(work_dir).resolve() / "models"))
-    scored = score(model_dir, image_dir, output_csv or str(run_dir / "scores.csv"), runtime, batch_size)
-    evaluation = evaluate(scored.table, str(run_dir / "confusion_matrix.png")) if scored.labeled else None
+    model_dir = resolve_model(model, registry, str(local_folder(work_dir).resolve() / "models"))
+    scored = score(model_dir, image_dir, output_csv or join(run_dir, "scores.csv"), runtime, batch_size)
+    evaluation = evaluate(scored.table, str(here / "confusion_matrix.png")) if scored.labeled else None
     result = ScoreResult(model_dir=model_dir, scores=scored.table, images=scored.images, evaluation=evaluation)
     return Completed(message=result.headline(), data=result)  # callers get the ScoreResult, the UI the message
 

@@ -32,6 +32,10 @@ class ModelNotFoundError(PipelineInputError):
     """A registry reference names a model, version or alias that does not exist."""
 
 
+class InvalidStorageURIError(PipelineInputError):
+    """A storage location that is not a usable ``s3://bucket/prefix``."""
+
+
 class InvalidTrainingSetupError(PipelineInputError):
     """The training parameters ask for what this host cannot give (e.g. more CUDA processes than GPUs)."""
 

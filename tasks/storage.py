@@ -18,11 +18,12 @@ import io
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any, ContextManager
 
+from tasks.errors import InvalidStorageURIError
 from tasks.fileio import atomic_write
 
 S3_SCHEME = "s3://"
@@ -52,10 +53,13 @@ def is_s3_uri(location: str | os.PathLike[str]) -> bool:
 def parse_s3_uri(uri: str) -> S3Location:
     """``s3://bucket/some/prefix/`` -> S3Location("bucket", "some/prefix")."""
     if not is_s3_uri(uri):
-        raise ValueError(f"{uri!r} is not an S3 URI: expected s3://bucket/prefix")
+        raise InvalidStorageURIError(f"{uri!r} is not an S3 URI: expected s3://bucket/prefix")
     bucket, _, prefix = uri[len(S3_SCHEME) :].partition("/")
     if not bucket:
-        raise ValueError(f"{uri!r} names no bucket: expected s3://bucket/prefix")
+        raise InvalidStorageURIError(f"{uri!r} names no bucket: expected s3://bucket/prefix")
+    if any(part in (".", "..") for part in prefix.split("/")):
+        # Keys are mirrored into local folders (tasks/workdir.py): a ".." would climb out of them.
+        raise InvalidStorageURIError(f"{uri!r} has a '.' or '..' part: expected s3://bucket/prefix")
     return S3Location(bucket=bucket, prefix=prefix.strip("/"))
 
 
@@ -134,3 +138,44 @@ def read_s3_bytes(client: Any, bucket: str, key: str) -> bytes:
 def download_s3_object(client: Any, bucket: str, key: str, path: str | os.PathLike[str]) -> None:
     """Stream an object to ``path`` (atomically, in chunks), read again when the connection drops mid-way."""
     _get_body(client, bucket, key, lambda: atomic_write(Path(path), "wb"))
+
+
+def read_s3_object(uri: str) -> bytes | None:
+    """An object's bytes, or None when there is no such key."""
+    from botocore.exceptions import ClientError
+
+    where = parse_s3_uri(uri)
+    try:
+        return read_s3_bytes(s3_client(), where.bucket, where.prefix)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise
+
+
+def upload_files(root: Path, names: Iterable[str], uri: str) -> None:
+    """Upload ``root/<name>`` to ``<uri>/<name>`` for each name, in order (so a reader that sees the last one
+    can rely on the others being there)."""
+    where, client = parse_s3_uri(uri), s3_client()
+    for name in names:
+        with open(root / name, "rb") as body:
+            client.put_object(Bucket=where.bucket, Key=where.key(name), Body=body)
+
+
+def list_s3_names(uri: str) -> list[str]:
+    """The names (keys relative to ``uri``) of every object below it."""
+    where, client = parse_s3_uri(uri), s3_client()
+    start = where.key() + "/" if where.prefix else ""
+    names = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=start):
+        names += [item["Key"][len(start) :] for item in page.get("Contents", [])]
+    return sorted(names)
+
+
+def download_files(uri: str, names: Iterable[str], root: Path) -> None:
+    """Download ``<uri>/<name>`` to ``root/<name>`` for each name, in order, each file atomically."""
+    where, client = parse_s3_uri(uri), s3_client()
+    for name in names:
+        if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
+            raise InvalidStorageURIError(f"{uri}/{name}: a name that would land outside {root}")
+        download_s3_object(client, where.bucket, where.key(name), root / name)

@@ -53,6 +53,7 @@ from tasks.model_directory import (
     driver_log_path,
 )
 from tasks.training.config import TrainingParams, training_flags
+from tasks.workdir import mirror_of, stage_training
 
 WORKER_MODULE = "tasks.training.worker"
 LOG_TAIL_LINES = 40
@@ -144,13 +145,13 @@ def read_metrics(output_dir: Path) -> TrainingMetrics | None:
 
 
 class NewEpochs:
-    """Hands ``on_metrics`` the output's metrics each time they hold another number of epochs."""
+    """Hands ``on_metrics`` the metrics ``read`` returns each time they hold another number of epochs."""
 
-    def __init__(self, output_dir: Path, on_metrics: Callable[[TrainingMetrics], None]) -> None:
-        self.output_dir, self.on_metrics, self.seen = output_dir, on_metrics, -1
+    def __init__(self, read: Callable[[], TrainingMetrics | None], on_metrics: Callable[[TrainingMetrics], None]) -> None:
+        self.read, self.on_metrics, self.seen = read, on_metrics, -1
 
     def poll(self) -> None:
-        metrics = read_metrics(self.output_dir)
+        metrics = self.read()
         if metrics is not None and len(metrics.epochs) != self.seen:
             self.seen = len(metrics.epochs)
             self.on_metrics(metrics)
@@ -273,9 +274,11 @@ def run_training(
     on_metrics: Callable[[TrainingMetrics], None] = lambda metrics: None,
     limits: WatchLimits = WatchLimits(),
     poll_seconds: float = 1.0,
+    on_poll: Callable[[], None] = lambda: None,
 ) -> ModelDirectory:
     """Run the torchrun command to completion; stream its lines to ``log`` (level, line), new epochs to
-    ``on_metrics``. A silent or stuck rank, or a run past its time, stops every process and raises."""
+    ``on_metrics``, and call ``on_poll`` on every look. A silent or stuck rank, or a run past its time, stops
+    every process and raises."""
     output_dir = Path(output_dir)
     log_dir = output_dir / LOGS_DIR
     if limits.claim_output:
@@ -299,10 +302,11 @@ def run_training(
     reader = threading.Thread(target=pump, name="torchrun-output", daemon=True)
     reader.start()
     started = time.monotonic()
-    new_epochs = NewEpochs(output_dir, on_metrics)
+    new_epochs = NewEpochs(lambda: read_metrics(output_dir), on_metrics)
     try:
         while True:
             finished = process.poll() is not None
+            on_poll()
             new_epochs.poll()
             if finished:
                 break
@@ -348,20 +352,26 @@ def launch_training(
     log: Callable[[int, str], None] = print_line,
     on_metrics: Callable[[TrainingMetrics], None] = lambda metrics: None,
     poll_seconds: float = 1.0,
+    limits: WatchLimits | None = None,
 ) -> ModelDirectory:
-    """Train: the torchrun command, the workers' environment, the run watched within ``params``' limits.
+    """Train: the torchrun command, the workers' environment, the run watched within ``params``' limits (or
+    ``limits``).
 
     Everything that starts training (the train task, each node of a multi-node training, tests, benchmarks)
-    comes through here."""
+    comes through here. Any location may be ``s3://``: the inputs are fetched to this host's cache and the
+    output kept in step with its S3 folder while training runs (tasks/workdir.py)."""
+    staged = stage_training(str(train_dir), str(validation_dir), str(model_spec_dir), str(output_dir))
     command = build_torchrun_command(
-        train_dir=train_dir, validation_dir=validation_dir, model_spec_dir=model_spec_dir,
-        output_dir=output_dir, params=params, run_id=run_id, is_host=is_host,
+        train_dir=staged.train_dir, validation_dir=staged.validation_dir, model_spec_dir=staged.model_spec_dir,
+        output_dir=staged.output_dir, params=params, run_id=run_id, is_host=is_host,
     )  # fmt: skip
     log(logging.INFO, f"launching {shlex.join(command)}")
-    return run_training(
-        command, output_dir, worker_environment(params), log=log, on_metrics=on_metrics,
-        limits=WatchLimits.of(params), poll_seconds=poll_seconds,
+    model_dir = run_training(
+        command, staged.output_dir, worker_environment(params), log=log, on_metrics=on_metrics,
+        limits=limits or WatchLimits.of(params), poll_seconds=poll_seconds, on_poll=staged.sync,
     )  # fmt: skip
+    staged.finish()
+    return model_dir
 
 
 # --- Prefect task -------------------------------------------------------------------------------
@@ -415,6 +425,7 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
         done = params.epochs if metrics.stopped_early else len(metrics.epochs)
         update_progress_artifact(progress, 100.0 * done / params.epochs, description=epochs_done(metrics, params.epochs))
 
+    mirror = mirror_of(output_dir)
     if params.max_nodes == 1:
         model_dir = launch_training(
             train_dir, validation_dir, model_spec_dir, output_dir, params,
@@ -422,13 +433,16 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
         )  # fmt: skip
     else:
         # One flow run per node through the work pool (tasks/nodes.py); they write into output_dir, watched here.
-        run_nodes(train_dir, validation_dir, model_spec_dir, output_dir, params,
-                  on_poll=NewEpochs(Path(output_dir), on_metrics).poll)  # fmt: skip
-        model_dir = ModelDirectory(output_dir)
+        read = mirror.remote_metrics if mirror else lambda: read_metrics(Path(output_dir))
+        run_nodes(train_dir, validation_dir, model_spec_dir, output_dir, params, on_poll=NewEpochs(read, on_metrics).poll)
+        # On S3: the stages after training read the model from this host's copy.
+        model_dir = ModelDirectory(mirror.download_all() if mirror else output_dir)
     metrics = model_dir.metrics()
     update_progress_artifact(progress, 100.0, description=epochs_done(metrics, params.epochs))
     curves = model_dir.root / TRAINING_CURVES_FILE
     plot_training_curves(metrics, curves)
+    if mirror:
+        mirror.upload(TRAINING_CURVES_FILE)
     summary = f"best top-1 {metrics.best_top1:.4g} at epoch {metrics.best_epoch} of {len(metrics.epochs)}" + (
         " (stopped early)" if metrics.stopped_early else ""
     )

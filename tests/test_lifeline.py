@@ -15,14 +15,7 @@ from tasks import InvalidDatasetError, InvalidModelDirectoryError, OutputInUseEr
 from tasks.errors import TrainingHungError, TrainingTimeoutError
 from tasks.lifeline import HangWatch, TrainingHang, read_heartbeats
 from tasks.model_directory import LOGS_DIR
-from tasks.train import (
-    LineLevels,
-    WatchLimits,
-    build_torchrun_command,
-    launch_training,
-    run_training,
-    worker_environment,
-)
+from tasks.train import LineLevels, WatchLimits, build_torchrun_command, launch_training, worker_environment
 from tasks.training.config import TrainingParams
 from tests.helpers import alive, processes_of, write_class_folders
 
@@ -109,17 +102,15 @@ def test_a_new_attempt_never_trains_beside_an_earlier_attempts_workers(tmp_path,
     try:
         wait_for(lambda: training_heartbeats(output, ranks=1), what="the earlier worker to train")
         params = TrainingParams(epochs=1, batch_size=4, device="cpu")
-        retry = build_torchrun_command(train_dir=train, validation_dir=val, model_spec_dir=resnet_spec,
-                                       output_dir=output, params=params)  # fmt: skip
         with pytest.raises(OutputInUseError, match=f"pid {earlier.pid}"):
-            run_training(retry, output, worker_environment(params), log=lambda level, line: None,
-                         limits=WatchLimits(output_lock_wait_s=2))  # fmt: skip
+            launch_training(train, val, resnet_spec, output, params, log=lambda level, line: None,
+                            limits=WatchLimits(output_lock_wait_s=2))  # fmt: skip
         assert earlier.poll() is None, "the new attempt must not touch the earlier one's processes"
     finally:
         earlier.kill()
         earlier.wait()
     # Once it is gone, the folder is free again and the retry resumes from its checkpoint.
-    model_dir = run_training(retry, output, worker_environment(params), log=lambda level, line: None)
+    model_dir = launch_training(train, val, resnet_spec, output, params, log=lambda level, line: None)
     assert model_dir.metrics().epochs
 
 

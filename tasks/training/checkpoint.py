@@ -1,10 +1,11 @@
-"""The resume state of the training worker: written by rank 0 after every epoch, read by every rank on start."""
+"""The resume state of the training worker: written by rank 0 after every epoch, the newest copy restored on every rank on start."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import atomic_write
@@ -26,11 +27,29 @@ def save_checkpoint(path: Path, model, optimizer, scheduler, metrics: TrainingMe
         torch.save(state, handle)
 
 
-def load_checkpoint(path: Path, model, optimizer, scheduler, classes) -> TrainingMetrics | None:
-    """Restore a checkpoint into the model, optimizer and scheduler; None when there is none."""
+def read_checkpoint(path: Path) -> dict | None:
+    """A checkpoint's state, None when there is none."""
     if not path.is_file():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def newest_checkpoint(state: dict | None) -> dict | None:
+    """The newest of every rank's checkpoint, on every rank. Hosts need not share a filesystem (work_dir on S3):
+    after an elastic restart rank 0 may run on a host whose copy is older than another host's."""
+    if not dist.is_initialized():
+        return state
+    epochs: list = [None] * dist.get_world_size()
+    dist.all_gather_object(epochs, -1 if state is None else state["epoch"])
+    newest = [state]
+    dist.broadcast_object_list(newest, src=max(range(len(epochs)), key=lambda rank: (epochs[rank], -rank)))
+    return newest[0]
+
+
+def restore_checkpoint(state: dict | None, path: Path, model, optimizer, scheduler, classes) -> TrainingMetrics | None:
+    """Restore a checkpoint's state into the model, optimizer and scheduler; None when there is none."""
+    if state is None:
+        return None
     if state["classes"] != classes:
         raise InvalidDatasetError(
             f"{path} was trained on classes {state['classes']}, the data now has {classes}: use a new output directory"

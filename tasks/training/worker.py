@@ -12,7 +12,8 @@ Launched by the train stage, or by hand, through torchrun::
         --rdzv-endpoint host0:29400 --rdzv-id job42 -m tasks.training.worker ...
 
 Rank 0 alone writes files, each atomically. A checkpoint is written after every epoch and
-picked up on start, so a torchrun restart or a Prefect retry continues where the run stopped.
+picked up on start (the newest any rank finds, sent to all: the hosts need not share a filesystem), so a
+torchrun restart or a Prefect retry continues where the run stopped.
 """
 
 from __future__ import annotations
@@ -57,14 +58,15 @@ from tasks.model_directory import (
     read_model_spec,
 )
 from tasks.training.batches import BatchesOfTwoOrMore
-from tasks.training.checkpoint import load_checkpoint, rescale_schedule, save_checkpoint
-from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
-from tasks.vision.images import (
-    ImageFiles,
-    choose_image_size,
-    eval_transform,
-    train_transform,
+from tasks.training.checkpoint import (
+    newest_checkpoint,
+    read_checkpoint,
+    rescale_schedule,
+    restore_checkpoint,
+    save_checkpoint,
 )
+from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
+from tasks.vision.images import ImageFiles, choose_image_size, eval_transform, train_transform
 from tasks.vision.networks import build_network, memory_format
 
 logger = logging.getLogger("tasks.training.worker")
@@ -329,7 +331,8 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     )
 
     checkpoint_path = output / CHECKPOINT_FILE
-    metrics = load_checkpoint(checkpoint_path, model, optimizer, scheduler, classes)
+    state = newest_checkpoint(read_checkpoint(checkpoint_path))
+    metrics = restore_checkpoint(state, checkpoint_path, model, optimizer, scheduler, classes)
     if metrics is None:
         metrics = TrainingMetrics(world_size=env.world_size)
     else:

@@ -1,0 +1,91 @@
+"""A work_dir on S3 (tasks/workdir.py) against a real HTTP S3 endpoint (moto's server): the ImageDirectory stored
+once and fetched into a content-keyed cache, checked against its manifest, and a training output kept in step."""
+
+import pytest
+
+from tasks.errors import InvalidDatasetError, InvalidStorageURIError
+from tasks.model_directory import EpochMetrics, TrainingMetrics
+from tasks.storage import list_s3_names, parse_s3_uri, s3_client
+from tasks.workdir import CACHE_VARIABLE, OutputMirror, fetch_image_directory, publish, stage_training
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_bad_s3_uris_are_refused_with_a_typed_error_saying_what_is_expected():
+    for bad, why in (("/a/path", "is not an S3 URI"), ("s3://", "names no bucket"), ("s3://b/runs/../x", "'..' part")):
+        with pytest.raises(InvalidStorageURIError, match=why):
+            parse_s3_uri(bad)
+
+
+def test_an_image_directory_is_stored_once_and_each_host_fetches_it_once(s3_bucket, cache, colour_image_dirs):
+    train, _ = colour_image_dirs
+    location = f"s3://{s3_bucket}/run/data/train"
+    assert publish(train, location) == location
+    stored = list_s3_names(location)
+    assert "image_directory.json" in stored and len(stored) == 1 + 3 * 8
+    client = s3_client()
+    tag = client.head_object(Bucket=s3_bucket, Key="run/data/train/image_directory.json")["ETag"]
+    publish(train, location)  # the same manifest is there: nothing is uploaded again
+    assert client.head_object(Bucket=s3_bucket, Key="run/data/train/image_directory.json")["ETag"] == tag
+
+    fetched = fetch_image_directory(location)
+    assert fetched.parent == cache / "images" and (fetched / "image_directory.json").read_bytes() == (train / "image_directory.json").read_bytes()
+    image = next(p for p in fetched.rglob("*.png"))
+    image.write_bytes(b"changed here")  # a cache hit downloads nothing, so this stays
+    assert fetch_image_directory(location) == fetched and image.read_bytes() == b"changed here"
+    assert fetch_image_directory(str(train)) == train  # a path is used in place
+
+
+def test_a_name_that_would_land_outside_the_folder_is_refused(s3_bucket, tmp_path):
+    from tasks.storage import download_files
+
+    with pytest.raises(InvalidStorageURIError, match="would land outside"):
+        download_files(f"s3://{s3_bucket}/run", ["../../etc/passwd"], tmp_path)
+
+
+def test_an_image_that_differs_from_its_manifest_is_refused(s3_bucket, cache, colour_image_dirs):
+    train, _ = colour_image_dirs
+    location = f"s3://{s3_bucket}/run/data/train"
+    publish(train, location)
+    s3_client().put_object(Bucket=s3_bucket, Key="run/data/train/red/red_0.png", Body=b"not the image")
+    with pytest.raises(InvalidDatasetError, match="1 images differ from their manifest's sha256, e.g. red/red_0.png"):
+        fetch_image_directory(location)
+    assert not list((cache / "images").iterdir()), "nothing half fetched is left in the cache"
+
+
+def metrics(epochs: int) -> str:
+    record = dict(lr=0.1, train_images_per_s=1, train_loss=1, train_error=0.5, val_loss=1, top1=0.5, top5=1, seconds=1)
+    return TrainingMetrics(world_size=2, epochs=[EpochMetrics(epoch=e + 1, **record) for e in range(epochs)]).model_dump_json()
+
+
+def test_the_host_ahead_uploads_its_epochs_and_a_host_behind_downloads_them(s3_bucket, tmp_path, monkeypatch):
+    output = f"s3://{s3_bucket}/run/model"
+    hosts = {}
+    for host in ("a", "b"):
+        monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / host))
+        hosts[host] = OutputMirror(output)
+    a, b = hosts["a"], hosts["b"]
+    (a.local / "checkpoints").mkdir(parents=True)
+    (a.local / "checkpoints" / "last.pt").write_bytes(b"epoch 1")
+    (a.local / "metrics.json").write_text(metrics(1))
+    a.sync()
+    assert set(list_s3_names(output)) == {"checkpoints/last.pt", "metrics.json"}
+    b.sync()  # behind: takes epoch 1, checkpoint first
+    assert (b.local / "checkpoints" / "last.pt").read_bytes() == b"epoch 1" and b.local_epochs() == 1
+    (b.local / "checkpoints" / "last.pt").write_bytes(b"epoch 2")  # rank 0 moved to b
+    (b.local / "metrics.json").write_text(metrics(2))
+    (b.local / "logs").mkdir()
+    (b.local / "logs" / "driver_log_0.txt").write_text("rank 0")
+    b.finish()
+    a.sync()
+    assert (a.local / "checkpoints" / "last.pt").read_bytes() == b"epoch 2"
+    assert "logs/driver_log_0.txt" in list_s3_names(output) and a.remote_metrics().epochs[-1].epoch == 2
+
+    # A node run retried on a third host starts from what was uploaded.
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "c"))
+    staged = stage_training(str(tmp_path), str(tmp_path), str(tmp_path), output)
+    assert (staged.output_dir / "checkpoints" / "last.pt").read_bytes() == b"epoch 2"
