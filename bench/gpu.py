@@ -31,9 +31,9 @@ from tasks.model import write_untrained_model_directory
 from tasks.model_directory import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
 from tasks.train import launch_training
 from tasks.training.config import TrainingParams
+from tasks.training.worker import autocast, make_optimizer
 from tasks.vision.images import ImageFiles, train_transform
 from tasks.vision.networks import build_network, memory_format
-from tasks.training.worker import autocast, make_optimizer
 
 H100_GOAL = 3200.0  # the team goal for one H100 (the seed table's 16 x V100 figure)
 

@@ -80,7 +80,7 @@ class PrefectStack:
         self.processes.append(process)
         return process
 
-    def start(self, timeout: float = 120) -> "PrefectStack":
+    def start(self, timeout: float = 120) -> PrefectStack:
         if self.make_server:
             # As a person starts it: the server finds its own URLs from HOST and PORT, not from a client's.
             env = {k: v for k, v in self.env.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL")}
@@ -92,10 +92,10 @@ class PrefectStack:
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2):
                     return self
-            except OSError:
+            except OSError as error:
                 if server.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"Prefect server did not start: see {self.logs / 'server.log'}")
+                    raise RuntimeError(f"Prefect server did not start: see {self.logs / 'server.log'}") from error
                 time.sleep(0.5)
 
     def cli(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -154,7 +154,7 @@ class PrefectStack:
                 process.wait()
         self.processes.clear()
 
-    def __enter__(self) -> "PrefectStack":
+    def __enter__(self) -> PrefectStack:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

@@ -65,7 +65,7 @@ class Heartbeat:
     _beat: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._write()
         threading.Thread(target=self._run, name="heartbeat", daemon=True).start()

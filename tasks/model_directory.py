@@ -67,7 +67,7 @@ class ModelSpec(BaseModel):
     zero_init_residual: bool = Field(False, description="ResNet family only: zero-init the last BN of each block")
 
     @model_validator(mode="after")
-    def _options_match_family(self) -> "ModelSpec":
+    def _options_match_family(self) -> ModelSpec:
         if self.memory_efficient and self.architecture not in DENSENETS:
             raise ValueError(f"memory_efficient applies to DenseNets {DENSENETS}, not {self.architecture}")
         if self.zero_init_residual and self.architecture not in RESNETS:

@@ -122,10 +122,10 @@ def s3_endpoint():
         try:
             urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
             break
-        except OSError:
+        except OSError as error:
             if time.monotonic() > deadline or server.poll() is not None:
                 server.kill()
-                raise RuntimeError(f"moto server did not start on {url}")
+                raise RuntimeError(f"moto server did not start on {url}") from error
             time.sleep(0.2)
     yield url
     server.terminate()

@@ -55,7 +55,7 @@ class FaultyProxy(ThreadingHTTPServer):
             self.counts["cut"] += cut
             return cut
 
-    def __enter__(self) -> "FaultyProxy":
+    def __enter__(self) -> FaultyProxy:
         threading.Thread(target=self.serve_forever, daemon=True).start()
         self._timer = threading.Timer(self.lifetime_s, self.shutdown)
         self._timer.daemon = True

@@ -176,8 +176,9 @@ def _extract_zip(writer: _Writer, archive_path: Path) -> None:
 
 def _extract_tar(writer: _Writer, archive_path: Path, compression: str) -> None:
     with tarfile.open(archive_path, f"r:{compression}") as archive:
-        count = 0
-        for count, member in enumerate(archive, 1):
+        count = 0  # members read, named if the archive turns out damaged after them
+        for member in archive:
+            count += 1
             path = writer.path(member.name)
             if member.issym() or member.islnk():
                 writer.link(member.name, path, member.linkname, hard=member.islnk())

@@ -30,6 +30,9 @@ from pathlib import Path, PurePosixPath
 from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import BaseModel, Field
 
+from tasks.convert.labelling import SingleClass, SourceFile, plan_source, read_labels_file, some
+from tasks.convert.listing import list_folder
+from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import sha256_file, staged_directory
 from tasks.image_directory import (
@@ -44,9 +47,6 @@ from tasks.image_directory import (
     class_folders,
     safe_name,
 )
-from tasks.convert.labelling import SingleClass, SourceFile, plan_source, read_labels_file, some
-from tasks.convert.listing import list_folder
-from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
 from tasks.storage import is_s3_uri, read_bytes
 
 # A 48-megapixel phone photo fits; Pillow's own decompression-bomb warning starts at ~89 MP.

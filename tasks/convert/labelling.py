@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from tasks.convert.listing import FolderListing
 from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
 from tasks.image_directory import IMAGE_EXTENSIONS, QuarantinedFile
-from tasks.convert.listing import FolderListing
 
 LABELS_FILE_NAMES = ("labels.csv", "labels.json")
 _SHOWN = 5  # names quoted in a message before "and N more"

@@ -16,7 +16,7 @@ from pathlib import Path
 from tasks.errors import InvalidModelNameError
 from tasks.fileio import sha256_file
 from tasks.model_directory import ModelDirectory
-from tasks.registry.backends import LocalBackend
+from tasks.registry.backends import LocalBackend, RegistryBackend
 from tasks.registry.core import Registry, backend_of, resolve
 from tasks.registry.integrity import memo_path, mismatched_files, remember
 from tasks.registry.layout import REGISTRATION_FILE, ModelIntegrityError, Registration, parse_reference, version_key

@@ -81,7 +81,7 @@ class DistributedEnv:
     restart_count: int
 
     @classmethod
-    def from_environ(cls) -> "DistributedEnv":
+    def from_environ(cls) -> DistributedEnv:
         """torchrun's variables; a plain ``python -m`` start is a world of one."""
         return cls(
             rank=int(os.environ.get("RANK", 0)),

@@ -190,7 +190,7 @@ def test_two_nodes_train_through_the_pool_with_no_shared_files_and_register_one_
     metrics = TrainingMetrics.model_validate_json(read_s3_object(f"{model}/metrics.json"))
     assert metrics.world_size == 2 and len(metrics.epochs) == int(EPOCHS)
     for rank in (0, 1):
-        assert "rank %d/2 on cpu (gloo, fp32, contiguous)" % rank in read_s3_object(f"{model}/logs/driver_log_{rank}.txt").decode()
+        assert f"rank {rank}/2 on cpu (gloo, fp32, contiguous)" in read_s3_object(f"{model}/logs/driver_log_{rank}.txt").decode()
 
     # Each node was a flow run of the deployment on the pool, a subflow of the pipeline's run, on its own worker,
     # given only S3 locations; each host fetched the images into a cache of its own (train and validation).

@@ -61,7 +61,7 @@ def test_two_launchers_rendezvous_over_loopback_as_two_nodes(tmp_path, colour_im
     model_dir = results[0]
     assert model_dir.metrics().world_size == 2
     for rank in (0, 1):
-        assert "rank %d/2 on cpu (gloo, fp32, contiguous)" % rank in driver_log_path(model_dir.root, rank).read_text()
+        assert f"rank {rank}/2 on cpu (gloo, fp32, contiguous)" in driver_log_path(model_dir.root, rank).read_text()
 
 
 def test_resuming_at_another_world_size_rescales_the_rate_and_records_the_size(tmp_path, colour_image_dirs, resnet_spec):
