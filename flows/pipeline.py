@@ -7,6 +7,7 @@
     python -m flows.pipeline --processes-per-node 2   # the same from a shell (what `make run` does)
     python -m flows.pipeline --promote-to production --export-onnx   # champion/challenger; model.onnx too
     python -m flows.pipeline --promote-to production --promotion-metric log_loss --min-improvement 0.01
+    python -m flows.pipeline --promote-to production --approval   # a person approves the move in the UI
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
+from tasks.approval import settle_promotion
 from tasks.convert import ConversionLimits, convert
 from tasks.datasets import resolve_sources
 from tasks.evaluate import Evaluation, evaluate
@@ -68,7 +70,11 @@ class PipelineResult(BaseModel):
         p = self.registration.promotion
         champion = "no champion" if p.champion_version is None else f"version {p.champion_version}: {p.champion}"
         verdict = f"promoted to {p.alias!r}" if p.promoted else f"not promoted to {p.alias!r}"
-        return f"  {verdict} on {p.metric} ({p.challenger:.4f} vs {champion})"
+        line = f"  {verdict} on {p.metric} ({p.challenger:.4f} vs {champion})"
+        if p.approval:
+            who = f" by {p.approval.reviewer}" if p.approval.reviewer else ""
+            line += f"; {p.approval.decision}{who}" + (f": {p.approval.comment}" if p.approval.comment else "")
+        return line
 
 
 @flow(name="train-pipeline", log_prints=True)
@@ -86,6 +92,8 @@ def train_pipeline(
     lower_is_better: bool | None = None,
     min_improvement: float = 0.0,
     export_onnx: bool = False,
+    approval: bool = False,
+    approval_timeout_s: int = 3600,
 ) -> PipelineResult:
     """Train an image classifier from class-per-folder images, evaluate it and register it.
 
@@ -104,6 +112,8 @@ def train_pipeline(
         lower_is_better: Whether a lower figure is better; empty: yes for figures named ...loss (log_loss), else no.
         min_improvement: How much better than the champion the new version must be (in the figure's units) to take the alias.
         export_onnx: Also export model.onnx (checked against PyTorch with onnxruntime) and register it.
+        approval: With promote_to: a new version that beats the champion takes the alias only once a person approves it (the run pauses on a form).
+        approval_timeout_s: How long the run waits for that answer; no answer in time: not promoted.
     """
     run_dir = run_folder(work_dir)  # a retried run finds its checkpoints again
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
@@ -131,7 +141,9 @@ def train_pipeline(
         promotion_metric=promotion_metric,
         lower_is_better=lower_is_better,
         min_improvement=min_improvement,
+        approval=approval,
     )
+    registered = settle_promotion(registry, registered, approval_timeout_s)
     result = PipelineResult(
         model_name=registered.registration.name,
         version=registered.registration.version,
@@ -164,6 +176,8 @@ def main(argv: list[str] | None = None) -> PipelineResult:
                         help="a lower figure is better (default: for figures named ...loss)")  # fmt: skip
     parser.add_argument("--min-improvement", type=float, default=0.0, help="margin a challenger must win by")
     parser.add_argument("--export-onnx", action="store_true", help="also export and register model.onnx")
+    parser.add_argument("--approval", action="store_true", help="with --promote-to: a person approves the move in the UI")
+    parser.add_argument("--approval-timeout-s", type=int, default=3600, help="no answer in time: not promoted")
     add_training_flags(parser)
     args = parser.parse_args(argv)
     result = train_pipeline(
@@ -179,6 +193,8 @@ def main(argv: list[str] | None = None) -> PipelineResult:
         lower_is_better=args.lower_is_better,
         min_improvement=args.min_improvement,
         export_onnx=args.export_onnx,
+        approval=args.approval,
+        approval_timeout_s=args.approval_timeout_s,
     )
     print(result.summary())
     return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from tasks.registry.layout import Approval
 from tasks.registry.manage import VersionView
 
 # The figures a reader compares versions by, in this order, when a version has them.
@@ -18,7 +19,7 @@ def model_card_key(name: str) -> str:
     return "model-card-" + re.sub(r"[^a-z0-9-]", "-", name)
 
 
-def _figure(value) -> str:
+def figure(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else ("" if value is None else str(value))
 
 
@@ -28,13 +29,21 @@ def _flow_run(flow_run_id: str | None, ui_url: str | None) -> str:
     return f"[{flow_run_id[:8]}]({ui_url.rstrip('/')}/runs/flow-run/{flow_run_id})" if ui_url else f"`{flow_run_id}`"
 
 
+def _approval(approval: Approval | None) -> str:
+    if approval is None:
+        return ""
+    who = f" by {approval.reviewer}" if approval.reviewer else ""
+    comment = f": “{approval.comment}”" if approval.comment else ""
+    return f"{approval.decision}{who}, {approval.answered_at:%Y-%m-%d %H:%M} UTC{comment}".replace("|", "/")
+
+
 def _row(view: VersionView, figures: list[str], ui_url: str | None) -> str:
     r = view.registration
     cells = [
-        str(r.version), f"{r.created_at:%Y-%m-%d %H:%M} UTC", *(_figure(r.metrics.get(f)) for f in figures),
+        str(r.version), f"{r.created_at:%Y-%m-%d %H:%M} UTC", *(figure(r.metrics.get(f)) for f in figures),
         " ".join(f"`{a}`" for a in view.aliases), ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())),
         "<br>".join(f"{role} `{d.content_hash[:HASH_SHOWN]}` ({d.images} images)" for role, d in r.datasets.items()),
-        _flow_run(r.flow_run_id, ui_url), "archived" if view.archived else "",
+        _flow_run(r.flow_run_id, ui_url), _approval(view.approval), "archived" if view.archived else "",
     ]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
 
@@ -45,7 +54,7 @@ def model_card_markdown(name: str, location: str, views: list[VersionView], ui_u
     aliases = sorted((a, v.registration.version) for v in views for a in v.aliases)
     alias_line = ", ".join(f"`{a}` → {version}" for a, version in aliases) or "none"
     header = ["version", "registered", *(KEY_FIGURES[f] for f in figures), "aliases", "tags", "datasets (content hash)",
-              "flow run", "status"]  # fmt: skip
+              "flow run", "approval", "status"]  # fmt: skip
     lines = [
         f"### Model card: {name}", "",
         f"Registry `{location}`: {len(views)} version{'s' * (len(views) != 1)}; aliases: {alias_line}", "",

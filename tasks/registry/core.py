@@ -256,7 +256,7 @@ def challenge(registry: Registry, name: str, alias: str, metric: str, metrics: d
     return _judge(backend, name, alias, rule, check_metric(metrics, metric), _alias(backend, name, check_alias(alias)))
 
 
-def _promote(backend: RegistryBackend, registration: Registration, alias: str, rule: PromotionRule) -> Promotion:
+def promote(backend: RegistryBackend, registration: Registration, alias: str, rule: PromotionRule) -> Promotion:
     """Move ``alias`` to the version if it beats the champion, judged again after every lost swap."""
     value = check_metric(registration.metrics, rule.metric)
     verdict: list[Promotion] = []
@@ -316,6 +316,7 @@ def register_model(
     promotion_metric: str = "accuracy",
     lower_is_better: bool | None = None,
     min_improvement: float = 0.0,
+    approval: bool = False,
 ) -> tuple[Registration, str]:
     """Store a trained model as the next version of ``name``; returns its record and location.
 
@@ -323,7 +324,9 @@ def register_model(
     with the same files is returned, not registered again. With ``promote_to``, the version takes that alias
     if it beats the alias's current version on ``promotion_metric`` (lower is better for ``lower_is_better``;
     None: for a figure named ``...loss``) by at least ``min_improvement``; the returned record carries the
-    final verdict (``registration.json`` keeps the one made at commit time).
+    final verdict (``registration.json`` keeps the one made at commit time). With ``approval`` too, the alias
+    is left where it is and a version that beats the champion is marked ``awaiting_approval``: a person's
+    answer moves it (``manage.decide_promotion``).
     """
     backend = backend_of(registry)
     check_model_name(name)
@@ -339,16 +342,19 @@ def register_model(
         version = _claim_version(backend, name, claim.model_dump_json().encode())
         for file_name in files:
             backend.upload(version_key(name, version, file_name), model_dir.root / file_name)
+        verdict = challenge(backend, name, promote_to, promotion_metric, metrics, rule.lower_is_better,
+                            rule.min_improvement) if promote_to else None  # fmt: skip
+        if verdict and approval:
+            verdict = verdict.model_copy(update={"promoted": False, "awaiting_approval": verdict.promoted})
         registration = Registration(
             name=name, version=version, created_at=datetime.now(timezone.utc), metrics=metrics, params=params,
             datasets=datasets, flow_run_id=flow_run_id, task_run_id=task_run_id, tags=tags or {}, files=files,
-            promotion=challenge(backend, name, promote_to, promotion_metric, metrics, rule.lower_is_better,
-                                rule.min_improvement) if promote_to else None,
+            promotion=verdict,
         )  # fmt: skip
         record = registration.model_dump_json(indent=2).encode()
         if not _create_owned(backend, version_key(name, version, REGISTRATION_FILE), record):
             raise RuntimeError(f"{backend.location}/{name}/{version} was committed by another registration despite our claim")
-    if promote_to:
-        promotion = _promote(backend, registration, promote_to, rule)
+    if promote_to and not approval:
+        promotion = promote(backend, registration, promote_to, rule)
         registration = registration.model_copy(update={"promotion": promotion})
     return registration, f"{backend.location}/{version_key(name, registration.version)}"

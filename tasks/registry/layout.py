@@ -5,7 +5,8 @@ Layout (keys below the registry root, a folder or ``s3://bucket/prefix``)::
     <name>/<version>/claim.json          created exclusively: this registration owns <version>
     <name>/<version>/model.pt, model_spec.json, classes.json, metrics.json, training_log.csv[, model.onnx]
     <name>/<version>/registration.json   created exclusively, last: its presence commits the version
-    <name>/<version>/status.json         VersionStatus: tags, archived, deleted (changed by compare-and-swap)
+    <name>/<version>/status.json         VersionStatus: tags, archived, deleted, approval (changed by
+                                         compare-and-swap)
     <name>/aliases/<alias>.json          AliasRecord: which version the alias points at (moved by rewriting;
                                          unset: version null, so that unsetting is a swap like moving)
 
@@ -24,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -85,6 +86,19 @@ class PromotionRule(BaseModel):
         return gain > 0 and gain >= self.min_improvement
 
 
+class Approval(BaseModel):
+    """A person's answer to "move ``alias`` to this version?" (or the lack of one, ``timed out``).
+
+    Prefect's open-source server has no user accounts: ``reviewer`` is the name typed into the form, and
+    ``answered_at`` the server's time of the resume (or of the timeout)."""
+
+    decision: Literal["approved", "rejected", "timed out"]
+    reviewer: str = ""
+    comment: str = ""
+    answered_at: datetime
+    flow_run_id: str | None = Field(default=None, description="the paused flow run that asked")
+
+
 class Promotion(BaseModel):
     """A champion/challenger decision: was this version moved to ``alias``, and why."""
 
@@ -96,6 +110,8 @@ class Promotion(BaseModel):
     promoted: bool
     lower_is_better: bool = False
     min_improvement: float = 0.0
+    awaiting_approval: bool = Field(default=False, description="it beats the champion; a person decides the move")
+    approval: Approval | None = None
 
 
 class Registration(BaseModel):
@@ -125,6 +141,7 @@ class VersionStatus(BaseModel):
     tags: dict[str, str]
     archived: bool = Field(default=False, description="left out of 'latest'; still fetchable by number")
     deleted: bool = Field(default=False, description="set before the files are removed: hidden from then on")
+    approval: Approval | None = Field(default=None, description="a person's answer to its promotion")
     updated_at: datetime
 
 

@@ -19,6 +19,7 @@ from tasks.errors import PipelineInputError
 from tasks.registry.core import (
     Registry,
     backend_of,
+    promote,
     read_aliases,
     read_registration,
     registrations,
@@ -29,7 +30,10 @@ from tasks.registry.layout import (
     REGISTERED_FILES,
     REGISTRATION_FILE,
     AliasedVersionError,
+    Approval,
     ModelReference,
+    Promotion,
+    PromotionRule,
     Registration,
     VersionStatus,
     is_model_name,
@@ -54,6 +58,7 @@ class VersionView(BaseModel):
     tags: dict[str, str]
     archived: bool
     aliases: list[str]
+    approval: Approval | None = None
 
     @property
     def reference(self) -> str:
@@ -108,7 +113,7 @@ def list_models(registry: Registry) -> list[str]:
 def _view(registration: Registration, status: VersionStatus | None, aliases: dict[str, int]) -> VersionView:
     return VersionView(
         registration=registration, tags=status.tags if status else registration.tags,
-        archived=bool(status and status.archived),
+        archived=bool(status and status.archived), approval=status.approval if status else None,
         aliases=sorted(a for a, v in aliases.items() if v == registration.version),
     )  # fmt: skip
 
@@ -147,6 +152,21 @@ def archive(registry: Registry, reference: str, archived: bool = True) -> Versio
     registration = resolve(registry, reference)
     change_status(backend_of(registry), registration, lambda s: s.model_copy(update={"archived": archived}))
     return show_version(registry, f"{registration.name}/{registration.version}")
+
+
+def decide_promotion(registry: Registry, registration: Registration, approval: Approval) -> Promotion:
+    """Record a person's answer to a promotion awaiting approval (in ``status.json``), then, if approved, move
+    the alias: judged again against the champion of now, which may have changed while the person looked."""
+    pending = registration.promotion
+    if pending is None or not pending.awaiting_approval:
+        raise PipelineInputError(f"{registration.name}/{registration.version} has no promotion awaiting approval")
+    backend = backend_of(registry)
+    change_status(backend, registration, lambda s: s.model_copy(update={"approval": approval}))
+    if approval.decision != "approved":
+        return pending.model_copy(update={"awaiting_approval": False, "approval": approval})
+    rule = PromotionRule(metric=pending.metric, lower_is_better=pending.lower_is_better,
+                         min_improvement=pending.min_improvement)  # fmt: skip
+    return promote(backend, registration, pending.alias, rule).model_copy(update={"approval": approval})
 
 
 def _aliases_on(backend, name: str, version: int) -> list[str]:

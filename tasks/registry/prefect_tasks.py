@@ -30,7 +30,7 @@ def _promotion_markdown(promotion: Promotion) -> str:
     champion = "none (alias not set)" if promotion.champion_version is None else (
         f"version {promotion.champion_version}: {_figure(promotion.champion) if promotion.champion is not None else 'no value'}"
     )  # fmt: skip
-    verdict = "promoted" if promotion.promoted else "not promoted: it does not beat the champion"
+    verdict = _verdict(promotion)
     rule = f"{'lower' if promotion.lower_is_better else 'higher'} is better"
     if promotion.min_improvement:
         rule += f", by at least {_figure(promotion.min_improvement)}"
@@ -38,6 +38,18 @@ def _promotion_markdown(promotion: Promotion) -> str:
         f"### Promotion to `{promotion.alias}`: {verdict}\n\n| | {promotion.metric} ({rule}) |\n|---|---|\n"
         f"| challenger (this version) | {_figure(promotion.challenger)} |\n| champion | {champion} |\n"
     )
+
+
+def _verdict(promotion: Promotion) -> str:
+    answer = promotion.approval
+    if promotion.awaiting_approval:
+        return "awaiting approval: it beats the champion"
+    if answer is None:
+        return "promoted" if promotion.promoted else "not promoted: it does not beat the champion"
+    who = f" by {answer.reviewer}" if answer.reviewer else ""
+    if answer.decision == "approved":
+        return f"promoted, approved{who}" if promotion.promoted else f"approved{who}, but no longer beats the champion"
+    return f"not promoted: rejected{who}" if answer.decision == "rejected" else "not promoted: approval timed out"
 
 
 def _figure(value: Any) -> str:
@@ -67,6 +79,17 @@ def publish_model_card(registry: str, name: str) -> str:
     return key
 
 
+def publish_promotion(decision: Promotion) -> None:
+    """Artifact ``promotion``: the champion/challenger verdict (and a person's answer, when one was asked)."""
+    champion = "no champion" if decision.champion is None else f"champion {_figure(decision.champion)}"
+    create_markdown_artifact(
+        key="promotion",
+        markdown=_promotion_markdown(decision) + (f"\n{decision.approval.comment}\n" if decision.approval else ""),
+        description=f"{decision.alias!r}: {_verdict(decision)}; {decision.metric} {_figure(decision.challenger)} "
+        f"vs {champion}",
+    )
+
+
 def update_model_card_if_connected(registry: str, name: str) -> str:
     """For the command line: publish the card when a Prefect API is configured (never starting a server of
     its own); what happened, in one line."""
@@ -87,11 +110,13 @@ def register(
     promotion_metric: str = "accuracy",
     lower_is_better: bool | None = None,
     min_improvement: float = 0.0,
+    approval: bool = False,
 ) -> RegisteredModel:
     """Register with metrics, parameters and the lineage of ``datasets`` (role -> ImageDirectory).
 
     ``name`` defaults to ``<training data set>-<architecture>``. Artifacts ``registered-model``, the model card
-    ``model-card-<name>`` and, with ``promote_to``, ``promotion`` (champion/challenger on ``promotion_metric``).
+    ``model-card-<name>`` and, with ``promote_to``, ``promotion`` (champion/challenger on ``promotion_metric``;
+    with ``approval``, the alias waits for a person: ``tasks.approval``).
     """
     trained = ModelDirectory(model_dir)
     training = trained.metrics()
@@ -108,18 +133,12 @@ def register(
         metrics=metrics, params=params, datasets=lineages,
         flow_run_id=flow_run.get_id(), task_run_id=task_run.get_id(), promote_to=promote_to,
         promotion_metric=promotion_metric, lower_is_better=lower_is_better, min_improvement=min_improvement,
+        approval=approval,
     )  # fmt: skip
     markdown, description = registered_model_markdown(registration, location, promotion_metric)
     create_markdown_artifact(key="registered-model", markdown=markdown, description=description)
     if registration.promotion:
-        decision = registration.promotion
-        champion = "no champion" if decision.champion is None else f"champion {_figure(decision.champion)}"
-        create_markdown_artifact(
-            key="promotion",
-            markdown=_promotion_markdown(decision),
-            description=f"{'promoted' if decision.promoted else 'not promoted'} to {decision.alias!r}: "
-            f"{decision.metric} {_figure(decision.challenger)} vs {champion}",
-        )
+        publish_promotion(registration.promotion)
     publish_model_card(registry, name)
     return RegisteredModel(registration=registration, location=location)
 
