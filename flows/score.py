@@ -44,6 +44,7 @@ def score_pipeline(
     work_dir: str = "runs",
     labeled: bool | None = None,
     conversion: ConversionLimits = ConversionLimits(),
+    top_k: int = 0,
 ) -> ScoreResult:
     """Score images with a trained model into a table of Azure's columns; evaluate it when the images are labeled.
 
@@ -60,13 +61,14 @@ def score_pipeline(
             folder of images is scored unlabeled); true: labels required, even a single class folder;
             false: scored without labels whatever the folders.
         conversion: Limits on what converting the images may unpack and decode (archive size, pixels per image, memory).
+        top_k: Also list each image's k most probable labels and their probabilities (columns Top 1 Label, Top 1 Probability, ...); 0: none.
     """
     run_dir = run_folder(work_dir, prefix="score-")
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
     image_dir = convert(images, str(here / "images"), "score", labeled=labeled, single_class="unlabeled",
                         limits=conversion)  # fmt: skip
     model_dir = resolve_model(model, registry, str(local_folder(work_dir).resolve() / "models"))
-    scored = score(model_dir, image_dir, output_csv or join(run_dir, "scores.csv"), runtime, batch_size)
+    scored = score(model_dir, image_dir, output_csv or join(run_dir, "scores.csv"), runtime, batch_size, top_k)
     evaluation = evaluate(scored.table, str(here / "confusion_matrix.png")) if scored.labeled else None
     result = ScoreResult(model_dir=model_dir, scores=scored.table, images=scored.images, evaluation=evaluation)
     return Completed(message=result.headline(), data=result)  # callers get the ScoreResult, the UI the message
@@ -96,10 +98,12 @@ def main(argv: list[str] | None = None) -> ScoreResult:
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     parser.add_argument("--work-dir", default="runs")
     parser.add_argument("--labeled", choices=("yes", "no"), help="default: inferred from the folders")
+    parser.add_argument("--top-k", type=int, default=0, help="also list each image's k most probable labels")
     args = parser.parse_args(argv)
     labeled = {"yes": True, "no": False, None: None}[args.labeled]
     result = score_pipeline(
-        args.images, args.model, args.output, args.registry, args.runtime, args.batch_size, args.work_dir, labeled
+        args.images, args.model, args.output, args.registry, args.runtime, args.batch_size, args.work_dir, labeled,
+        top_k=args.top_k,
     )
     print(f"{result.images} images scored -> {result.scores}")
     if result.evaluation:

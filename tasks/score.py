@@ -9,6 +9,7 @@ alone took batches of 64 from 45 to 83 images/s.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -19,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from tasks.allocator import keep_freed_memory
-from tasks.errors import InvalidDatasetError
+from tasks.errors import InvalidDatasetError, PipelineInputError
 from tasks.fileio import atomic_write
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ModelDirectory
@@ -33,10 +34,17 @@ IMAGE_COLUMN = "image"
 LABEL_COLUMN = "label"
 BATCH_SIZE = 64
 Runtime = Literal["torch", "onnx"]
+_TOP_LABEL = re.compile(r"Top [0-9]+ Label")
 
 
 def probability_column(class_name: str) -> str:
     return f"{PROBABILITY_PREFIX}{class_name}"
+
+
+def top_k_columns(rank: int) -> tuple[str, str]:
+    """The label and probability columns of the ``rank``-th best class (1 = the scored label). Named apart
+    from Azure's ``Scored ...`` columns, which readers of the table pick by prefix."""
+    return f"Top {rank} Label", f"Top {rank} Probability"
 
 
 Normalize = Callable[[torch.Tensor], torch.Tensor]
@@ -64,9 +72,14 @@ def onnx_predictor(model_dir: ModelDirectory, normalize: Normalize) -> tuple[Cal
 
 
 def score_images(
-    model_dir: ModelDirectory, images: ImageDirectory, batch_size: int = BATCH_SIZE, runtime: Runtime = "torch"
+    model_dir: ModelDirectory, images: ImageDirectory, batch_size: int = BATCH_SIZE, runtime: Runtime = "torch",
+    top_k: int = 0,
 ) -> pd.DataFrame:
-    """One row per image: ``image``, ``Scored Labels``, ``Scored Probabilities_<class>``..., and ``label`` when known."""
+    """One row per image: ``image``, ``Scored Labels``, ``Scored Probabilities_<class>``..., with ``top_k`` > 0
+    ``Top 1 Label``, ``Top 1 Probability`` ... ``Top k ...`` (k at most the number of classes), and ``label``
+    when known."""
+    if top_k < 0:
+        raise PipelineInputError(f"top_k {top_k} is not allowed: use 0 (no top-k columns) or a number of labels >= 1")
     if images.labeled and not set(images.classes) <= set(model_dir.classes):
         unknown = sorted(set(images.classes) - set(model_dir.classes))
         raise InvalidDatasetError(
@@ -85,6 +98,12 @@ def score_images(
     table[SCORED_LABELS] = [model_dir.classes[i] for i in probabilities.argmax(axis=1)]
     for index, name in enumerate(model_dir.classes):
         table[probability_column(name)] = probabilities[:, index]
+    # Stable sort: of equal probabilities the class listed first ranks first, as argmax picks it.
+    ranked = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
+    for rank in range(ranked.shape[1]):
+        label, probability = top_k_columns(rank + 1)
+        table[label] = [model_dir.classes[i] for i in ranked[:, rank]]
+        table[probability] = np.take_along_axis(probabilities, ranked[:, rank : rank + 1], axis=1)[:, 0]
     if images.labeled:
         table[LABEL_COLUMN] = [record.label for record in images.manifest.images]
     return table
@@ -97,7 +116,10 @@ def scored_classes(scores: pd.DataFrame) -> list[str]:
 
 def read_scores(location: str | Path) -> pd.DataFrame:
     """Read a scores CSV (a path or s3:// URI) keeping class names as text ('01' stays '01')."""
-    return pd.read_csv(io.BytesIO(read_bytes(location)), dtype={IMAGE_COLUMN: str, SCORED_LABELS: str, LABEL_COLUMN: str})
+    data = read_bytes(location)
+    top_labels = [c for c in pd.read_csv(io.BytesIO(data), nrows=0).columns if _TOP_LABEL.fullmatch(c)]
+    text = dict.fromkeys([IMAGE_COLUMN, SCORED_LABELS, LABEL_COLUMN, *top_labels], str)
+    return pd.read_csv(io.BytesIO(data), dtype=text)
 
 
 def write_scores(table: pd.DataFrame, location: str) -> str:
@@ -141,10 +163,13 @@ class Scored(BaseModel):
 
 
 @task(name="score", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
-def score(model_dir: str, image_dir: str, output_csv: str, runtime: Runtime = "torch", batch_size: int = BATCH_SIZE) -> Scored:
-    """Write the scores CSV (a path or s3:// URI); artifact ``scores``: a summary and the first rows."""
+def score(model_dir: str, image_dir: str, output_csv: str, runtime: Runtime = "torch", batch_size: int = BATCH_SIZE,
+          top_k: int = 0) -> Scored:  # fmt: skip
+    """Write the scores CSV (a path or s3:// URI), with ``top_k`` best labels per image when > 0; artifact
+    ``scores``: a summary and the first rows."""
     started = time.perf_counter()
-    table = score_images(ModelDirectory(model_dir), ImageDirectory(image_dir), batch_size=batch_size, runtime=runtime)
+    table = score_images(ModelDirectory(model_dir), ImageDirectory(image_dir), batch_size=batch_size, runtime=runtime,
+                         top_k=top_k)  # fmt: skip
     seconds = time.perf_counter() - started
     write_scores(table, output_csv)
     create_table_artifact(

@@ -28,6 +28,27 @@ def test_scores_table_has_azure_columns_and_probabilities(trained_model, colour_
     assert set(table["label"]) == set(classes)
 
 
+def test_top_k_adds_the_best_labels_after_the_azure_columns(trained_model, colour_image_dirs, tmp_path):
+    _, val = colour_image_dirs
+    plain = score_images(ModelDirectory(trained_model), ImageDirectory(val))
+    table = score_images(ModelDirectory(trained_model), ImageDirectory(val), top_k=2)
+    assert list(table.columns) == [*plain.columns[:-1], "Top 1 Label", "Top 1 Probability", "Top 2 Label",
+                                   "Top 2 Probability", "label"]  # fmt: skip
+    pd.testing.assert_frame_equal(table[plain.columns], plain)
+    classes = sorted(COLOURS)
+    probabilities = table[[f"Scored Probabilities_{c}" for c in classes]].to_numpy()
+    assert (table["Top 1 Label"] == table["Scored Labels"]).all()
+    np.testing.assert_allclose(table["Top 1 Probability"], probabilities.max(axis=1))
+    second = np.sort(probabilities, axis=1)[:, -2]
+    np.testing.assert_allclose(table["Top 2 Probability"], second)
+    assert (table["Top 2 Label"] != table["Top 1 Label"]).all()
+    assert len(score_images(ModelDirectory(trained_model), ImageDirectory(val), top_k=9).columns) == len(plain.columns) + 6
+    with pytest.raises(Exception, match="top_k -1 is not allowed"):
+        score_images(ModelDirectory(trained_model), ImageDirectory(val), top_k=-1)
+    write_scores(table.assign(**{"Top 1 Label": "01"}), str(tmp_path / "scores.csv"))
+    assert read_scores(tmp_path / "scores.csv")["Top 1 Label"].tolist() == ["01"] * 12
+
+
 def test_unlabeled_images_score_without_label_column(trained_model, tmp_path):
     for i in range(5):
         write_image(tmp_path / "flat" / f"{i}.png", COLOURS["green"], seed=i)

@@ -77,8 +77,10 @@ def test_unlabeled_zip_through_onnx_by_version_and_a_folder_by_model_path(prefec
     assert result.headline() == f"Scored 3 images with {result.model_dir} into {result.scores}"
 
     folder = write_class_folders(tmp_path / "photos", 2, classes=("red", "blue"), seed=9)
-    result, keys = run(score_pipeline, str(folder), str(trained_model), work_dir=str(tmp_path / "runs"))
+    result, keys = run(score_pipeline, str(folder), str(trained_model), work_dir=str(tmp_path / "runs"), top_k=2)
     assert result.model_dir == str(trained_model) and result.evaluation.classes == sorted(COLOURS)
+    top = ["Top 1 Label", "Top 1 Probability", "Top 2 Label", "Top 2 Probability"]
+    assert list(pd.read_csv(result.scores).columns) == ["image", "Scored Labels", *PROBABILITIES, *top, "label"]
     assert result.evaluation.per_class[1].support == 0, "green: a class the model knows but these images lack"
 
     rows, _ = run(compare_models, result.scores, f"{NAME}/2", registry=registry)
