@@ -1,4 +1,5 @@
-"""The training pipeline: convert -> validate -> build model -> train [-> ONNX] -> score -> evaluate -> register.
+"""The training pipeline: convert -> validate -> build model -> train [-> ONNX] -> score -> evaluate (and a
+gallery of misclassified images) -> register [-> a person approves the promotion].
 
     from flows.pipeline import train_pipeline
     result = train_pipeline()                         # bundled digits, Azure defaults
@@ -21,6 +22,7 @@ from tasks.approval import settle_promotion
 from tasks.convert import ConversionLimits, convert
 from tasks.datasets import resolve_sources
 from tasks.evaluate import Evaluation, evaluate
+from tasks.gallery import show_misclassified
 from tasks.model import untrained_model_directory
 from tasks.model_directory import ModelSpec
 from tasks.onnx_export import export_and_check_onnx
@@ -130,6 +132,7 @@ def train_pipeline(
         model_dir = export_and_check_onnx(model_dir, validation_dir)
     scores = score(model_dir, validation_dir, join(run_dir, "scores.csv")).table
     evaluation = evaluate(scores, str(here / "confusion_matrix.png"))
+    show_misclassified(scores, validation_dir)
     registered = register(
         registry,
         model_name,

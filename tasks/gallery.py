@@ -1,0 +1,73 @@
+"""The validation images the model got wrong most confidently, as thumbnails with their true and predicted
+labels: where a person looks first for label mistakes, look-alike classes or a broken preprocessing step."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pandas as pd
+from PIL import Image
+
+from tasks.image_directory import ImageDirectory
+from tasks.score import IMAGE_COLUMN, LABEL_COLUMN, PROBABILITY_PREFIX, SCORED_LABELS
+
+THUMBNAIL_PX = 96
+GALLERY_SIZE = 16
+
+
+def confident_mistakes(scores: pd.DataFrame, count: int = GALLERY_SIZE) -> pd.DataFrame:
+    """The ``count`` misclassified rows of a labeled scores table, the most confident (highest probability of
+    the scored label) first, with that probability as column ``confidence``."""
+    wrong = scores[scores[LABEL_COLUMN] != scores[SCORED_LABELS]]
+    confidence = wrong[[c for c in scores.columns if c.startswith(PROBABILITY_PREFIX)]].max(axis=1)
+    return wrong.assign(confidence=confidence).sort_values("confidence", ascending=False, kind="stable").head(count)
+
+
+def thumbnail_markdown(image: Image.Image, alt: str) -> str:
+    """The image shrunk to at most THUMBNAIL_PX a side (tiny ones enlarged to it, pixels kept sharp), inline."""
+    scale = THUMBNAIL_PX / max(image.size)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    buffer = io.BytesIO()
+    image.convert("RGB").resize(size, Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS).save(buffer, "PNG")
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode('ascii')})"
+
+
+def gallery_markdown(scores: pd.DataFrame, images: ImageDirectory, count: int = GALLERY_SIZE) -> tuple[str, str]:
+    """(markdown, one-line description) of the gallery of ``confident_mistakes`` of ``images``' scores."""
+    mistakes = confident_mistakes(scores, count)
+    wrong = int((scores[LABEL_COLUMN] != scores[SCORED_LABELS]).sum())
+    description = f"{wrong} of {len(scores)} validation images misclassified" + (
+        f"; the {len(mistakes)} most confident shown" if wrong else ""
+    )
+    if mistakes.empty:
+        return f"### Misclassified validation images\n\nNone: all {len(scores)} images got their true label.\n", description
+    # The table names images as the user did; the manifest knows where each is stored.
+    stored = {record.source_path or record.path: images.root / record.path for record in images.manifest.images}
+    rows = []
+    for row in mistakes.to_dict(orient="records"):
+        name, true, predicted = row[IMAGE_COLUMN], row[LABEL_COLUMN], row[SCORED_LABELS]
+        with Image.open(stored[name]) as image:
+            picture = thumbnail_markdown(image, f"{true} scored as {predicted}")
+        cells = [picture, true, predicted, f"{row['confidence']:.3f}", f"`{name}`"]
+        rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    return "\n".join([
+        "### Misclassified validation images, most confident first", "",
+        "| image | true label | predicted | confidence | file |", "|---|---|---|---|---|", *rows, "",
+    ]), description  # fmt: skip
+
+
+# --- Prefect task -------------------------------------------------------------------------------
+from prefect import task  # noqa: E402
+from prefect.artifacts import create_markdown_artifact  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from tasks.score import read_scores  # noqa: E402
+
+
+@task(name="misclassified-images", cache_policy=NO_CACHE)
+def show_misclassified(scores_csv: str, image_dir: str, count: int = GALLERY_SIZE) -> str:
+    """Artifact ``misclassified-images``: the gallery of the most confidently misclassified images."""
+    markdown, description = gallery_markdown(read_scores(scores_csv), ImageDirectory(image_dir), count)
+    create_markdown_artifact(key="misclassified-images", markdown=markdown, description=description)
+    return description
