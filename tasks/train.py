@@ -16,6 +16,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -397,6 +398,17 @@ def epochs_done(metrics: TrainingMetrics | None, total: int) -> str:
     return f"{done} of {total} epochs" + (" (stopped early)" if metrics is not None and metrics.stopped_early else "")
 
 
+def publish_training_curves(metrics: TrainingMetrics, path: Path, description: str) -> None:
+    """Draw the curves to ``path`` and publish them as the next version of artifact ``training-curves``: one
+    key, so the UI shows the latest picture, and its history is the training's."""
+    plot_training_curves(metrics, path)
+    create_markdown_artifact(
+        key="training-curves",
+        markdown=f"### Training curves\n\n{png_markdown(path, 'loss and accuracy by epoch')}\n",
+        description=description,
+    )
+
+
 def progress_artifact(total_epochs: int) -> UUID:
     """This task run's ``training-progress`` artifact: created on the first attempt, carried on by a retry
     (a new one per attempt would leave the first stuck at the fraction it had reached)."""
@@ -417,13 +429,18 @@ def progress_artifact(total_epochs: int) -> UUID:
 # One retry: the worker resumes from its last checkpoint, so a retry costs at most one epoch.
 @task(name="train", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
 def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str, params: TrainingParams) -> str:
-    """Artifacts ``training-progress`` (live, "3 of 5 epochs"), ``training-curves`` and ``training-metrics``."""
+    """Artifacts ``training-progress`` (live, "3 of 5 epochs"), ``training-curves`` (live too: a new version
+    per epoch seen) and ``training-metrics``."""
     logger = get_run_logger()
     progress = progress_artifact(params.epochs)
 
     def on_metrics(metrics: TrainingMetrics) -> None:
         done = params.epochs if metrics.stopped_early else len(metrics.epochs)
         update_progress_artifact(progress, 100.0 * done / params.epochs, description=epochs_done(metrics, params.epochs))
+        if metrics.epochs:  # the curves so far, beside the progress bar; output_dir may be on S3: draw aside
+            with tempfile.TemporaryDirectory(prefix="training-curves-") as scratch:
+                publish_training_curves(metrics, Path(scratch) / TRAINING_CURVES_FILE,
+                                        f"so far: {epochs_done(metrics, params.epochs)}")  # fmt: skip
 
     mirror = mirror_of(output_dir)
     if params.max_nodes == 1:
@@ -440,17 +457,12 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
     metrics = model_dir.metrics()
     update_progress_artifact(progress, 100.0, description=epochs_done(metrics, params.epochs))
     curves = model_dir.root / TRAINING_CURVES_FILE
-    plot_training_curves(metrics, curves)
-    if mirror:
-        mirror.upload(TRAINING_CURVES_FILE)
     summary = f"best top-1 {metrics.best_top1:.4g} at epoch {metrics.best_epoch} of {len(metrics.epochs)}" + (
         " (stopped early)" if metrics.stopped_early else ""
     )
-    create_markdown_artifact(
-        key="training-curves",
-        markdown=f"### Training curves\n\n{png_markdown(curves, 'loss and accuracy by epoch')}\n",
-        description=summary,
-    )
+    publish_training_curves(metrics, curves, summary)
+    if mirror:
+        mirror.upload(TRAINING_CURVES_FILE)
     create_table_artifact(
         key="training-metrics",
         table=[{name: significant(value) for name, value in epoch.model_dump().items()} for epoch in metrics.epochs],

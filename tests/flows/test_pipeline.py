@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import re
 import signal
 import threading
 import time
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "model-spec", "training-progress",
                    "training-metrics", "training-curves", "scores", "evaluation", "confusion-matrix", "registered-model",
-                   "onnx-export", "promotion"}  # fmt: skip
+                   "onnx-export", "promotion", "misclassified-images"}  # fmt: skip
 
 
 async def flow_run_message(flow_run_id) -> str:
@@ -69,6 +70,14 @@ def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset,
     undescribed = [a.key for a in artifacts if a.type == "markdown" and not (a.description or "").strip()]
     assert not undescribed and all("\n" not in a.description for a in artifacts if a.type == "markdown")
     assert {t.state.type.value for t in task_runs} == {"COMPLETED"}
+
+    # Live curves: a version of training-curves each time the launcher's poll saw a new epoch, then the final one.
+    curves = sorted((a for a in artifacts if a.key == "training-curves"), key=lambda a: a.created)
+    epochs_seen = [int(m[1]) for a in curves[:-1] if (m := re.match(r"so far: (\d) of 4 epochs", a.description))]
+    assert len(epochs_seen) == len(curves) - 1 >= 2, [a.description for a in curves]
+    assert epochs_seen == sorted(set(epochs_seen)) and epochs_seen[0] < 4, "drawn while training went on"
+    assert all("data:image/png;base64," in a.data for a in curves)
+    assert curves[-1].description.startswith("best top-1 ")
 
 
 def test_mismatched_classes_fail_validation_without_retry_or_training(prefect_server, tmp_path):
