@@ -1,0 +1,103 @@
+"""The registry in the Prefect UI, in headless Chromium against a real `prefect server start`: the paused run's
+approval form, answered in the browser, and the model card recording the answer. The screenshots land in
+build/ui-check/ (the README's docs/images/ pictures are copies of them)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from selenium.webdriver.common.by import By
+
+from deployments.local import PROJECT_ROOT, PrefectStack
+from tasks.registry import resolve
+from tasks.registry.manage import show_version
+from tests.browser import chromium, click_text, wait_for_text
+from tests.conftest import write_class_folders
+
+NAME = "colours-resnet18"
+SHOTS = PROJECT_ROOT / "build" / "ui-check"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    with PrefectStack(home=tmp_path_factory.mktemp("prefect-home")) as running:
+        yield running
+
+
+def paused_run_id(stack, pipeline: subprocess.Popen, timeout: float = 300) -> str:
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+
+    waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
+    deadline = time.monotonic() + timeout
+    with SyncPrefectClient(stack.api_url) as client:
+        while not (runs := client.read_flow_runs(flow_run_filter=waiting)):
+            if pipeline.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the pipeline never paused:\n{pipeline.communicate(timeout=60)[0][-3000:]}")
+            time.sleep(1)
+    return str(runs[0].id)
+
+
+def latest_artifact_id(stack, key: str) -> str:
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with SyncPrefectClient(stack.api_url) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    return str(max(artifacts, key=lambda a: a.created).id)
+
+
+def field(driver, label: str, element: str):
+    """The input of the form field labelled ``label`` (the UI adds " (Optional)" to optional ones)."""
+    return driver.find_element(
+        By.XPATH, f"//span[normalize-space(.)='{label}' or normalize-space(.)='{label} (Optional)']"
+        f"/ancestor::div[contains(concat(' ', @class, ' '), ' schema-form-property ')][1]//{element}",
+    )
+
+
+def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(stack, tmp_path):
+    train = write_class_folders(tmp_path / "train", 6)
+    val = write_class_folders(tmp_path / "val", 3, seed=1)
+    registry = tmp_path / "registry"
+    pipeline = subprocess.Popen(
+        [sys.executable, "-m", "flows.pipeline", "--train-data", str(train), "--validation-data", str(val),
+         "--model-name", NAME, "--registry", str(registry), "--work-dir", str(tmp_path / "runs"), "--epochs", "2", "--batch-size", "4", "--learning-rate", "0.01",
+         "--promote-to", "production", "--approval", "--approval-timeout-s", "300"],
+        cwd=PROJECT_ROOT, env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    driver = chromium()
+    try:
+        run_id = paused_run_id(stack, pipeline)
+        driver.get(f"{stack.url}/runs/flow-run/{run_id}")
+        wait_for_text(driver, ["Paused", "Resume"])
+        click_text(driver, "Resume")
+        form = wait_for_text(driver, [f"Promote {NAME} version 1 to production?", "challenger: version 1",
+                                      "Decision", "Reviewer (Optional)", "Comment (Optional)"])  # fmt: skip
+        assert "accuracy (decides)" in form
+        field(driver, "Decision", "div[contains(@class, 'p-select')]").click()
+        click_text(driver, "approve")
+        field(driver, "Reviewer", "textarea").send_keys("ada")
+        field(driver, "Comment", "textarea").send_keys("looks right")
+        driver.save_screenshot(str(SHOTS / "approval-form.png"))
+        click_text(driver, "Submit")
+
+        output, _ = pipeline.communicate(timeout=300)
+        assert pipeline.returncode == 0, output
+        assert "promoted to 'production'" in output and "approved by ada: looks right" in output
+        assert resolve(registry, f"{NAME}@production").version == 1
+        assert show_version(registry, f"{NAME}/1").approval.reviewer == "ada"
+
+        driver.get(f"{stack.url}/artifacts/artifact/{latest_artifact_id(stack, f'model-card-{NAME}')}")
+        driver.set_window_size(2300, 700)  # the card's table is wide: the approval column is its second last
+        wait_for_text(driver, [f"Model card: {NAME}", "approved by ada", "“looks right”", "production"])
+        driver.save_screenshot(str(SHOTS / "model-card.png"))
+    finally:
+        driver.quit()
+        if pipeline.poll() is None:
+            pipeline.kill()
+    assert all((SHOTS / name).stat().st_size > 10_000 for name in ("approval-form.png", "model-card.png"))
