@@ -120,3 +120,11 @@ def test_no_answer_in_time_is_not_promoted_and_the_run_completes(prefect_server,
     assert (approval.decision, approval.comment) == ("timed out", "no answer within 3 s")
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(run.id).state.type == StateType.COMPLETED
+
+
+def test_the_pipeline_and_its_deployments_take_approval_as_parameters():
+    from flows.pipeline import train_pipeline
+
+    properties = train_pipeline.parameters.properties
+    assert properties["approval"]["default"] is False and properties["approval_timeout_s"]["default"] == 3600
+    assert "pauses on a form" in properties["approval"]["description"]

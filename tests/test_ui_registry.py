@@ -65,7 +65,8 @@ def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(sta
     registry = tmp_path / "registry"
     pipeline = subprocess.Popen(
         [sys.executable, "-m", "flows.pipeline", "--train-data", str(train), "--validation-data", str(val),
-         "--model-name", NAME, "--registry", str(registry), "--work-dir", str(tmp_path / "runs"), "--epochs", "2", "--batch-size", "4", "--learning-rate", "0.01",
+         "--model-name", NAME, "--registry", str(registry), "--work-dir", str(tmp_path / "runs"),
+         "--epochs", "2", "--batch-size", "4", "--learning-rate", "0.01",
          "--promote-to", "production", "--approval", "--approval-timeout-s", "300"],
         cwd=PROJECT_ROOT, env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
