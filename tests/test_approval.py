@@ -27,7 +27,7 @@ from tasks.registry.prefect_tasks import register
 from tasks.score import score_images
 from tests.test_model_card import card_versions
 
-NAME = "colours-resnet18"
+NAME = "colours-approval"  # its own model card: other tests count the versions of theirs
 FLOW_NAME = "register-with-approval"
 _ONE_AT_A_TIME = threading.Lock()  # the paused run is found by its flow's name: one such run at a time
 
