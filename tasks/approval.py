@@ -47,7 +47,9 @@ def review_markdown(registry: str, registration: Registration) -> str:
     """What the reviewer reads above the form: this version's figures beside the alias's current version's."""
     promotion = registration.promotion
     assert promotion is not None
-    champion = resolve(registry, f"{registration.name}/{promotion.champion_version}") if promotion.champion_version else None
+    champion = (
+        resolve(registry, f"{registration.name}/{promotion.champion_version}") if promotion.champion_version else None
+    )
     figures = [promotion.metric, *(f for f in KEY_FIGURES if f != promotion.metric and f in registration.metrics)]
     rows = [f"| {f}{' (decides)' if f == promotion.metric else ''} | {figure(registration.metrics.get(f))} | "
             f"{figure(champion.metrics.get(f)) if champion else 'none'} |" for f in figures]  # fmt: skip
@@ -102,7 +104,9 @@ def decide(registry: str, registered: RegisteredModel, approval: Approval) -> Re
     promotion = decide_promotion(registry, registered.registration, approval)
     publish_promotion(promotion)
     publish_model_card(registry, registered.registration.name)
-    return registered.model_copy(update={"registration": registered.registration.model_copy(update={"promotion": promotion})})
+    return registered.model_copy(
+        update={"registration": registered.registration.model_copy(update={"promotion": promotion})}
+    )
 
 
 def settle_promotion(registry: str, registered: RegisteredModel, timeout_s: int) -> RegisteredModel:

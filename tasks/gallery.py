@@ -29,7 +29,9 @@ def thumbnail_markdown(image: Image.Image, alt: str) -> str:
     scale = THUMBNAIL_PX / max(image.size)
     size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
     buffer = io.BytesIO()
-    image.convert("RGB").resize(size, Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS).save(buffer, "PNG")
+    image.convert("RGB").resize(size, Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS).save(
+        buffer, "PNG"
+    )
     return f"![{alt}](data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode('ascii')})"
 
 
@@ -41,7 +43,10 @@ def gallery_markdown(scores: pd.DataFrame, images: ImageDirectory, count: int = 
         f"; the {len(mistakes)} most confident shown" if wrong else ""
     )
     if mistakes.empty:
-        return f"### Misclassified validation images\n\nNone: all {len(scores)} images got their true label.\n", description
+        return (
+            f"### Misclassified validation images\n\nNone: all {len(scores)} images got their true label.\n",
+            description,
+        )
     # The table names images as the user did; the manifest knows where each is stored.
     stored = {record.source_path or record.path: images.root / record.path for record in images.manifest.images}
     rows = []

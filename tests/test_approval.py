@@ -11,8 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterState
-from prefect.client.schemas.filters import FlowRunFilterStateType
+from prefect.client.schemas.filters import (
+    FlowFilter,
+    FlowFilterName,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
 from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
 
@@ -25,7 +30,7 @@ from tasks.registry.card import model_card_key
 from tasks.registry.manage import model_versions, show_version
 from tasks.registry.prefect_tasks import register
 from tasks.score import score_images
-from tests.test_model_card import card_versions
+from tests.helpers import card_versions
 
 NAME = "colours-approval"  # its own model card: other tests count the versions of theirs
 FLOW_NAME = "register-with-approval"
@@ -78,7 +83,9 @@ def answered(run_flow, registry: str, answer: dict | None, timeout_s: int = 120)
         return result.result(timeout=180), run
 
 
-def test_an_approved_promotion_moves_the_alias_and_is_recorded(prefect_server, register_with_approval, evaluation, tmp_path):
+def test_an_approved_promotion_moves_the_alias_and_is_recorded(
+    prefect_server, register_with_approval, evaluation, tmp_path
+):
     registry = str(tmp_path / "registry")
     answer = {"decision": "approve", "reviewer": "ada", "comment": "better on every figure"}
     result, run = answered(register_with_approval, registry, answer)

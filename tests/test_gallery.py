@@ -15,7 +15,7 @@ from prefect import flow
 from tasks.gallery import THUMBNAIL_PX, gallery_markdown, show_misclassified
 from tasks.image_directory import ImageDirectory
 from tasks.score import write_scores
-from tests.test_model_card import card_versions
+from tests.helpers import card_versions
 
 CLASSES = ["blue", "green", "red"]
 

@@ -15,7 +15,9 @@ from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.registry import resolve
 from tasks.registry.manage import show_version
 from tests.browser import chromium, click_text, wait_for_text
-from tests.conftest import write_class_folders
+from tests.helpers import write_class_folders
+
+pytestmark = pytest.mark.integration
 
 NAME = "colours-resnet18"
 SHOTS = PROJECT_ROOT / "build" / "ui-check"
@@ -54,7 +56,8 @@ def latest_artifact_id(stack, key: str) -> str:
 def field(driver, label: str, element: str):
     """The input of the form field labelled ``label`` (the UI adds " (Optional)" to optional ones)."""
     return driver.find_element(
-        By.XPATH, f"//span[normalize-space(.)='{label}' or normalize-space(.)='{label} (Optional)']"
+        By.XPATH,
+        f"//span[normalize-space(.)='{label}' or normalize-space(.)='{label} (Optional)']"
         f"/ancestor::div[contains(concat(' ', @class, ' '), ' schema-form-property ')][1]//{element}",
     )
 
