@@ -56,8 +56,9 @@ def review_markdown(registry: str, registration: Registration) -> str:
     direction = "lower" if promotion.lower_is_better else "higher"
     return "\n".join([
         f"### Promote {registration.name} version {registration.version} to `{promotion.alias}`?", "",
-        f"It beats the champion on {promotion.metric} ({direction} is better"
-        + (f", by at least {figure(promotion.min_improvement)}" if promotion.min_improvement else "") + ").", "",
+        (f"It beats the champion on {promotion.metric} ({direction} is better"
+         + (f", by at least {figure(promotion.min_improvement)}" if promotion.min_improvement else "") + ")."
+         if champion else f"`{promotion.alias}` is not set yet: this would be its first version."), "",
         f"| figure | challenger: version {registration.version} | champion: "
         + (f"version {promotion.champion_version} |" if champion else "none |"), "|---|---|---|", *rows, "",
         "Approve to move the alias; reject to leave it where it is. No answer in time: not promoted.",
