@@ -42,7 +42,9 @@ def test_top_k_adds_the_best_labels_after_the_azure_columns(trained_model, colou
     second = np.sort(probabilities, axis=1)[:, -2]
     np.testing.assert_allclose(table["Top 2 Probability"], second)
     assert (table["Top 2 Label"] != table["Top 1 Label"]).all()
-    assert len(score_images(ModelDirectory(trained_model), ImageDirectory(val), top_k=9).columns) == len(plain.columns) + 6
+    assert (
+        len(score_images(ModelDirectory(trained_model), ImageDirectory(val), top_k=9).columns) == len(plain.columns) + 6
+    )
     with pytest.raises(Exception, match="top_k -1 is not allowed"):
         score_images(ModelDirectory(trained_model), ImageDirectory(val), top_k=-1)
     write_scores(table.assign(**{"Top 1 Label": "01"}), str(tmp_path / "scores.csv"))
