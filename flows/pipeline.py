@@ -137,7 +137,7 @@ def train_pipeline(
         registry,
         model_name,
         model_dir,
-        evaluation,
+        evaluation.figures(),
         datasets={"train": train_dir, "validation": validation_dir},
         params={"model": model.model_dump(), "training": training.model_dump()},
         promote_to=promote_to,

@@ -14,8 +14,9 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
+from tasks.comparison import compare
 from tasks.convert import ConversionLimits, convert
-from tasks.evaluate import Evaluation, compare, evaluate
+from tasks.evaluate import Evaluation, evaluate
 from tasks.registry.prefect_tasks import resolve_model
 from tasks.score import BATCH_SIZE, Runtime, score
 from tasks.workdir import join, local_folder

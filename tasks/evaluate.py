@@ -10,9 +10,7 @@ from pydantic import BaseModel
 from sklearn import metrics as skm
 
 from tasks.errors import NotLabeledDatasetError
-from tasks.registry import resolve
-from tasks.score import LABEL_COLUMN, SCORED_LABELS, probability_column, read_scores, scored_classes
-from tasks.storage import is_s3_uri
+from tasks.scores_table import LABEL_COLUMN, SCORED_LABELS, probability_column, read_scores, scored_classes
 
 
 class ClassReport(BaseModel):
@@ -141,32 +139,12 @@ def evaluation_markdown(evaluation: Evaluation) -> str:
     return "\n".join(lines) + "\n"
 
 
-def comparison_rows(left: dict, right: dict, left_name: str, right_name: str) -> list[dict]:
-    """One row per numeric figure either side has: both values and ``right - left``."""
-    rows = []
-    for figure in [*left, *(k for k in right if k not in left)]:
-        a, b = left.get(figure), right.get(figure)
-        if not any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
-            continue
-        difference = b - a if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
-        rows.append({"figure": figure, left_name: a, right_name: b, "difference": difference})
-    return rows
-
-
-def figures_of(side: str, registry: str) -> tuple[str, dict]:
-    """(label, figures) of a scores CSV (evaluated here) or of a registry reference (its recorded metrics)."""
-    if is_s3_uri(side) or Path(side).is_file():
-        return side.rsplit("/", 1)[-1], evaluate_scores(read_scores(side)).figures()
-    registration = resolve(registry, side)
-    return f"{registration.name}/{registration.version}", registration.metrics
-
-
 # --- Prefect tasks ------------------------------------------------------------------------------
 from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from tasks.plots import plot_confusion_matrix, plot_two_class_curves, png_markdown, significant  # noqa: E402
+from tasks.plots import plot_confusion_matrix, plot_two_class_curves, png_markdown  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 
 
@@ -196,18 +174,3 @@ def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
         description=f"one row per true class, one column per predicted class; {evaluation.headline()}",
     )  # fmt: skip
     return evaluation
-
-
-@task(name="compare", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
-def compare(left: str, right: str, registry: str = "registry") -> list[dict]:
-    """Two scores CSVs or two registry references side by side; artifact ``model-comparison``."""
-    (left_name, left_figures), (right_name, right_figures) = figures_of(left, registry), figures_of(right, registry)
-    if left_name == right_name:
-        left_name, right_name = f"{left_name} (left)", f"{right_name} (right)"
-    rows = comparison_rows(left_figures, right_figures, left_name, right_name)
-    create_table_artifact(
-        key="model-comparison",
-        table=[{k: significant(v) for k, v in row.items()} for row in rows],
-        description=f"{left_name} vs {right_name}; difference = right - left (4 significant digits)",
-    )
-    return rows

@@ -10,7 +10,7 @@ import pandas as pd
 from PIL import Image
 
 from tasks.image_directory import ImageDirectory
-from tasks.score import IMAGE_COLUMN, LABEL_COLUMN, PROBABILITY_PREFIX, SCORED_LABELS
+from tasks.scores_table import IMAGE_COLUMN, LABEL_COLUMN, PROBABILITY_PREFIX, SCORED_LABELS, read_scores
 
 THUMBNAIL_PX = 96
 GALLERY_SIZE = 16
@@ -66,8 +66,6 @@ def gallery_markdown(scores: pd.DataFrame, images: ImageDirectory, count: int = 
 from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from tasks.score import read_scores  # noqa: E402
 
 
 @task(name="misclassified-images", cache_policy=NO_CACHE)

@@ -8,10 +8,7 @@ alone took batches of 64 from 45 to 83 images/s.
 
 from __future__ import annotations
 
-import io
-import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -21,30 +18,22 @@ from torch.utils.data import DataLoader
 
 from tasks.allocator import keep_freed_memory
 from tasks.errors import InvalidDatasetError, PipelineInputError
-from tasks.fileio import atomic_write
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ModelDirectory
-from tasks.storage import is_s3_uri, parse_s3_uri, read_bytes, s3_client
+from tasks.scores_table import (
+    IMAGE_COLUMN,
+    LABEL_COLUMN,
+    SCORED_LABELS,
+    probability_column,
+    scores_summary,
+    top_k_columns,
+    write_scores,
+)
 from tasks.vision.images import ImageFiles, eval_transform
 from tasks.vision.networks import load_trained_model, memory_format
 
-SCORED_LABELS = "Scored Labels"
-PROBABILITY_PREFIX = "Scored Probabilities_"
-IMAGE_COLUMN = "image"
-LABEL_COLUMN = "label"
 BATCH_SIZE = 64
 Runtime = Literal["torch", "onnx"]
-_TOP_LABEL = re.compile(r"Top [0-9]+ Label")
-
-
-def probability_column(class_name: str) -> str:
-    return f"{PROBABILITY_PREFIX}{class_name}"
-
-
-def top_k_columns(rank: int) -> tuple[str, str]:
-    """The label and probability columns of the ``rank``-th best class (1 = the scored label). Named apart
-    from Azure's ``Scored ...`` columns, which readers of the table pick by prefix."""
-    return f"Top {rank} Label", f"Top {rank} Probability"
 
 
 Normalize = Callable[[torch.Tensor], torch.Tensor]
@@ -107,40 +96,6 @@ def score_images(
     if images.labeled:
         table[LABEL_COLUMN] = [record.label for record in images.manifest.images]
     return table
-
-
-def scored_classes(scores: pd.DataFrame) -> list[str]:
-    """The class names of a scores table, in model output order."""
-    return [c[len(PROBABILITY_PREFIX):] for c in scores.columns if c.startswith(PROBABILITY_PREFIX)]
-
-
-def read_scores(location: str | Path) -> pd.DataFrame:
-    """Read a scores CSV (a path or s3:// URI) keeping class names as text ('01' stays '01')."""
-    data = read_bytes(location)
-    top_labels = [c for c in pd.read_csv(io.BytesIO(data), nrows=0).columns if _TOP_LABEL.fullmatch(c)]
-    text = dict.fromkeys([IMAGE_COLUMN, SCORED_LABELS, LABEL_COLUMN, *top_labels], str)
-    return pd.read_csv(io.BytesIO(data), dtype=text)
-
-
-def write_scores(table: pd.DataFrame, location: str) -> str:
-    """Write the scores CSV to a path (atomically) or to ``s3://bucket/key.csv``."""
-    data = table.to_csv(index=False).encode()
-    if is_s3_uri(location):
-        target = parse_s3_uri(location)
-        s3_client().put_object(Bucket=target.bucket, Key=target.prefix, Body=data, ContentType="text/csv")
-    else:
-        with atomic_write(location, "wb") as handle:
-            handle.write(data)
-    return location
-
-
-def scores_summary(table: pd.DataFrame) -> str:
-    """Images per scored label, and how sure the model was (mean of each row's highest probability)."""
-    if table.empty:
-        return "no images"
-    counts = table[SCORED_LABELS].value_counts().sort_index()
-    confidence = table[[c for c in table.columns if c.startswith(PROBABILITY_PREFIX)]].max(axis=1).mean()
-    return f"scored labels: {', '.join(f'{k}: {v}' for k, v in counts.items())}; mean top probability {confidence:.3f}"
 
 
 # --- Prefect task -------------------------------------------------------------------------------

@@ -202,7 +202,7 @@ class WatchLimits:
     claim_output: bool = True
 
     @classmethod
-    def of(cls, params: TrainingParams) -> "WatchLimits":
+    def of(cls, params: TrainingParams) -> WatchLimits:
         return cls(
             timeout_s=params.timeout_minutes * 60 if params.timeout_minutes else None,
             hang_timeout_s=params.hang_timeout_s, stall_timeout_s=params.stall_timeout_s, claim_output=params.max_nodes == 1,

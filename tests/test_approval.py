@@ -48,7 +48,7 @@ def register_with_approval(trained_model, colour_image_dirs, evaluation):
 
     @flow(name=FLOW_NAME)
     def register_with_approval(registry: str, timeout_s: int = 120):
-        registered = register(registry, NAME, str(trained_model), evaluation, {"train": str(train), "validation": str(val)},
+        registered = register(registry, NAME, str(trained_model), evaluation.figures(), {"train": str(train), "validation": str(val)},
                               {"epochs": 2}, promote_to="production", approval=True)  # fmt: skip
         return settle_promotion(registry, registered, timeout_s)
 

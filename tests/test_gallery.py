@@ -14,7 +14,7 @@ from prefect import flow
 
 from tasks.gallery import THUMBNAIL_PX, gallery_markdown, show_misclassified
 from tasks.image_directory import ImageDirectory
-from tasks.score import write_scores
+from tasks.scores_table import write_scores
 from tests.helpers import card_versions
 
 CLASSES = ["blue", "green", "red"]

@@ -1,4 +1,6 @@
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -11,9 +13,24 @@ from tasks import (
     NotLabeledDatasetError,
     convert_to_image_directory,
 )
-from tasks.evaluate import comparison_rows, evaluate_scores, evaluation_markdown
-from tasks.score import read_scores, score_images, scores_summary, write_scores
+from tasks.comparison import comparison_rows
+from tasks.evaluate import evaluate_scores, evaluation_markdown
+from tasks.score import score_images
+from tasks.scores_table import read_scores, scores_summary, write_scores
+from deployments.local import PROJECT_ROOT
 from tests.helpers import COLOURS, write_class_folders, write_image
+
+# What a process has loaded after importing the scores table's contract, then Evaluate Model.
+IMPORTS_PROBE = (
+    "import sys, tasks.scores_table; contract = sorted({'torch', 'prefect', 'sklearn'} & set(sys.modules)); "
+    "import tasks.evaluate; print(contract, 'torch' in sys.modules)"
+)
+
+
+@pytest.mark.integration
+def test_the_scores_table_contract_loads_neither_torch_nor_prefect_and_evaluation_no_torch():
+    probe = subprocess.run([sys.executable, "-c", IMPORTS_PROBE], capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert probe.stdout.split() == ["[]", "False"], probe.stderr
 
 
 def test_scores_table_has_azure_columns_and_probabilities(trained_model, colour_image_dirs):

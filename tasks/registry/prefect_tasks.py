@@ -13,9 +13,16 @@ from prefect.runtime import flow_run, task_run
 from prefect.settings import get_current_settings
 from pydantic import BaseModel
 
-from tasks.evaluate import Evaluation
 from tasks.model_directory import ModelDirectory
-from tasks.registry import Promotion, Registration, default_model_name, lineage, load_model, open_backend, register_model
+from tasks.registry import (
+    Promotion,
+    Registration,
+    default_model_name,
+    lineage,
+    load_model,
+    open_backend,
+    register_model,
+)
 from tasks.registry.card import model_card_key, model_card_markdown
 from tasks.registry.manage import model_versions
 from tasks.retrying import retry_unless_input_error
@@ -103,7 +110,7 @@ def register(
     registry: str,
     name: str | None,
     model_dir: str,
-    evaluation: Evaluation,
+    figures: dict[str, float | int | None],
     datasets: dict[str, str],
     params: dict[str, Any],
     promote_to: str | None = None,
@@ -112,7 +119,8 @@ def register(
     min_improvement: float = 0.0,
     approval: bool = False,
 ) -> RegisteredModel:
-    """Register with metrics, parameters and the lineage of ``datasets`` (role -> ImageDirectory).
+    """Register with the evaluation's ``figures`` (plus the training's best top-1 and epochs), parameters and the
+    lineage of ``datasets`` (role -> ImageDirectory).
 
     ``name`` defaults to ``<training data set>-<architecture>``. Artifacts ``registered-model``, the model card
     ``model-card-<name>`` and, with ``promote_to``, ``promotion`` (champion/challenger on ``promotion_metric``;
@@ -123,7 +131,7 @@ def register(
     lineages = {role: lineage(d) for role, d in datasets.items()}  # each manifest read once
     name = name or default_model_name(lineages["train"].source, trained.spec.architecture)
     metrics = {
-        **evaluation.figures(),
+        **figures,
         "best_top1": training.best_top1,
         "best_epoch": training.best_epoch,
         "epochs_trained": len(training.epochs),
