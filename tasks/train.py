@@ -54,7 +54,7 @@ from tasks.model_directory import (
     driver_log_path,
 )
 from tasks.training.config import TrainingParams, training_flags
-from tasks.workdir import mirror_of, stage_training
+from tasks.workdir import TrainingFolders, mirror_of, stage_training
 
 WORKER_MODULE = "tasks.training.worker"
 LOG_TAIL_LINES = 40
@@ -63,12 +63,9 @@ _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(
 
 
 def build_torchrun_command(
-    *,
-    train_dir: str | os.PathLike[str],
-    validation_dir: str | os.PathLike[str],
-    model_spec_dir: str | os.PathLike[str],
-    output_dir: str | os.PathLike[str],
+    folders: TrainingFolders,
     params: TrainingParams,
+    *,
     run_id: str = "image-classifier",
     is_host: bool | None = None,
     python: str = sys.executable,
@@ -93,8 +90,8 @@ def build_torchrun_command(
         )
     return command + [
         "-m", WORKER_MODULE,
-        "--train", str(train_dir), "--validation", str(validation_dir),
-        "--model-spec", str(model_spec_dir), "--output", str(output_dir),
+        "--train", str(folders.train_dir), "--validation", str(folders.validation_dir),
+        "--model-spec", str(folders.model_spec_dir), "--output", str(folders.output_dir),
         *training_flags(params),
     ]  # fmt: skip
 
@@ -362,10 +359,7 @@ def launch_training(
     comes through here. Any location may be ``s3://``: the inputs are fetched to this host's cache and the
     output kept in step with its S3 folder while training runs (tasks/workdir.py)."""
     staged = stage_training(str(train_dir), str(validation_dir), str(model_spec_dir), str(output_dir))
-    command = build_torchrun_command(
-        train_dir=staged.train_dir, validation_dir=staged.validation_dir, model_spec_dir=staged.model_spec_dir,
-        output_dir=staged.output_dir, params=params, run_id=run_id, is_host=is_host,
-    )  # fmt: skip
+    command = build_torchrun_command(staged, params, run_id=run_id, is_host=is_host)
     log(logging.INFO, f"launching {shlex.join(command)}")
     model_dir = run_training(
         command, staged.output_dir, worker_environment(params), log=log, on_metrics=on_metrics,

@@ -182,14 +182,20 @@ def mirror_of(output: str) -> OutputMirror | None:
 
 
 @dataclass(frozen=True)
-class StagedTraining:
-    """A training's locations on this host, and its output's S3 folder when it has one."""
+class TrainingFolders:
+    """Where a training reads (two ImageDirectories, an UntrainedModelDirectory) and writes (a ModelDirectory)."""
 
-    train_dir: Path
-    validation_dir: Path
-    model_spec_dir: Path
-    output_dir: Path
-    mirror: OutputMirror | None
+    train_dir: str | os.PathLike[str]
+    validation_dir: str | os.PathLike[str]
+    model_spec_dir: str | os.PathLike[str]
+    output_dir: str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class StagedTraining(TrainingFolders):
+    """A training's folders on this host, and its output's S3 folder when it has one."""
+
+    mirror: OutputMirror | None = None
 
     def sync(self) -> None:
         """One step of keeping the output in step with S3, while training runs: a storage error is logged and

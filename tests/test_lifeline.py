@@ -17,6 +17,7 @@ from tasks.lifeline import HangWatch, TrainingHang, read_heartbeats
 from tasks.model_directory import LOGS_DIR
 from tasks.train import LineLevels, WatchLimits, build_torchrun_command, launch_training, worker_environment
 from tasks.training.config import TrainingParams
+from tasks.workdir import TrainingFolders
 from tests.helpers import alive, processes_of, write_class_folders
 
 pytestmark = pytest.mark.integration
@@ -94,8 +95,8 @@ def test_a_new_attempt_never_trains_beside_an_earlier_attempts_workers(tmp_path,
     output = tmp_path / "model"
     train, val = colour_image_dirs
     # An earlier attempt's worker, still running (a plain start is a world of one).
-    command = build_torchrun_command(train_dir=train, validation_dir=val, model_spec_dir=resnet_spec, output_dir=output,
-                                     params=TrainingParams(**{**LONG, "processes_per_node": 1}))  # fmt: skip
+    folders = TrainingFolders(train, val, resnet_spec, output)
+    command = build_torchrun_command(folders, TrainingParams(**{**LONG, "processes_per_node": 1}))
     worker_argv = command[command.index("-m", 2):]
     earlier = subprocess.Popen([sys.executable, *worker_argv], env=worker_environment(TrainingParams()),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from deployments.local import PROJECT_ROOT
 from tasks import (
     ImageDirectory,
     InvalidDatasetError,
@@ -17,7 +18,6 @@ from tasks.comparison import comparison_rows
 from tasks.evaluate import evaluate_scores, evaluation_markdown
 from tasks.score import score_images
 from tasks.scores_table import read_scores, scores_summary, write_scores
-from deployments.local import PROJECT_ROOT
 from tests.helpers import COLOURS, write_class_folders, write_image
 
 # What a process has loaded after importing the scores table's contract, then Evaluate Model.

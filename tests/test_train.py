@@ -23,13 +23,14 @@ from tasks.train import build_torchrun_command, launch_training, worker_environm
 from tasks.training.config import TrainingParams, params_from_flags
 from tasks.training.worker import get_args_parser, make_optimizer, warmup_poly_schedule
 from tasks.vision.images import ImageFiles, eval_transform, train_transform
+from tasks.workdir import TrainingFolders
 from tests.helpers import run_worker, write_class_folders
 
-DIRS = {"train_dir": "/d/train", "validation_dir": "/d/val", "model_spec_dir": "/d/spec", "output_dir": "/d/model"}
+DIRS = TrainingFolders(train_dir="/d/train", validation_dir="/d/val", model_spec_dir="/d/spec", output_dir="/d/model")
 
 
 def test_single_node_command_is_standalone_torchrun_of_the_worker():
-    command = build_torchrun_command(**DIRS, params=TrainingParams(processes_per_node=2), python="py")
+    command = build_torchrun_command(DIRS, params=TrainingParams(processes_per_node=2), python="py")
     assert command[:3] == ["py", "-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "2"
     assert command[command.index("--nnodes") + 1] == "1"
@@ -41,7 +42,7 @@ def test_single_node_command_is_standalone_torchrun_of_the_worker():
 
 def test_multi_node_command_uses_c10d_rendezvous():
     params = TrainingParams(nodes=2, rendezvous_endpoint="10.0.0.1:29400", max_restarts=3)
-    command = build_torchrun_command(**DIRS, params=params, run_id="run-7")
+    command = build_torchrun_command(DIRS, params=params, run_id="run-7")
     assert "--standalone" not in command
     assert command[command.index("--rdzv-backend") + 1] == "c10d"
     assert command[command.index("--rdzv-endpoint") + 1] == "10.0.0.1:29400"
@@ -51,7 +52,7 @@ def test_multi_node_command_uses_c10d_rendezvous():
 
 def test_a_node_launched_through_the_pool_says_whether_it_serves_the_rendezvous():
     params = TrainingParams(nodes=2, rendezvous_endpoint="10.0.0.1:41234", join_timeout_s=90)
-    conf = {is_host: build_torchrun_command(**DIRS, params=params, is_host=is_host) for is_host in (True, False, None)}
+    conf = {is_host: build_torchrun_command(DIRS, params=params, is_host=is_host) for is_host in (True, False, None)}
     assert conf[True][conf[True].index("--rdzv-conf") + 1] == "join_timeout=90,is_host=1"
     assert conf[False][conf[False].index("--rdzv-conf") + 1] == "join_timeout=90,is_host=0"
     assert conf[None][conf[None].index("--rdzv-conf") + 1] == "join_timeout=90"
@@ -59,12 +60,12 @@ def test_a_node_launched_through_the_pool_says_whether_it_serves_the_rendezvous(
 
 def test_multi_node_without_endpoint_is_refused_before_launch():
     with pytest.raises(PipelineInputError, match="rendezvous_endpoint"):
-        build_torchrun_command(**DIRS, params=TrainingParams(nodes=2))
+        build_torchrun_command(DIRS, params=TrainingParams(nodes=2))
 
 
 def test_worker_flags_round_trip_to_the_same_params():
     params = TrainingParams(epochs=7, learning_rate=0.05, image_size=48, device="cpu", processes_per_node=2)
-    command = build_torchrun_command(**DIRS, params=params)
+    command = build_torchrun_command(DIRS, params=params)
     args = get_args_parser().parse_args(command[command.index("tasks.training.worker") + 1 :])
     assert params_from_flags(args) == params
 
