@@ -78,7 +78,12 @@ def figures(images: int = 400, size: int = 640, repetitions: int = 5) -> list[Fi
         medians = alternate({"ours": timed(ours), "plain": timed(plain_loop)}, repetitions)
     return [
         Figure(
-            "conversion", medians["ours"], medians["plain"], "images/s", ">= 1.8x a single-process PIL loop", 1.8,
+            "conversion",
+            medians["ours"],
+            medians["plain"],
+            "images/s",
+            ">= 1.8x a single-process PIL loop",
+            1.8,
             notes=f"{images} JPEGs {size}x{size * 3 // 4}, {repetitions} alternating repetitions, {os.cpu_count()} CPUs",
         )
     ]

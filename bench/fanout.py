@@ -79,8 +79,11 @@ def figures(repetitions: int = 2, epochs: int = 1) -> list[Figure]:
     return [
         Figure(
             name="flow start to all ranks training, nodes=2 via the pool",
-            ours=medians["nodes"], baseline=medians["single"], unit="s",
-            target="fan-out cost, measured", higher_is_better=False,
+            ours=medians["nodes"],
+            baseline=medians["single"],
+            unit="s",
+            target="fan-out cost, measured",
+            higher_is_better=False,
             notes=f"digits, {epochs} epoch, 1 process per node, 2 process workers; median of {repetitions}; "
             f"fan-out cost {medians['nodes'] - medians['single']:.1f} s",
         )  # fmt: skip

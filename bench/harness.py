@@ -33,7 +33,11 @@ class Figure:
         value = self.ratio if self.baseline else self.ours
         if self.goal is None or value is None:
             return None
-        if self.allowance is not None and self.baseline is not None and abs(self.ours - self.baseline) <= self.allowance:
+        if (
+            self.allowance is not None
+            and self.baseline is not None
+            and abs(self.ours - self.baseline) <= self.allowance
+        ):
             return True
         return value >= self.goal if self.higher_is_better else value <= self.goal
 

@@ -47,7 +47,9 @@ from tasks.vision.networks import build_network, load_trained_model
 
 
 def random_model_directory(root: Path, architecture: str, classes: list[str], image_size: int) -> ModelDirectory:
-    spec = TrainedModelSpec(**ModelSpec(architecture=architecture).model_dump(), num_classes=len(classes), image_size=image_size)
+    spec = TrainedModelSpec(
+        **ModelSpec(architecture=architecture).model_dump(), num_classes=len(classes), image_size=image_size
+    )
     root.mkdir(parents=True, exist_ok=True)
     torch.save(build_network(spec, len(classes)).state_dict(), root / WEIGHTS_FILE)
     (root / SPEC_FILE).write_text(spec.model_dump_json(indent=2))

@@ -43,7 +43,11 @@ def one_variant(fused: bool, compiled: bool, size: int, batch: int, steps: int, 
     times = [0.0, 0.0, 0.0]
     for step in range(steps + 5):  # 5 warm-up steps (and the compilation, when asked)
         if step == 5:
-            times, faults, started = [0.0, 0.0, 0.0], resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+            times, faults, started = (
+                [0.0, 0.0, 0.0],
+                resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
+                time.perf_counter(),
+            )
         t0 = time.perf_counter()
         loss = criterion(forward(images), labels)
         t1 = time.perf_counter()
@@ -66,10 +70,14 @@ def one_variant(fused: bool, compiled: bool, size: int, batch: int, steps: int, 
 def run_variant(fused: bool, kept: bool, compiled: bool, size: int, batch: int, steps: int, threads: int) -> dict:
     plain = {k: v for k, v in os.environ.items() if k not in ENVIRONMENT}
     env = allocator_environment(plain) if kept else plain
-    return json.loads(in_fresh_process("bench.step", "--one", json.dumps([fused, compiled, size, batch, steps, threads]), env=env))
+    return json.loads(
+        in_fresh_process("bench.step", "--one", json.dumps([fused, compiled, size, batch, steps, threads]), env=env)
+    )
 
 
-def figures(size: int = 32, batch: int = 16, steps: int = 60, repetitions: int = 3, compiled: bool = False) -> list[Figure]:
+def figures(
+    size: int = 32, batch: int = 16, steps: int = 60, repetitions: int = 3, compiled: bool = False
+) -> list[Figure]:
     threads = os.cpu_count() or 1
     variants = {**VARIANTS, **({"ours + torch.compile": (True, True, True)} if compiled else {})}
     names = list(variants)
@@ -88,9 +96,13 @@ def figures(size: int = 32, batch: int = 16, steps: int = 60, repetitions: int =
         middle = sorted(records[name], key=lambda r: r["images_per_s"])[len(records[name]) // 2]
         print(f"{name:42s} {medians[name]:7.1f} images/s  forward/backward/optimizer {middle['ms']} ms/step  "
               f"{middle['faults_per_step']:8.0f} page faults/step  peak {middle['peak_mb']:.0f} MB", flush=True)  # fmt: skip
-    notes = f"ResNet-18 @{size}px, batch {batch}, {threads} threads, random tensors, {repetitions} alternating repetitions"
+    notes = (
+        f"ResNet-18 @{size}px, batch {batch}, {threads} threads, random tensors, {repetitions} alternating repetitions"
+    )
     return [
-        Figure(f"training step ceiling: {name} vs default", medians[name], medians["default"], "images/s", "-", notes=notes)
+        Figure(
+            f"training step ceiling: {name} vs default", medians[name], medians["default"], "images/s", "-", notes=notes
+        )
         for name in names[1:]
     ]
 
@@ -101,7 +113,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--compile", action="store_true", help="also the ours variant under torch.compile (slow to start)")
+    parser.add_argument(
+        "--compile", action="store_true", help="also the ours variant under torch.compile (slow to start)"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a single variant, in this fresh process
     args = parser.parse_args()
     if args.one:

@@ -84,7 +84,9 @@ def plain_loop_images_per_s(train_source: Path, params: TrainingParams, epochs: 
 def plain_loop_in_subprocess(train_source: Path, params: TrainingParams) -> float:
     """The baseline in a fresh process, like the worker: run in this one, its OpenMP threads would keep
     spinning after it returns and steal the cores from the next worker (measured: ours 0.70x instead of ~1x)."""
-    return float(in_fresh_process("bench.train", "--plain-loop", str(train_source), "--batch-size", str(params.batch_size)))
+    return float(
+        in_fresh_process("bench.train", "--plain-loop", str(train_source), "--batch-size", str(params.batch_size))
+    )
 
 
 def figures(repetitions: int = 3) -> list[Figure]:

@@ -63,7 +63,9 @@ class PrefectStack:
         self.processes: list[subprocess.Popen] = []
         self.logs = self.home / "logs"
 
-    def _spawn(self, name: str, *args: str, cwd: Path = PROJECT_ROOT, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def _spawn(
+        self, name: str, *args: str, cwd: Path = PROJECT_ROOT, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         return self.spawn(name, sys.executable, "-m", "prefect", *args, cwd=cwd, env={**self.env, **(env or {})})
 
     def spawn(
@@ -110,7 +112,11 @@ class PrefectStack:
         return result
 
     def start_worker(
-        self, pool: str, name: str | None = None, limit: int | None = None, cwd: Path = PROJECT_ROOT,
+        self,
+        pool: str,
+        name: str | None = None,
+        limit: int | None = None,
+        cwd: Path = PROJECT_ROOT,
         env: dict[str, str] | None = None,
     ) -> subprocess.Popen:
         """A ``prefect worker start`` on ``pool``, taking at most ``limit`` runs at once, started in ``cwd`` (a

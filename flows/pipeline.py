@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> PipelineResult:
                         help="a lower figure is better (default: for figures named ...loss)")  # fmt: skip
     parser.add_argument("--min-improvement", type=float, default=0.0, help="margin a challenger must win by")
     parser.add_argument("--export-onnx", action="store_true", help="also export and register model.onnx")
-    parser.add_argument("--approval", action="store_true", help="with --promote-to: a person approves the move in the UI")
+    parser.add_argument(
+        "--approval", action="store_true", help="with --promote-to: a person approves the move in the UI"
+    )
     parser.add_argument("--approval-timeout-s", type=int, default=3600, help="no answer in time: not promoted")
     add_training_flags(parser)
     args = parser.parse_args(argv)

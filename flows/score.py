@@ -1,10 +1,10 @@
 """Score Image Model and compare models: convert -> resolve model -> score -> evaluate (when labeled).
 
-    from flows.score import score_pipeline, compare_models
-    result = score_pipeline("photos.zip", "digits-resnet18@production", output_csv="scores.csv")
-    compare_models("digits-resnet18/1", "digits-resnet18/2")          # or two scores CSVs
+from flows.score import score_pipeline, compare_models
+result = score_pipeline("photos.zip", "digits-resnet18@production", output_csv="scores.csv")
+compare_models("digits-resnet18/1", "digits-resnet18/2")          # or two scores CSVs
 
-    python -m flows.score data/digits/validation digits-resnet18@production --output scores.csv
+python -m flows.score data/digits/validation digits-resnet18@production --output scores.csv
 """
 
 from __future__ import annotations
@@ -103,7 +103,14 @@ def main(argv: list[str] | None = None) -> ScoreResult:
     args = parser.parse_args(argv)
     labeled = {"yes": True, "no": False, None: None}[args.labeled]
     result = score_pipeline(
-        args.images, args.model, args.output, args.registry, args.runtime, args.batch_size, args.work_dir, labeled,
+        args.images,
+        args.model,
+        args.output,
+        args.registry,
+        args.runtime,
+        args.batch_size,
+        args.work_dir,
+        labeled,
         top_k=args.top_k,
     )
     print(f"{result.images} images scored -> {result.scores}")

@@ -42,5 +42,7 @@ def keep_freed_memory() -> bool:
     if _applied or user_chose_allocator(os.environ) or platform.libc_ver()[0] != "glibc":
         return _applied
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    _applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    _applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
     return _applied

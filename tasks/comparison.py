@@ -40,7 +40,9 @@ from tasks.plots import significant  # noqa: E402
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 
 
-@task(name="compare", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+@task(
+    name="compare", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE
+)
 def compare(left: str, right: str, registry: str = "registry") -> list[dict]:
     """Two scores CSVs or two registry references side by side; artifact ``model-comparison``."""
     (left_name, left_figures), (right_name, right_figures) = figures_of(left, registry), figures_of(right, registry)

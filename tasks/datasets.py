@@ -1,6 +1,6 @@
 """The bundled default data set: scikit-learn's handwritten digits as a folder of PNG files.
 
-    python -m tasks.datasets data/digits      # writes data/digits/{train,validation}/<digit>/*.png
+python -m tasks.datasets data/digits      # writes data/digits/{train,validation}/<digit>/*.png
 """
 
 from __future__ import annotations

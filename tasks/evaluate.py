@@ -63,7 +63,9 @@ def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
     # halve the F1 of a perfect scoring of half the classes (scikit-learn's default labels do the same).
     present = set(truth) | set(predicted)
     macro = [i for i, c in enumerate(classes) if c in present]
-    weighted = skm.precision_recall_fscore_support(truth, predicted, labels=classes, average="weighted", zero_division=0)
+    weighted = skm.precision_recall_fscore_support(
+        truth, predicted, labels=classes, average="weighted", zero_division=0
+    )
     ordered = sorted(classes)  # scikit-learn wants the labels, and so the probability columns, sorted
     probabilities = scores[[probability_column(c) for c in ordered]].to_numpy(dtype=float)
     auc = None
@@ -125,7 +127,10 @@ def evaluation_markdown(evaluation: Evaluation) -> str:
         "",
         "| class | precision | recall | F1 | images |",
         "|---|---|---|---|---|",
-        *(f"| {c.name} | {c.precision:.4g} | {c.recall:.4g} | {c.f1:.4g} | {c.support} |" for c in evaluation.per_class),
+        *(
+            f"| {c.name} | {c.precision:.4g} | {c.recall:.4g} | {c.f1:.4g} | {c.support} |"
+            for c in evaluation.per_class
+        ),
         "",
         "Confusion matrix: one row per true class, one column per predicted class",
         "",
@@ -148,7 +153,13 @@ from tasks.plots import plot_confusion_matrix, plot_two_class_curves, png_markdo
 from tasks.retrying import retry_unless_input_error  # noqa: E402
 
 
-@task(name="evaluate", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+@task(
+    name="evaluate",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_input_error,
+    cache_policy=NO_CACHE,
+)
 def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
     """Artifacts ``evaluation`` (figures, per-class report, confusion matrix; for two classes ROC and
     precision-recall curves too) and ``confusion-matrix`` (a table); the matrix is also drawn to ``picture``
@@ -158,7 +169,10 @@ def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
     picture_path = (Path(picture) if picture else Path(scores_csv).with_name("confusion_matrix.png")).resolve()
     picture_path.parent.mkdir(parents=True, exist_ok=True)
     plot_confusion_matrix(evaluation.confusion_matrix, evaluation.classes, picture_path)
-    markdown = evaluation_markdown(evaluation) + f"\n{png_markdown(picture_path, 'confusion matrix')}\n\nAlso saved as `{picture_path}`.\n"
+    markdown = (
+        evaluation_markdown(evaluation)
+        + f"\n{png_markdown(picture_path, 'confusion matrix')}\n\nAlso saved as `{picture_path}`.\n"
+    )
     if len(evaluation.classes) == 2 and evaluation.auc_ovr is not None:
         curves_path = picture_path.with_name("roc_pr_curves.png")
         positive = evaluation.classes[1]

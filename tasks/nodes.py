@@ -214,7 +214,9 @@ def check_nodes(client, runs: Sequence, deployment: str, params: TrainingParams,
         pool = client.read_deployment_by_name(deployment).work_pool_name
         workers = client.read_workers_for_work_pool(pool)
         now = datetime.datetime.now(datetime.timezone.utc)
-        raise NodesNotJoinedError(not_joined_message(states, params.min_nodes, pool, workers, params.join_timeout_s, now))
+        raise NodesNotJoinedError(
+            not_joined_message(states, params.min_nodes, pool, workers, params.join_timeout_s, now)
+        )
     return False
 
 

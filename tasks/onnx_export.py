@@ -107,7 +107,9 @@ def sample_inputs(model_dir: ModelDirectory, images: ImageDirectory | None, coun
     return torch.stack([dataset[i % len(dataset)][0] for i in range(count)])
 
 
-def check_onnx(model_dir: ModelDirectory, images: ImageDirectory | None = None, tolerance: float = ONNX_TOLERANCE) -> float:
+def check_onnx(
+    model_dir: ModelDirectory, images: ImageDirectory | None = None, tolerance: float = ONNX_TOLERANCE
+) -> float:
     """The largest absolute difference between ONNX and PyTorch probabilities; raises past ``tolerance``."""
     session, network = onnx_session(model_dir), probability_model(model_dir)
     worst = 0.0

@@ -39,7 +39,9 @@ Runtime = Literal["torch", "onnx"]
 Normalize = Callable[[torch.Tensor], torch.Tensor]
 
 
-def torch_predictor(model_dir: ModelDirectory, normalize: Normalize) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
+def torch_predictor(
+    model_dir: ModelDirectory, normalize: Normalize
+) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
     """(uint8 batch of images -> probabilities, whether batches should be pinned for a GPU). The batch is
     normalised on the device, after the copy."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -53,7 +55,9 @@ def torch_predictor(model_dir: ModelDirectory, normalize: Normalize) -> tuple[Ca
     return predict, device.type == "cuda"
 
 
-def onnx_predictor(model_dir: ModelDirectory, normalize: Normalize) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
+def onnx_predictor(
+    model_dir: ModelDirectory, normalize: Normalize
+) -> tuple[Callable[[torch.Tensor], np.ndarray], bool]:
     from tasks.onnx_export import INPUT_NAME, OUTPUT_NAME, onnx_session
 
     session = onnx_session(model_dir)
@@ -61,7 +65,10 @@ def onnx_predictor(model_dir: ModelDirectory, normalize: Normalize) -> tuple[Cal
 
 
 def score_images(
-    model_dir: ModelDirectory, images: ImageDirectory, batch_size: int = BATCH_SIZE, runtime: Runtime = "torch",
+    model_dir: ModelDirectory,
+    images: ImageDirectory,
+    batch_size: int = BATCH_SIZE,
+    runtime: Runtime = "torch",
     top_k: int = 0,
 ) -> pd.DataFrame:
     """One row per image: ``image``, ``Scored Labels``, ``Scored Probabilities_<class>``..., with ``top_k`` > 0
@@ -117,7 +124,9 @@ class Scored(BaseModel):
     labeled: bool = Field(description="the table has a 'label' column: it can be evaluated")
 
 
-@task(name="score", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+@task(
+    name="score", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE
+)
 def score(model_dir: str, image_dir: str, output_csv: str, runtime: Runtime = "torch", batch_size: int = BATCH_SIZE,
           top_k: int = 0) -> Scored:  # fmt: skip
     """Write the scores CSV (a path or s3:// URI), with ``top_k`` best labels per image when > 0; artifact

@@ -36,7 +36,7 @@ def top_k_columns(rank: int) -> tuple[str, str]:
 
 def scored_classes(scores: pd.DataFrame) -> list[str]:
     """The class names of a scores table, in model output order."""
-    return [c[len(PROBABILITY_PREFIX):] for c in scores.columns if c.startswith(PROBABILITY_PREFIX)]
+    return [c[len(PROBABILITY_PREFIX) :] for c in scores.columns if c.startswith(PROBABILITY_PREFIX)]
 
 
 def read_scores(location: str | Path) -> pd.DataFrame:

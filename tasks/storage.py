@@ -95,7 +95,9 @@ def _body_errors() -> tuple[type[BaseException], ...]:
             ConnectionError, TimeoutError)  # fmt: skip
 
 
-def _get_body(client: Any, bucket: str, key: str, open_sink: Callable[[], contextlib.AbstractContextManager[IO[bytes]]]) -> None:
+def _get_body(
+    client: Any, bucket: str, key: str, open_sink: Callable[[], contextlib.AbstractContextManager[IO[bytes]]]
+) -> None:
     """GET ``key`` into a fresh sink per attempt; a sink is kept only when the whole body arrived."""
     errors = _body_errors()
     for attempt in range(1, BODY_ATTEMPTS + 1):

@@ -145,7 +145,9 @@ def read_metrics(output_dir: Path) -> TrainingMetrics | None:
 class NewEpochs:
     """Hands ``on_metrics`` the metrics ``read`` returns each time they hold another number of epochs."""
 
-    def __init__(self, read: Callable[[], TrainingMetrics | None], on_metrics: Callable[[TrainingMetrics], None]) -> None:
+    def __init__(
+        self, read: Callable[[], TrainingMetrics | None], on_metrics: Callable[[TrainingMetrics], None]
+    ) -> None:
         self.read, self.on_metrics, self.seen = read, on_metrics, -1
 
     def poll(self) -> None:
@@ -213,7 +215,9 @@ def claim_output(log_dir: Path, wait_seconds: float) -> None:
             for stale in [*log_dir.glob("heartbeat_*.json"), *log_dir.glob("failure_*.json")]:
                 stale.unlink(missing_ok=True)
     except BlockingIOError:
-        holders = ", ".join(f"rank {rank} pid {b['pid']} on {b['host']}" for rank, b in sorted(read_heartbeats(log_dir).items()))
+        holders = ", ".join(
+            f"rank {rank} pid {b['pid']} on {b['host']}" for rank, b in sorted(read_heartbeats(log_dir).items())
+        )
         raise OutputInUseError(
             f"training processes of an earlier attempt still write {log_dir.parent} ({holders or 'pids unknown'}) "
             f"after {wait_seconds:g} s: stop them, or train into another output folder"
@@ -258,7 +262,7 @@ def training_failure(output_dir: Path, returncode: int, launcher_output: list[st
     message = failure["message"] if failure else ""
     if DIVERGED_MARKER in message or DIVERGED_MARKER in tail:
         headline = message or next(line for line in tail.splitlines() if DIVERGED_MARKER in line)
-        return TrainingDivergedError(f"{headline[headline.index(DIVERGED_MARKER):]}\n({where})", **options)
+        return TrainingDivergedError(f"{headline[headline.index(DIVERGED_MARKER) :]}\n({where})", **options)
     headline = f"training failed on {where}" + (f": {failure['type']}: {message}" if failure else "")
     return TrainingFailedError(f"{headline}\n(torchrun exit code {returncode})", **options)
 
@@ -421,7 +425,9 @@ def progress_artifact(total_epochs: int) -> UUID:
 
 
 # One retry: the worker resumes from its last checkpoint, so a retry costs at most one epoch.
-@task(name="train", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+@task(
+    name="train", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE
+)
 def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str, params: TrainingParams) -> str:
     """Artifacts ``training-progress`` (live, "3 of 5 epochs"), ``training-curves`` (live too: a new version
     per epoch seen) and ``training-metrics``."""
@@ -430,7 +436,9 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
 
     def on_metrics(metrics: TrainingMetrics) -> None:
         done = params.epochs if metrics.stopped_early else len(metrics.epochs)
-        update_progress_artifact(progress, 100.0 * done / params.epochs, description=epochs_done(metrics, params.epochs))
+        update_progress_artifact(
+            progress, 100.0 * done / params.epochs, description=epochs_done(metrics, params.epochs)
+        )
         if metrics.epochs:  # the curves so far, beside the progress bar; output_dir may be on S3: draw aside
             with tempfile.TemporaryDirectory(prefix="training-curves-") as scratch:
                 publish_training_curves(metrics, Path(scratch) / TRAINING_CURVES_FILE,
@@ -445,7 +453,9 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
     else:
         # One flow run per node through the work pool (tasks/nodes.py); they write into output_dir, watched here.
         read = mirror.remote_metrics if mirror else lambda: read_metrics(Path(output_dir))
-        run_nodes(train_dir, validation_dir, model_spec_dir, output_dir, params, on_poll=NewEpochs(read, on_metrics).poll)
+        run_nodes(
+            train_dir, validation_dir, model_spec_dir, output_dir, params, on_poll=NewEpochs(read, on_metrics).poll
+        )
         # On S3: the stages after training read the model from this host's copy.
         model_dir = ModelDirectory(mirror.download_all() if mirror else output_dir)
     metrics = model_dir.metrics()
@@ -467,7 +477,12 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
 
 @task(name="train-node", cache_policy=NO_CACHE)
 def train_node(
-    train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str, params: TrainingParams, rendezvous: Rendezvous
+    train_dir: str,
+    validation_dir: str,
+    model_spec_dir: str,
+    output_dir: str,
+    params: TrainingParams,
+    rendezvous: Rendezvous,
 ) -> str:
     """One node's launcher of a multi-node training (flows/train_node.py); not retried alone: the train task
     that submitted the nodes retries them all together."""

@@ -112,7 +112,9 @@ def fetch_image_directory(location: str) -> Path:
         download_files(location, [record.path for record in manifest.images], download)
         wrong = [r.path for r in manifest.images if sha256_file(download / r.path) != r.sha256]
         if wrong:
-            raise InvalidDatasetError(f"{location}: {len(wrong)} images differ from their manifest's sha256, e.g. {wrong[0]}")
+            raise InvalidDatasetError(
+                f"{location}: {len(wrong)} images differ from their manifest's sha256, e.g. {wrong[0]}"
+            )
         (download / MANIFEST_NAME).write_bytes(data)
         try:
             os.rename(download, target)

@@ -43,7 +43,9 @@ def run_worker(*args: str, processes: int = 2, env: dict | None = None) -> subpr
     """A real torchrun launch of the training worker (Gloo on CPU)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
                "-m", "tasks.training.worker", *args]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    )
 
 
 def alive(pid: int) -> bool:

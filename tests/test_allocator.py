@@ -9,7 +9,9 @@ PROBE = "from tasks.allocator import keep_freed_memory; print(keep_freed_memory(
 
 def run_probe(**extra_env: str) -> str:
     env = {"PATH": "/usr/bin:/bin", **extra_env}
-    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, env=env, cwd=PROJECT_ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, env=env, cwd=PROJECT_ROOT
+    )
     return result.stdout.strip()
 
 

@@ -47,7 +47,9 @@ def launch_in_thread(data, spec, output, params):
 
     def target():
         try:
-            outcome["result"] = launch_training(*data, spec, output, params, log=lambda level, line: None, poll_seconds=0.2)
+            outcome["result"] = launch_training(
+                *data, spec, output, params, log=lambda level, line: None, poll_seconds=0.2
+            )
         except Exception as error:  # inspected by the test
             outcome["error"] = error
 
@@ -97,7 +99,7 @@ def test_a_new_attempt_never_trains_beside_an_earlier_attempts_workers(tmp_path,
     # An earlier attempt's worker, still running (a plain start is a world of one).
     folders = TrainingFolders(train, val, resnet_spec, output)
     command = build_torchrun_command(folders, TrainingParams(**{**LONG, "processes_per_node": 1}))
-    worker_argv = command[command.index("-m", 2):]
+    worker_argv = command[command.index("-m", 2) :]
     earlier = subprocess.Popen([sys.executable, *worker_argv], env=worker_environment(TrainingParams()),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:

@@ -20,7 +20,9 @@ from tasks.score import score_images
 def unsure_model(trained_model, tmp_path_factory) -> ModelDirectory:
     """The trained model with its head scaled down: probabilities spread out instead of 0 and 1, so that
     comparing them tests something."""
-    folder = shutil.copytree(trained_model, tmp_path_factory.mktemp("onnx") / "model", ignore=shutil.ignore_patterns("checkpoints"))
+    folder = shutil.copytree(
+        trained_model, tmp_path_factory.mktemp("onnx") / "model", ignore=shutil.ignore_patterns("checkpoints")
+    )
     state = torch.load(folder / WEIGHTS_FILE, weights_only=True)
     torch.save({**state, "fc.weight": state["fc.weight"] / 200}, folder / WEIGHTS_FILE)
     return export_onnx(ModelDirectory(folder))
@@ -57,7 +59,10 @@ def test_scoring_through_onnx_gives_the_torch_table(unsure_model, colour_image_d
     images = ImageDirectory(colour_image_dirs[1])
     by_torch = score_images(unsure_model, images, batch_size=5)
     by_onnx = score_images(unsure_model, images, batch_size=5, runtime="onnx")
-    assert list(by_onnx.columns) == list(by_torch.columns) and (by_onnx["Scored Labels"] == by_torch["Scored Labels"]).all()
+    assert (
+        list(by_onnx.columns) == list(by_torch.columns)
+        and (by_onnx["Scored Labels"] == by_torch["Scored Labels"]).all()
+    )
     columns = [c for c in by_torch.columns if c.startswith("Scored Probabilities_")]
     np.testing.assert_allclose(by_onnx[columns].to_numpy(), by_torch[columns].to_numpy(), atol=ONNX_TOLERANCE)
 

@@ -64,6 +64,8 @@ def test_bodies_cut_off_mid_way_are_read_again(objects, s3_bucket, s3_endpoint, 
 def test_a_body_cut_off_every_time_fails_and_leaves_no_file(objects, s3_bucket, s3_endpoint, monkeypatch, tmp_path):
     with FaultyProxy(s3_endpoint, failure_rate=0.0, cut_rate=1.0) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        with pytest.raises(IncompleteBodyError, match=f"s3://{s3_bucket}/blobs/1.bin: the body was cut off {BODY_ATTEMPTS} times"):
+        with pytest.raises(
+            IncompleteBodyError, match=f"s3://{s3_bucket}/blobs/1.bin: the body was cut off {BODY_ATTEMPTS} times"
+        ):
             download_s3_object(s3_client(), s3_bucket, "blobs/1.bin", tmp_path / "out.bin")
     assert proxy.counts["cut"] == BODY_ATTEMPTS and list(tmp_path.iterdir()) == []

@@ -243,7 +243,9 @@ def test_failing_worker_raises_typed_error_with_rank_and_log_tail(tmp_path, colo
     params = TrainingParams(epochs=1, processes_per_node=2)
     logged: list[tuple[int, str]] = []
     with pytest.raises(TrainingFailedError) as error:
-        launch_training(train, val, spec_dir, tmp_path / "model", params, log=lambda level, line: logged.append((level, line)))
+        launch_training(
+            train, val, spec_dir, tmp_path / "model", params, log=lambda level, line: logged.append((level, line))
+        )
     failure = error.value
     assert failure.returncode != 0 and failure.rank in (0, 1)
     assert "TRAINING FAILED on rank" in failure.log_tail and "Traceback" in failure.log_tail

@@ -105,7 +105,10 @@ def test_leakage_and_imbalance_are_reported(tmp_path):
     report = check_training_data(convert(tmp_path / "t", tmp_path / "train"), convert(tmp_path / "v", tmp_path / "val"))
     assert report.imbalance_ratio == 3.0 and report.model_dump()["imbalance_ratio"] == 3.0
     assert report.leaked == 2 and report.leaked_counts == {"red": 2}
-    assert sorted(report.leaked_examples) == [("red/red_0.png", "red/copy_red_0.png"), ("red/red_1.png", "red/copy_red_1.png")]
+    assert sorted(report.leaked_examples) == [
+        ("red/red_0.png", "red/copy_red_0.png"),
+        ("red/red_1.png", "red/copy_red_1.png"),
+    ]
 
 
 def test_label_validation_artifact_reports_leakage(prefect_server, tmp_path):

@@ -33,7 +33,10 @@ def test_an_image_directory_is_stored_once_and_each_host_fetches_it_once(s3_buck
     assert client.head_object(Bucket=s3_bucket, Key="run/data/train/image_directory.json")["ETag"] == tag
 
     fetched = fetch_image_directory(location)
-    assert fetched.parent == cache / "images" and (fetched / "image_directory.json").read_bytes() == (train / "image_directory.json").read_bytes()
+    assert (
+        fetched.parent == cache / "images"
+        and (fetched / "image_directory.json").read_bytes() == (train / "image_directory.json").read_bytes()
+    )
     image = next(p for p in fetched.rglob("*.png"))
     image.write_bytes(b"changed here")  # a cache hit downloads nothing, so this stays
     assert fetch_image_directory(location) == fetched and image.read_bytes() == b"changed here"
@@ -59,7 +62,9 @@ def test_an_image_that_differs_from_its_manifest_is_refused(s3_bucket, cache, co
 
 def metrics(epochs: int) -> str:
     record = dict(lr=0.1, train_images_per_s=1, train_loss=1, train_error=0.5, val_loss=1, top1=0.5, top5=1, seconds=1)
-    return TrainingMetrics(world_size=2, epochs=[EpochMetrics(epoch=e + 1, **record) for e in range(epochs)]).model_dump_json()
+    return TrainingMetrics(
+        world_size=2, epochs=[EpochMetrics(epoch=e + 1, **record) for e in range(epochs)]
+    ).model_dump_json()
 
 
 def test_the_host_ahead_uploads_its_epochs_and_a_host_behind_downloads_them(s3_bucket, tmp_path, monkeypatch):

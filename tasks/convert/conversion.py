@@ -73,7 +73,9 @@ class ConversionLimits(BaseModel):
         description="Largest image in pixels (width x height); larger ones are quarantined from their header, never decoded",
     )  # fmt: skip
     decode_memory_bytes: int = Field(
-        DEFAULT_DECODE_MEMORY_BYTES, gt=0, description="Decoded pixels, in bytes, that all decoding threads may hold at once"
+        DEFAULT_DECODE_MEMORY_BYTES,
+        gt=0,
+        description="Decoded pixels, in bytes, that all decoding threads may hold at once",
     )
 
 
@@ -152,7 +154,9 @@ def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tupl
     return *size, mode
 
 
-def store_image(file: SourceFile, target: PurePosixPath, root: Path, settings: StoreSettings) -> ImageRecord | QuarantinedFile:
+def store_image(
+    file: SourceFile, target: PurePosixPath, root: Path, settings: StoreSettings
+) -> ImageRecord | QuarantinedFile:
     """Check one image and write it to ``root / target``: an ImageRecord, or why it was quarantined."""
     where = file.original.as_posix()
     if file.path.stat().st_size == 0:
@@ -186,7 +190,9 @@ def store_image(file: SourceFile, target: PurePosixPath, root: Path, settings: S
     return QuarantinedFile(path=where, reason=reason)
 
 
-def stored_paths(files: list[SourceFile], folders: dict[str, str], by_class_folder: bool) -> tuple[list[PurePosixPath], list[str]]:
+def stored_paths(
+    files: list[SourceFile], folders: dict[str, str], by_class_folder: bool
+) -> tuple[list[PurePosixPath], list[str]]:
     """Where each file goes: below its class's folder, every component made safe (``safe_name``).
 
     Paths equal once made safe, or equal but for letter case or Unicode normalisation (``café`` spelt NFC

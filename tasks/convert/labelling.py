@@ -153,9 +153,7 @@ def _quarantine(base: PurePosixPath, relative: PurePosixPath, reason: str) -> Qu
     return QuarantinedFile(path=(base / relative).as_posix(), reason=reason)
 
 
-def _plan_class_folders(
-    root: Path, base: PurePosixPath, images: list[PurePosixPath], folders: list[str]
-) -> Plan:
+def _plan_class_folders(root: Path, base: PurePosixPath, images: list[PurePosixPath], folders: list[str]) -> Plan:
     plan = Plan(labeled=True, files=[])
     spellings: dict[str, set[str]] = {}
     for relative in images:
@@ -223,7 +221,9 @@ def _skipped_hidden(base: PurePosixPath, files: list[PurePosixPath]) -> list[Qua
         _quarantine(base, entry, "hidden file (its name starts with '.'): skipped")
         if entry in hidden_files
         else _quarantine(
-            base, entry, f"hidden folder (its name starts with '.'), skipped with the {count} files in it: a hidden "
+            base,
+            entry,
+            f"hidden folder (its name starts with '.'), skipped with the {count} files in it: a hidden "
             "folder is read only as a class folder of images beside other class folders",
         )  # fmt: skip
         for entry, count in sorted(entries.items())
@@ -259,8 +259,12 @@ def plan_source(
     by_class_folder = labeled is not False and labels is None and len(class_names) > (1 if scoring else 0)
     readable = visible_files
     if by_class_folder:  # a hidden folder of images beside other class folders is a class too (".net")
-        hidden_classes = {f.parts[0] for f in files if _hidden_parts(f) == [0] and len(f.parts) > 1 and is_image_name(f.name)}
-        readable = [f for f in files if not _hidden_parts(f) or f.parts[0] in hidden_classes and _hidden_parts(f) == [0]]
+        hidden_classes = {
+            f.parts[0] for f in files if _hidden_parts(f) == [0] and len(f.parts) > 1 and is_image_name(f.name)
+        }
+        readable = [
+            f for f in files if not _hidden_parts(f) or f.parts[0] in hidden_classes and _hidden_parts(f) == [0]
+        ]
         images = [f for f in readable if is_image_name(f.name)]
     if by_class_folder:
         folders = [d.name for d in listing.folders if d.parent == base and not d.name.startswith(".")]
@@ -284,11 +288,18 @@ def plan_source(
     readable_set = set(readable)
     hidden = _skipped_hidden(base, [f for f in files if f not in readable_set])
     stray = [f for f in listing.files if not f.is_relative_to(base)]
-    plan.refused += hidden + listing.skipped + [
-        QuarantinedFile(path=f.as_posix(), reason=f"beside the wrapper folders above {base.as_posix()!r}, "
-                        "the folder the images are read from: ignored")  # fmt: skip
-        for f in stray
-    ]
+    plan.refused += (
+        hidden
+        + listing.skipped
+        + [
+            QuarantinedFile(
+                path=f.as_posix(),
+                reason=f"beside the wrapper folders above {base.as_posix()!r}, "
+                "the folder the images are read from: ignored",
+            )  # fmt: skip
+            for f in stray
+        ]
+    )
     if stray:
         plan.warnings.append(
             f"{len(stray)} files beside the wrapper folders above {base.as_posix()!r} were ignored: "

@@ -128,8 +128,10 @@ def _s3_key_problem(relative: str) -> str | None:
     """Why an object key (relative to the prefix) cannot be a file below the local folder, if it cannot."""
     parts = relative.split("/")
     if any(part in ("", ".", "..") for part in parts) or "\\" in relative:
-        return ("its key is not a plain relative path (it has '..', '.', '//' or '\\' in it): "
-                "it could land outside the folder")
+        return (
+            "its key is not a plain relative path (it has '..', '.', '//' or '\\' in it): "
+            "it could land outside the folder"
+        )
     return None
 
 
@@ -176,7 +178,9 @@ class S3Source(Source):
             pages = list(client.get_paginator("list_objects_v2").paginate(Bucket=self.where.bucket, Prefix=prefix))
         except ClientError as error:
             if error.response["Error"]["Code"] == "NoSuchBucket":
-                raise InvalidDatasetError(f"source {self.location}: bucket {self.where.bucket!r} does not exist") from error
+                raise InvalidDatasetError(
+                    f"source {self.location}: bucket {self.where.bucket!r} does not exist"
+                ) from error
             raise
         return _sort_s3_objects([
             S3Object(o["Key"], o["Key"][len(prefix) :], o["Size"], o["ETag"])

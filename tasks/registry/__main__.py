@@ -44,7 +44,9 @@ def _row(view: VersionView) -> str:
     figures = ", ".join(f"{k} {v:.4g}" for k, v in r.metrics.items() if k in ("accuracy", "f1_macro", "log_loss")
                         and isinstance(v, float))  # fmt: skip
     notes = [f"@{a}" for a in view.aliases] + [f"{k}={v}" for k, v in sorted(view.tags.items())]
-    return f"{view.reference}\t{r.created_at:%Y-%m-%d %H:%M}\t{figures}\t{' '.join(notes)}{'  (archived)' * view.archived}"
+    return (
+        f"{view.reference}\t{r.created_at:%Y-%m-%d %H:%M}\t{figures}\t{' '.join(notes)}{'  (archived)' * view.archived}"
+    )
 
 
 def _version_reference(text: str) -> tuple[str, int]:
@@ -92,7 +94,11 @@ def _run(args: argparse.Namespace) -> str | None:
     """Carry out the command; the name of the model it changed (whose card to update), if any."""
     registry = args.registry
     if args.command == "list":
-        print("\n".join(_row(v) for v in model_versions(registry, args.name)) if args.name else "\n".join(list_models(registry)))
+        print(
+            "\n".join(_row(v) for v in model_versions(registry, args.name))
+            if args.name
+            else "\n".join(list_models(registry))
+        )
     elif args.command == "show":
         view = show_version(registry, args.reference)
         print(json.dumps({**view.registration.model_dump(mode="json"), "tags": view.tags, "archived": view.archived,

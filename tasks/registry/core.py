@@ -199,7 +199,9 @@ def _move_alias(
         back = AliasRecord(alias=alias, version=record.previous_version, updated_at=datetime.now(timezone.utc),
                            previous_version=version)  # fmt: skip
         swap(backend, key, lambda data: back.model_dump_json(indent=2).encode() if data == written else None)
-        raise ModelNotFoundError(f"{name}/{version} is being deleted from {backend.location}: alias {alias!r} not moved")
+        raise ModelNotFoundError(
+            f"{name}/{version} is being deleted from {backend.location}: alias {alias!r} not moved"
+        )
     return record
 
 
@@ -353,7 +355,9 @@ def register_model(
         )  # fmt: skip
         record = registration.model_dump_json(indent=2).encode()
         if not _create_owned(backend, version_key(name, version, REGISTRATION_FILE), record):
-            raise RuntimeError(f"{backend.location}/{name}/{version} was committed by another registration despite our claim")
+            raise RuntimeError(
+                f"{backend.location}/{name}/{version} was committed by another registration despite our claim"
+            )
     if promote_to and not approval:
         promotion = promote(backend, registration, promote_to, rule)
         registration = registration.model_copy(update={"promotion": promotion})

@@ -93,5 +93,7 @@ def load_model(model: str, registry: Registry, cache_dir: str | os.PathLike[str]
     try:
         reference = parse_reference(model)
     except InvalidModelNameError as error:
-        raise InvalidModelNameError(f"{model!r} is neither a model directory nor a registry reference: {error}") from error
+        raise InvalidModelNameError(
+            f"{model!r} is neither a model directory nor a registry reference: {error}"
+        ) from error
     return fetch_model(registry, str(reference), cache_dir)

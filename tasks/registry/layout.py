@@ -72,7 +72,9 @@ class PromotionRule(BaseModel):
     min_improvement: float = Field(default=0.0, ge=0, allow_inf_nan=False)
 
     @classmethod
-    def for_metric(cls, metric: str, lower_is_better: bool | None = None, min_improvement: float = 0.0) -> PromotionRule:
+    def for_metric(
+        cls, metric: str, lower_is_better: bool | None = None, min_improvement: float = 0.0
+    ) -> PromotionRule:
         """``lower_is_better`` None: a figure named ``...loss`` (e.g. ``log_loss``) is lower-is-better."""
         if not isinstance(min_improvement, (int, float)) or not 0 <= min_improvement < float("inf"):
             raise PipelineInputError(f"minimum improvement {min_improvement!r} is not allowed: use a number >= 0, "
@@ -180,7 +182,9 @@ def parse_registration(data: bytes, where: str, name: str, version: int) -> Regi
     problems = [f"it says it is {record.name}/{record.version}"] if claimed != (name, version) else []
     problems += [f"file {f!r} is not one a version may hold ({', '.join(sorted(REGISTERED_FILES))})"
                  for f in record.files if f not in REGISTERED_FILES]  # fmt: skip
-    problems += [f"file {f!r} has no sha256 hex digest ({h!r})" for f, h in record.files.items() if not _SHA256.fullmatch(h)]
+    problems += [
+        f"file {f!r} has no sha256 hex digest ({h!r})" for f, h in record.files.items() if not _SHA256.fullmatch(h)
+    ]
     if problems:
         raise CorruptRegistryRecordError(f"{where} (model {name}, version {version}) is refused: {'; '.join(problems)}")
     return record
@@ -271,6 +275,11 @@ def numbered(keys: list[str], name: str, file_name: str | None = None) -> set[in
     for key in keys:
         parts = key.split("/")
         # str.isdigit() would take "²" or "٣"; a version folder is plain ASCII digits.
-        if len(parts) >= 3 and parts[0] == name and _VERSION.fullmatch(parts[1]) and file_name in (None, "/".join(parts[2:])):
+        if (
+            len(parts) >= 3
+            and parts[0] == name
+            and _VERSION.fullmatch(parts[1])
+            and file_name in (None, "/".join(parts[2:]))
+        ):
             found.add(int(parts[1]))
     return found

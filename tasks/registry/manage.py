@@ -43,7 +43,14 @@ from tasks.registry.layout import (
 from tasks.registry.status import change_status, read_status
 
 _CONDITION = re.compile(r"\s*(?P<metric>[A-Za-z0-9_.-]+)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<value>[-+0-9.eE]+)\s*")
-_OPERATORS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt}
+_OPERATORS = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    "<": operator.lt,
+}
 _TAG_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -72,7 +79,11 @@ class Condition(BaseModel):
 
     def holds(self, metrics: dict[str, Any]) -> bool:
         figure = metrics.get(self.metric)
-        return isinstance(figure, (int, float)) and not isinstance(figure, bool) and _OPERATORS[self.op](figure, self.value)
+        return (
+            isinstance(figure, (int, float))
+            and not isinstance(figure, bool)
+            and _OPERATORS[self.op](figure, self.value)
+        )
 
     def __str__(self) -> str:
         return f"{self.metric}{self.op}{self.value:g}"
@@ -107,7 +118,9 @@ def list_models(registry: Registry) -> list[str]:
     backend = backend_of(registry)
     keys = backend.list_keys("")
     names = sorted({key.split("/", 1)[0] for key in keys if is_model_name(key.split("/", 1)[0])})
-    return [name for name in names if numbered(keys, name, REGISTRATION_FILE) and next(registrations(backend, name), None)]
+    return [
+        name for name in names if numbered(keys, name, REGISTRATION_FILE) and next(registrations(backend, name), None)
+    ]
 
 
 def _view(registration: Registration, status: VersionStatus | None, aliases: dict[str, int]) -> VersionView:

@@ -105,7 +105,13 @@ def update_model_card_if_connected(registry: str, name: str) -> str:
     return f"model card updated: artifact {publish_model_card(registry, name)}"
 
 
-@task(name="register", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+@task(
+    name="register",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_input_error,
+    cache_policy=NO_CACHE,
+)
 def register(
     registry: str,
     name: str | None,
@@ -151,7 +157,13 @@ def register(
     return RegisteredModel(registration=registration, location=location)
 
 
-@task(name="resolve-model", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE)
+@task(
+    name="resolve-model",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_input_error,
+    cache_policy=NO_CACHE,
+)
 def resolve_model(model: str, registry: str, cache_dir: str) -> str:
     """The local ModelDirectory for a ModelDirectory path or a registry reference (downloaded from S3 once)."""
     model_dir = load_model(model, registry, cache_dir)

@@ -27,7 +27,9 @@ def is_deleted(backend: RegistryBackend, name: str, version: int) -> bool:
 
 
 def change_status(
-    backend: RegistryBackend, registration: Registration, change: Callable[[VersionStatus], VersionStatus],
+    backend: RegistryBackend,
+    registration: Registration,
+    change: Callable[[VersionStatus], VersionStatus],
     refuse_deleted: bool = True,
 ) -> VersionStatus:
     """Apply ``change`` to the version's current status by compare-and-swap; a deleted version is refused

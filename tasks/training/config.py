@@ -21,34 +21,41 @@ class TrainingParams(BaseModel):
     patience: int = Field(3, gt=0, description="stop after this many epochs without lower validation loss")
     print_frequency: int = Field(10, gt=0, description="log training progress every N batches")
     nodes: int | str = Field(
-        1, description="machines taking part (torchrun --nnodes): a number, or min:max (e.g. 1:4) to start with at "
-        "least min and take in more as they come (elastic)"
+        1,
+        description="machines taking part (torchrun --nnodes): a number, or min:max (e.g. 1:4) to start with at "
+        "least min and take in more as they come (elastic)",
     )
     processes_per_node: int = Field(1, gt=0, description="worker processes per machine (torchrun --nproc-per-node)")
     rendezvous_endpoint: str | None = Field(
-        None, description="host:port of the c10d rendezvous when nodes > 1; empty: the first node's host and a free port "
-        "there, found when the nodes start"
+        None,
+        description="host:port of the c10d rendezvous when nodes > 1; empty: the first node's host and a free port "
+        "there, found when the nodes start",
     )
     rendezvous_id: str | None = Field(
         None, description="job id shared by every node's launcher; empty: one per launch of the nodes"
     )
     join_timeout_s: float = Field(
-        600, gt=0, description="with nodes > 1: fail (and cancel every node) unless all nodes started within this "
-        "many seconds"
+        600,
+        gt=0,
+        description="with nodes > 1: fail (and cancel every node) unless all nodes started within this many seconds",
     )
-    max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed workers (each resumes from the checkpoint)")
+    max_restarts: int = Field(
+        0, ge=0, description="torchrun restarts of failed workers (each resumes from the checkpoint)"
+    )
     image_size: int | None = Field(
         None, ge=16, description="side in pixels images are resized to; empty: 224, or less for small images"
     )
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA (NCCL) when present, else CPU (Gloo)")
-    precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: CUDA (NCCL) when present, else CPU (Gloo)"
     )
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on CUDA, fp32 on CPU")
     data_workers: int | None = Field(
         None, ge=0, description="DataLoader workers per process; empty: 0 on CPU, from the CPUs per process on GPU"
     )
     image_cache_mb: int = Field(
-        1024, ge=0, description="keep decoded, resized images in memory up to this many MB per machine (shared out "
+        1024,
+        ge=0,
+        description="keep decoded, resized images in memory up to this many MB per machine (shared out "
         "between its processes), so later epochs skip decoding; used when data_workers is 0, the CPU default; 0: off",
     )
     timeout_minutes: float | None = Field(
@@ -58,7 +65,9 @@ class TrainingParams(BaseModel):
         120, gt=0, description="fail when a training process has sent no heartbeat for this long (stopped, frozen)"
     )
     stall_timeout_s: float = Field(
-        600, gt=0, description="fail when no training process has finished a batch for this long (stuck, e.g. waiting "
+        600,
+        gt=0,
+        description="fail when no training process has finished a batch for this long (stuck, e.g. waiting "
         "on a lost peer)",
     )
     collective_timeout_s: float = Field(
@@ -72,7 +81,9 @@ class TrainingParams(BaseModel):
     def _nodes_or_range(cls, value: int | str) -> int | str:
         low, high = node_range(value)
         if not 1 <= low <= high:
-            raise ValueError(f"nodes is {value!r}: give a number of machines (1 or more) or min:max with 1 <= min <= max")
+            raise ValueError(
+                f"nodes is {value!r}: give a number of machines (1 or more) or min:max with 1 <= min <= max"
+            )
         return f"{low}:{high}" if ":" in str(value) else low
 
     @property
@@ -91,7 +102,9 @@ def node_range(nodes: int | str) -> tuple[int, int]:
     try:
         return int(low), int(high or low)
     except ValueError:
-        raise ValueError(f"nodes is {nodes!r}: give a number of machines or min:max (torchrun's --nnodes form)") from None
+        raise ValueError(
+            f"nodes is {nodes!r}: give a number of machines or min:max (torchrun's --nnodes form)"
+        ) from None
 
 
 def add_training_flags(parser) -> None:

@@ -177,7 +177,17 @@ def model_input(pixels: torch.Tensor, normalize, device: torch.device) -> torch.
 
 
 def train_one_epoch(
-    model, loader, normalize, criterion, optimizer, scheduler, device, epoch, params, heartbeat: Heartbeat, world_size: int
+    model,
+    loader,
+    normalize,
+    criterion,
+    optimizer,
+    scheduler,
+    device,
+    epoch,
+    params,
+    heartbeat: Heartbeat,
+    world_size: int,
 ) -> tuple[float, float, float, float]:
     """Returns (mean training loss, training error, images/s across all ranks, learning rate the epoch started with)."""
     model.train()
@@ -301,7 +311,11 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
 
     torch.manual_seed(params.random_seed)
     model = build_network(spec, len(classes)).to(device, memory_format=memory_format(device))
-    ddp_model = DistributedDataParallel(model, device_ids=[env.local_rank] if use_cuda else None) if dist.is_initialized() else model
+    ddp_model = (
+        DistributedDataParallel(model, device_ids=[env.local_rank] if use_cuda else None)
+        if dist.is_initialized()
+        else model
+    )
 
     workers = params.data_workers
     if workers is None:
@@ -316,7 +330,9 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     train_set = ImageFiles(train_dir.samples(), train_transform(image_size, mean, std), cache_bytes, normalized=False)
     val_set = ImageFiles(val_dir.samples(), eval_transform(image_size, mean, std), cache_bytes - train_set.cache_bytes,
                          normalized=False)  # fmt: skip
-    sampler = DistributedSampler(train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed)
+    sampler = DistributedSampler(
+        train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed
+    )
     loader_options = {"num_workers": workers, "pin_memory": use_cuda, "persistent_workers": workers > 0}
     train_loader = DataLoader(train_set, batch_sampler=BatchesOfTwoOrMore(sampler, params.batch_size), **loader_options)
     # A strided shard per rank covers every validation image exactly once (DistributedSampler would pad).
@@ -368,8 +384,17 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         sampler.set_epoch(epoch)
         started = time.perf_counter()
         train_loss, train_error, images_per_s, lr = train_one_epoch(
-            ddp_model, train_loader, train_set.transform.normalize, criterion, optimizer, scheduler, device, epoch,
-            params, heartbeat, env.world_size,
+            ddp_model,
+            train_loader,
+            train_set.transform.normalize,
+            criterion,
+            optimizer,
+            scheduler,
+            device,
+            epoch,
+            params,
+            heartbeat,
+            env.world_size,
         )
         if dist.is_initialized():
             # Each rank's last forward pass moved its own BatchNorm statistics: evaluate (and save)

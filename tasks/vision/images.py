@@ -109,7 +109,11 @@ class ImageFiles(Dataset):
     """
 
     def __init__(
-        self, samples: Sequence[tuple[Path, int]], transform: ImageTransform, cache_bytes: int = 0, normalized: bool = True
+        self,
+        samples: Sequence[tuple[Path, int]],
+        transform: ImageTransform,
+        cache_bytes: int = 0,
+        normalized: bool = True,
     ) -> None:
         self.samples = list(samples)
         self.transform = transform

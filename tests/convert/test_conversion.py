@@ -104,6 +104,7 @@ def test_image_directory_without_manifest_is_refused(tmp_path):
 
 def write_pixel_bomb(path: Path, side: int = 20_000) -> Path:
     """A valid 1-bit PNG of side x side pixels (2.2x Pillow's MAX_IMAGE_PIXELS) that is ~50 kB on disk."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
@@ -130,7 +131,9 @@ def test_bad_files_are_quarantined_with_their_reason(colour_source, tmp_path):
     image_dir = convert_to_image_directory(colour_source, tmp_path / "out")
 
     reasons = {q.path: q.reason for q in image_dir.manifest.quarantined}
-    assert reasons["red/noise.png"] == reasons["red/notes.jpg"] == "not an image: Pillow cannot identify the file's format"
+    assert (
+        reasons["red/noise.png"] == reasons["red/notes.jpg"] == "not an image: Pillow cannot identify the file's format"
+    )
     assert reasons["red/empty.png"] == "empty file (0 bytes)"
     assert reasons["blue/truncated.png"].startswith("damaged or truncated image")
     assert reasons["blue/truncated.jpg"].startswith("damaged or truncated image")
@@ -271,7 +274,11 @@ def test_empty_class_folder_and_single_class_are_warnings(tmp_path):
 
 def test_labeled_flag_forces_unlabeled_or_requires_labels(colour_source, tmp_path):
     unlabeled = convert_to_image_directory(colour_source, tmp_path / "score", labeled=False)
-    assert not unlabeled.labeled and len(unlabeled) == 18 and "red/red_0.png" in {r.path for r in unlabeled.manifest.images}
+    assert (
+        not unlabeled.labeled
+        and len(unlabeled) == 18
+        and "red/red_0.png" in {r.path for r in unlabeled.manifest.images}
+    )
     write_flat(tmp_path / "flat", {"a.png": "red"})
     with pytest.raises(NotLabeledDatasetError, match="neither class folders nor a labels file"):
         convert_to_image_directory(tmp_path / "flat", tmp_path / "out", labeled=True)
@@ -341,6 +348,7 @@ def test_links_are_followed_only_inside_the_source_and_every_skipped_entry_is_re
 
 def write_zero_png(path: Path, width: int, height: int, colour_type: int = 2) -> Path:
     """A valid 8-bit PNG of black pixels (colour type 2: RGB) that compresses to almost nothing."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
@@ -388,7 +396,9 @@ def test_a_huge_file_and_large_dimension_pngs_are_refused_from_their_header_in_b
 
     reasons = {q["path"]: q["reason"] for q in manifest["quarantined"]}
     assert reasons["red/huge.jpg"] == "not an image: Pillow cannot identify the file's format"
-    assert reasons["blue/wide_0.png"] == "9500x9500 pixels (90,250,000), over the limit of 50,000,000 (max_image_pixels)"
+    assert (
+        reasons["blue/wide_0.png"] == "9500x9500 pixels (90,250,000), over the limit of 50,000,000 (max_image_pixels)"
+    )
     assert manifest["counts"] == {name: 6 for name in COLOURS}
     assert growth < 100, f"converting grew the process by {growth:.0f} MB"
 
@@ -452,8 +462,10 @@ def test_names_equal_once_normalised_are_merged_and_never_overwrite_each_other(t
     for record in manifest.images:
         assert record.sha256 == sha256_file(image_dir.root / record.path)
         assert record.sha256 == sha256_file(tmp_path / "src" / record.source_path), "each record is its own file"
-    assert f"class folders {ascii(nfd)} and {ascii(nfc)} differ only in Unicode normalisation (NFC/NFD): merged " \
-           f"into one class {nfc!r}" in manifest.warnings
+    assert (
+        f"class folders {ascii(nfd)} and {ascii(nfc)} differ only in Unicode normalisation (NFC/NFD): merged "
+        f"into one class {nfc!r}" in manifest.warnings
+    )
     assert any(w.startswith("2 files whose names collide") for w in manifest.warnings)
 
 

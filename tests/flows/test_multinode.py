@@ -66,7 +66,10 @@ def test_the_gang_timeout_names_the_nodes_waiting_the_pool_and_its_workers():
                               "gpu-a (online, last heartbeat 3 s ago), gpu-b (offline, last heartbeat 95 s ago).")  # fmt: skip
     assert "start a worker on 2 more host(s)" in message
     elastic = not_joined_message([Scheduled(), Scheduled()], 1, "gpu", [], 60, now)
-    assert elastic.startswith("only 0 of the 1 needed (nodes 1:2) training nodes started") and "no worker at all" in elastic
+    assert (
+        elastic.startswith("only 0 of the 1 needed (nodes 1:2) training nodes started")
+        and "no worker at all" in elastic
+    )
 
 
 def test_node_0_publishes_its_address_towards_the_prefect_server_unless_told_another():
@@ -113,7 +116,9 @@ def pipeline_command(colour_image_dirs, work: str, name: str, *flags: str) -> li
             "--epochs", "1", "--batch-size", "4", "--device", "cpu", "--nodes", "2", *flags]  # fmt: skip
 
 
-def run_pipeline(stack, colour_image_dirs, work, name: str, *flags: str, env=None) -> tuple[subprocess.CompletedProcess, float]:
+def run_pipeline(
+    stack, colour_image_dirs, work, name: str, *flags: str, env=None
+) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     command = pipeline_command(colour_image_dirs, str(work), name, *flags)
     result = subprocess.run(command, env={**stack.env, **(env or {})}, cwd=PROJECT_ROOT, capture_output=True, text=True,
@@ -169,7 +174,11 @@ def run_files(s3_work: str, registration) -> str:
     """The S3 run folder of a registered version (named after its flow run)."""
     from tasks.storage import list_s3_names
 
-    (run,) = {n.split("/")[0] for n in list_s3_names(f"{s3_work}/runs") if str(registration.flow_run_id)[:8] in n.split("/")[0]}
+    (run,) = {
+        n.split("/")[0]
+        for n in list_s3_names(f"{s3_work}/runs")
+        if str(registration.flow_run_id)[:8] in n.split("/")[0]
+    }
     return f"{s3_work}/runs/{run}"
 
 
@@ -190,7 +199,10 @@ def test_two_nodes_train_through_the_pool_with_no_shared_files_and_register_one_
     metrics = TrainingMetrics.model_validate_json(read_s3_object(f"{model}/metrics.json"))
     assert metrics.world_size == 2 and len(metrics.epochs) == int(EPOCHS)
     for rank in (0, 1):
-        assert f"rank {rank}/2 on cpu (gloo, fp32, contiguous)" in read_s3_object(f"{model}/logs/driver_log_{rank}.txt").decode()
+        assert (
+            f"rank {rank}/2 on cpu (gloo, fp32, contiguous)"
+            in read_s3_object(f"{model}/logs/driver_log_{rank}.txt").decode()
+        )
 
     # Each node was a flow run of the deployment on the pool, a subflow of the pipeline's run, on its own worker,
     # given only S3 locations; each host fetched the images into a cache of its own (train and validation).
@@ -200,7 +212,9 @@ def test_two_nodes_train_through_the_pool_with_no_shared_files_and_register_one_
     for run in runs:
         locations = [run.parameters[k] for k in ("train_dir", "validation_dir", "model_spec_dir", "output_dir")]
         assert all(location.startswith(s3_work) for location in locations), locations
-    ran_on = [[h for h in HOSTS if f"Flow run '{r.name}' submitted" in (stack.logs / f"{h}.log").read_text()] for r in runs]
+    ran_on = [
+        [h for h in HOSTS if f"Flow run '{r.name}' submitted" in (stack.logs / f"{h}.log").read_text()] for r in runs
+    ]
     assert sorted(sum(ran_on, [])) == list(HOSTS), ran_on
     for host in HOSTS:
         assert len(list((stack.folders[host] / "cache" / "images").iterdir())) == 2, host
@@ -244,7 +258,10 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(s
         while True:
             assert parent.poll() is None and time.monotonic() < deadline, parent.stdout.read()[-5000:]
             processes = {host: training_processes(stack.folders[host]) for host in HOSTS}
-            launchers = {host: next((a for a in p.values() if "torch.distributed.run" in a), None) for host, p in processes.items()}
+            launchers = {
+                host: next((a for a in p.values() if "torch.distributed.run" in a), None)
+                for host, p in processes.items()
+            }
             if all(launchers.values()):
                 output = launchers["host-a"][launchers["host-a"].index("--output") + 1]
                 key = Path(output).relative_to(stack.folders["host-a"] / "cache" / "s3").as_posix()
@@ -253,8 +270,14 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(s
                     break
             time.sleep(0.5)
         (lost,) = [host for host, argv in launchers.items() if not any("is_host=1" in a for a in argv)]
-        workers = [pid for pid, argv in processes[lost].items() if "torch.distributed.run" not in argv and "tasks.lifeline" not in argv]
-        environ = dict(item.split("=", 1) for item in Path(f"/proc/{workers[0]}/environ").read_text().split("\0") if "=" in item)
+        workers = [
+            pid
+            for pid, argv in processes[lost].items()
+            if "torch.distributed.run" not in argv and "tasks.lifeline" not in argv
+        ]
+        environ = dict(
+            item.split("=", 1) for item in Path(f"/proc/{workers[0]}/environ").read_text().split("\0") if "=" in item
+        )
         for pid in processes[lost]:
             os.kill(pid, signal.SIGKILL)
         output, _ = parent.communicate(timeout=400)
@@ -265,7 +288,11 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(s
 
     # The node path launches workers as the single-node path does (tasks.train.worker_environment).
     assert {k: environ.get(k) for k in ENVIRONMENT} == ENVIRONMENT
-    assert (environ["PYTHONUNBUFFERED"], environ["OMP_NUM_THREADS"], environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]) == ("1", "1", "1")
+    assert (environ["PYTHONUNBUFFERED"], environ["OMP_NUM_THREADS"], environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]) == (
+        "1",
+        "1",
+        "1",
+    )
     assert str(PROJECT_ROOT) in environ["PYTHONPATH"].split(os.pathsep)
 
     registry = f"{s3_work}/registry"
@@ -275,7 +302,10 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(s
     assert metrics.world_size == 1 and len(metrics.epochs) == int(EPOCHS)
     assert "world size 1 (the checkpoint's was 2)" in read_s3_object(f"{model}/logs/driver_log_0.txt").decode()
     undisturbed = read_registration(registry, "colours-2nodes", 1).metrics["best_top1"]
-    assert abs(registration.metrics["best_top1"] - undisturbed) <= 0.01, (registration.metrics["best_top1"], undisturbed)
+    assert abs(registration.metrics["best_top1"] - undisturbed) <= 0.01, (
+        registration.metrics["best_top1"],
+        undisturbed,
+    )
     runs, _, _ = node_runs(stack, registration.flow_run_id)
     assert sorted(r.state.type.value for r in runs) == ["COMPLETED", "FAILED"], [(r.name, r.state) for r in runs]
 
@@ -301,17 +331,25 @@ def test_stopping_the_parent_run_cancels_every_node_and_leaves_nothing_running(s
     (run_dir,) = (tmp_path / "runs").iterdir()
     runs, _, _ = node_runs(stack)
     mine = [r for r in runs if r.parameters["output_dir"] == str(run_dir / "model")]
-    assert len(mine) == 2 and all(r.state.is_cancelled() for r in mine), [(r.name, r.state) for r in mine] + [output[-3000:]]
+    assert len(mine) == 2 and all(r.state.is_cancelled() for r in mine), [(r.name, r.state) for r in mine] + [
+        output[-3000:]
+    ]
     assert not processes_of(run_dir), "a training process was left running"
 
 
-def test_too_few_workers_fail_the_gang_within_its_join_timeout_and_leave_nothing_running(stack, colour_image_dirs, tmp_path):
+def test_too_few_workers_fail_the_gang_within_its_join_timeout_and_leave_nothing_running(
+    stack, colour_image_dirs, tmp_path
+):
     stack.stop_process(stack.workers.pop("host-b"))
     join_timeout = 20
-    result, seconds = run_pipeline(stack, colour_image_dirs, tmp_path, "colours-gang", "--join-timeout-s", str(join_timeout))
+    result, seconds = run_pipeline(
+        stack, colour_image_dirs, tmp_path, "colours-gang", "--join-timeout-s", str(join_timeout)
+    )
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "NodesNotJoinedError: only 1 of 2 training nodes started within 20 s (join_timeout_s)" in output, output[-5000:]
+    assert "NodesNotJoinedError: only 1 of 2 training nodes started within 20 s (join_timeout_s)" in output, output[
+        -5000:
+    ]
     assert "work pool 'gpu'" in output and "host-a" in output and "Every node run was cancelled; none trained" in output
     # Conversion and the flow's start take some seconds; cancelling the node that started, a few more.
     assert seconds < join_timeout + 120, seconds
@@ -373,10 +411,16 @@ def test_the_kubernetes_gpu_job_template_fills_in_and_the_server_takes_it(stack)
     assert job["job_manifest"]["kind"] == "Job" and job["job_manifest"]["spec"]["backoffLimit"] == 0
     pod = job["job_manifest"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert (container["name"], container["image"], pod["restartPolicy"]) == ("prefect-job", "image-classifier:1", "Never")
+    assert (container["name"], container["image"], pod["restartPolicy"]) == (
+        "prefect-job",
+        "image-classifier:1",
+        "Never",
+    )
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}["/dev/shm"]["emptyDir"]["medium"] == "Memory"
+    assert {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}["/dev/shm"]["emptyDir"][
+        "medium"
+    ] == "Memory"
     assert container["env"][CACHE_VARIABLE] == "/cache"
 
     stack.cli("work-pool", "create", "gpu-kubernetes", "--type", "kubernetes", "--base-job-template", str(path))

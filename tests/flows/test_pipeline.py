@@ -57,9 +57,13 @@ def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset,
     assert "Registered digits-resnet18 version 1" in result.summary()
     assert "promoted to 'production' on f1_macro" in result.summary()
     # The run's state in the UI says the same in one line; the caller still got the PipelineResult.
-    assert asyncio.run(flow_run_message(registration.flow_run_id)) == result.headline() == (
-        f"Registered digits-resnet18 version 1 in {result.location}: top-1 {result.top1:.4g}, "
-        f"F1 (macro) {result.evaluation.f1_macro:.4g} on 100 validation images"
+    assert (
+        asyncio.run(flow_run_message(registration.flow_run_id))
+        == result.headline()
+        == (
+            f"Registered digits-resnet18 version 1 in {result.location}: top-1 {result.top1:.4g}, "
+            f"F1 (macro) {result.evaluation.f1_macro:.4g} on 100 validation images"
+        )
     )
     assert (Path(result.run_dir) / "confusion_matrix.png").stat().st_size > 0
     assert (Path(result.run_dir) / "model" / "training_curves.png").stat().st_size > 0

@@ -99,7 +99,9 @@ def test_a_zip_of_one_folder_is_scored_unlabeled_under_the_users_names(prefect_s
     archive = tmp_path / "photos.zip"
     with zipfile.ZipFile(archive, "w") as bundle:
         for i, colour in enumerate(sorted(COLOURS)):
-            bundle.write(write_image(tmp_path / "loose" / f"{i}.png", COLOURS[colour], seed=60 + i), f"red/{i}:{colour}.png")
+            bundle.write(
+                write_image(tmp_path / "loose" / f"{i}.png", COLOURS[colour], seed=60 + i), f"red/{i}:{colour}.png"
+            )
     result, keys = run(score_pipeline, str(archive), str(trained_model), work_dir=str(tmp_path / "runs"))
 
     table = pd.read_csv(result.scores, dtype={"image": str})

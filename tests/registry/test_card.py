@@ -21,7 +21,9 @@ pytestmark = pytest.mark.integration
 NAME = "colours-resnet18"
 
 
-def test_the_model_card_follows_registrations_and_alias_moves(prefect_server, trained_model, colour_image_dirs, tmp_path):
+def test_the_model_card_follows_registrations_and_alias_moves(
+    prefect_server, trained_model, colour_image_dirs, tmp_path
+):
     train, val = colour_image_dirs
     evaluation = evaluate_scores(score_images(ModelDirectory(trained_model), ImageDirectory(val)))
     registry = str(tmp_path / "registry")
@@ -32,12 +34,20 @@ def test_the_model_card_follows_registrations_and_alias_moves(prefect_server, tr
                         {"epochs": 2}, promote_to=promote_to)  # fmt: skip
 
     first, second = register_once("production"), register_once(None)
-    moved = registry_cli(registry, "alias", "set", NAME, "production", "2", env={"PREFECT_API_URL": PREFECT_API_URL.value()})
-    assert moved.returncode == 0 and f"model card updated: artifact {model_card_key(NAME)}" in moved.stdout, moved.stderr
+    moved = registry_cli(
+        registry, "alias", "set", NAME, "production", "2", env={"PREFECT_API_URL": PREFECT_API_URL.value()}
+    )
+    assert moved.returncode == 0 and f"model card updated: artifact {model_card_key(NAME)}" in moved.stdout, (
+        moved.stderr
+    )
 
     cards = asyncio.run(card_versions("model-card-colours-resnet18"))
     assert len(cards) == 3, "one card version per registration and per alias move"
-    assert [c.flow_run_id and str(c.flow_run_id) for c in cards] == [first.registration.flow_run_id, second.registration.flow_run_id, None]
+    assert [c.flow_run_id and str(c.flow_run_id) for c in cards] == [
+        first.registration.flow_run_id,
+        second.registration.flow_run_id,
+        None,
+    ]
     assert cards[-1].description == f"{NAME}: 2 versions; aliases: production → 2"
     rows = [line for line in cards[-1].data.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
     assert [row.split(" | ")[0] for row in rows] == ["| 2", "| 1"], "newest first"

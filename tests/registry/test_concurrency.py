@@ -94,7 +94,11 @@ def check_every_version_holds_its_own_files(registry: str, models: list[Path], c
         assert record.metrics == {"accuracy": worker / 10}
         stored = fetch_model(registry, f"{NAME}/{version}", cache)  # downloads verify each sha256 on S3
         for file_name in MODEL_FILES:
-            assert record.files[file_name] == sha256_file(models[worker] / file_name) == sha256_file(stored.root / file_name)
+            assert (
+                record.files[file_name]
+                == sha256_file(models[worker] / file_name)
+                == sha256_file(stored.root / file_name)
+            )
     assert workers == set(range(WORKERS)), "each registration landed exactly once"
 
 

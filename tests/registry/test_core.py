@@ -203,9 +203,13 @@ def test_corrupt_records_are_typed_errors_and_left_out_of_latest(registry, train
 
     assert list_versions(registry, NAME) == [1] and resolve(registry, NAME).version == 1
     assert f"{backend.location}/{NAME}/2/{REGISTRATION_FILE} (model {NAME}, version 2)" in caplog.text
-    with pytest.raises(CorruptRegistryRecordError, match=r"registration.json \(model colours-resnet18, version 2\) is not a"):
+    with pytest.raises(
+        CorruptRegistryRecordError, match=r"registration.json \(model colours-resnet18, version 2\) is not a"
+    ):
         resolve(registry, f"{NAME}@production")
-    with pytest.raises(CorruptRegistryRecordError, match=r"aliases/staging.json \(model colours-resnet18, alias staging\)"):
+    with pytest.raises(
+        CorruptRegistryRecordError, match=r"aliases/staging.json \(model colours-resnet18, alias staging\)"
+    ):
         resolve(registry, f"{NAME}@staging")
     assert set(read_aliases(registry, NAME)) == {"production"}
     assert not issubclass(CorruptRegistryRecordError, json.JSONDecodeError)

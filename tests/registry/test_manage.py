@@ -39,7 +39,10 @@ def test_tags_change_and_archived_versions_leave_latest(registry, trained_model)
     assert resolve(registry, f"{NAME}/3").version == 3, "but still fetchable by number"
     set_alias(registry, NAME, "staging", 3)
     assert resolve(registry, f"{NAME}@staging").version == 3, "and by alias"
-    assert list_versions(registry, NAME) == [1, 2, 3] and list_versions(registry, NAME, include_archived=False) == [1, 2]
+    assert list_versions(registry, NAME) == [1, 2, 3] and list_versions(registry, NAME, include_archived=False) == [
+        1,
+        2,
+    ]
     assert [v.archived for v in model_versions(registry, NAME)] == [False, False, True]
     assert not archive(registry, f"{NAME}/3", archived=False).archived and resolve(registry, NAME).version == 3
     assert list_models(registry) == [NAME]
@@ -61,7 +64,9 @@ def test_an_aliased_version_is_not_deleted_and_a_deleted_number_is_not_reused(re
     assert open_backend(registry).list_keys(f"{NAME}/3") == [f"{NAME}/3/{CLAIM_FILE}", f"{NAME}/3/{STATUS_FILE}"]
     with pytest.raises(ModelNotFoundError):
         tag(registry, f"{NAME}/3", {"a": "b"})
-    assert register_test_model(registry, trained_model)[0].version == 4, "the deleted version's number is not used again"
+    assert register_test_model(registry, trained_model)[0].version == 4, (
+        "the deleted version's number is not used again"
+    )
 
     unset_alias(registry, NAME, "production")
     assert read_aliases(registry, NAME) == {}

@@ -64,12 +64,16 @@ def test_two_launchers_rendezvous_over_loopback_as_two_nodes(tmp_path, colour_im
         assert f"rank {rank}/2 on cpu (gloo, fp32, contiguous)" in driver_log_path(model_dir.root, rank).read_text()
 
 
-def test_resuming_at_another_world_size_rescales_the_rate_and_records_the_size(tmp_path, colour_image_dirs, resnet_spec):
+def test_resuming_at_another_world_size_rescales_the_rate_and_records_the_size(
+    tmp_path, colour_image_dirs, resnet_spec
+):
     """1 process for epoch 1, then 2 processes for epoch 2 from its checkpoint (as after an elastic rescale)."""
     output = tmp_path / "model"
     params = TrainingParams(epochs=1, batch_size=4, learning_rate=0.01, processes_per_node=1, device="cpu")
     assert launch(colour_image_dirs, resnet_spec, output, params).metrics().world_size == 1
-    resumed = launch(colour_image_dirs, resnet_spec, output, params.model_copy(update={"epochs": 2, "processes_per_node": 2}))
+    resumed = launch(
+        colour_image_dirs, resnet_spec, output, params.model_copy(update={"epochs": 2, "processes_per_node": 2})
+    )
     metrics = resumed.metrics()
     assert metrics.world_size == 2
     # 24 images in batches of 4 on 2 processes: 3 steps an epoch, 6 in all; epoch 2 starts half-way down the
