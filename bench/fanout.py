@@ -41,10 +41,29 @@ def seconds_to_training(stack: PrefectStack, data: Path, work: Path, name: str, 
 
     from tasks.registry import read_registration
 
-    command = [sys.executable, "-m", "flows.pipeline", "--train-data", str(data / "train"),
-               "--validation-data", str(data / "validation"), "--model-name", name, "--registry", str(work / "registry"),
-               "--work-dir", str(work / "runs"), "--epochs", str(epochs), "--processes-per-node", "1", "--device", "cpu",
-               "--nodes", str(nodes)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "flows.pipeline",
+        "--train-data",
+        str(data / "train"),
+        "--validation-data",
+        str(data / "validation"),
+        "--model-name",
+        name,
+        "--registry",
+        str(work / "registry"),
+        "--work-dir",
+        str(work / "runs"),
+        "--epochs",
+        str(epochs),
+        "--processes-per-node",
+        "1",
+        "--device",
+        "cpu",
+        "--nodes",
+        str(nodes),
+    ]
     subprocess.run(command, env=stack.env, cwd=PROJECT_ROOT, check=True, capture_output=True, timeout=900)
     registration = read_registration(work / "registry", name, 1)
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
@@ -64,16 +83,23 @@ def figures(repetitions: int = 2, epochs: int = 1) -> list[Figure]:
         with PrefectStack(home=scratch / "prefect", settings=settings) as stack:
             for pool in ("gpu", "default"):
                 stack.cli("work-pool", "create", pool, "--type", "process")
-            subprocess.run([sys.executable, "-m", "deployments.deploy"], env=stack.env, cwd=PROJECT_ROOT, check=True,
-                           capture_output=True, timeout=300)  # fmt: skip
+            subprocess.run(
+                [sys.executable, "-m", "deployments.deploy"],
+                env=stack.env,
+                cwd=PROJECT_ROOT,
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
             for host in ("host-a", "host-b"):
                 (scratch / host).mkdir()
                 stack.start_worker("gpu", host, limit=1, cwd=scratch / host)
             runs = iter(range(10**6))
 
             def side(nodes: int):
-                return lambda: seconds_to_training(stack, scratch / "data", scratch / f"run-{next(runs)}",
-                                                   f"fanout-{nodes}", nodes, epochs)  # fmt: skip
+                return lambda: seconds_to_training(
+                    stack, scratch / "data", scratch / f"run-{next(runs)}", f"fanout-{nodes}", nodes, epochs
+                )
 
             medians = alternate({"single": side(1), "nodes": side(2)}, repetitions)
     return [
@@ -86,7 +112,7 @@ def figures(repetitions: int = 2, epochs: int = 1) -> list[Figure]:
             higher_is_better=False,
             notes=f"digits, {epochs} epoch, 1 process per node, 2 process workers; median of {repetitions}; "
             f"fan-out cost {medians['nodes'] - medians['single']:.1f} s",
-        )  # fmt: skip
+        )
     ]
 
 

@@ -51,8 +51,9 @@ def write_jpegs(root: Path, count: int, side: int, classes: int = 10) -> None:
 def loader_ceiling(image_dir: Path, size: int, batch: int, workers: int, seconds: float = 20) -> float:
     """Images/s the DataLoader alone delivers as the worker uses it (decode, resize, crop; uint8, normalised on
     the GPU): the most training can get."""
-    dataset = ImageFiles(ImageDirectory(image_dir).samples(), train_transform(size, IMAGENET_MEAN, IMAGENET_STD),
-                         normalized=False)  # fmt: skip
+    dataset = ImageFiles(
+        ImageDirectory(image_dir).samples(), train_transform(size, IMAGENET_MEAN, IMAGENET_STD), normalized=False
+    )
     loader = DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
     seen, start, warm = 0, None, False
     while start is None or time.perf_counter() - start < seconds:
@@ -106,8 +107,9 @@ def figures(images: int | None = None, ceiling_seconds: float | None = None) -> 
         ceiling = loader_ceiling(image_dir, size, batch, workers, seconds=ceiling_seconds or (20 if cuda else 5))
 
         spec = write_untrained_model_directory(scratch / "spec", ModelSpec(architecture=architecture))
-        params = TrainingParams(epochs=2, batch_size=batch, image_size=size, data_workers=workers,
-                                learning_rate=0.1, print_frequency=10**6)  # fmt: skip
+        params = TrainingParams(
+            epochs=2, batch_size=batch, image_size=size, data_workers=workers, learning_rate=0.1, print_frequency=10**6
+        )
         model_dir = launch_training(image_dir, image_dir, spec, scratch / "model", params, log=lambda level, line: None)
         training = model_dir.metrics().epochs[-1].train_images_per_s
     on_device = device_ceiling(architecture, size, batch, steps=40 if cuda else 3)
@@ -115,13 +117,25 @@ def figures(images: int | None = None, ceiling_seconds: float | None = None) -> 
     device = torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores), GPU figure pending"
     setting = f"{architecture} @{size}px, batch {batch}, {images} JPEGs, {workers} loader workers, {device}"
     return [
-        Figure(f"training {architecture} (bf16 + channels_last on CUDA)", training, None, "images/s",
-               ">= 3,200 images/s on one H100" if cuda else "pending: no GPU", H100_GOAL if cuda else None,
-               notes=setting),
+        Figure(
+            f"training {architecture} (bf16 + channels_last on CUDA)",
+            training,
+            None,
+            "images/s",
+            ">= 3,200 images/s on one H100" if cuda else "pending: no GPU",
+            H100_GOAL if cuda else None,
+            notes=setting,
+        ),
         Figure("data-loading ceiling (DataLoader alone)", ceiling, None, "images/s", "above training", notes=setting),
-        Figure("device ceiling (training steps on one batch in device memory)", on_device, None, "images/s",
-               "above training", notes=f"{setting}; training reached {training / on_device:.0%} of it"),
-    ]  # fmt: skip
+        Figure(
+            "device ceiling (training steps on one batch in device memory)",
+            on_device,
+            None,
+            "images/s",
+            "above training",
+            notes=f"{setting}; training reached {training / on_device:.0%} of it",
+        ),
+    ]
 
 
 if __name__ == "__main__":

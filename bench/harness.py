@@ -60,21 +60,29 @@ def in_fresh_process(module: str, *args: str, env: Mapping[str, str] | None = No
 
     Baselines run so: a first script's process has none of our settings (allocator, threads), and a run in
     this process would leave OpenMP threads spinning that steal the cores from the next measurement."""
-    result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, check=True,
-                            cwd=PROJECT_ROOT, env=None if env is None else dict(env))  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=PROJECT_ROOT,
+        env=None if env is None else dict(env),
+    )
     return result.stdout.strip().splitlines()[-1]
 
 
 def table(figures: list[Figure]) -> str:
     rows = [("figure", "ours", "baseline", "ratio", "target", "met")]
     for f in figures:
-        rows.append((
-            f.name,
-            f"{f.ours:,.1f} {f.unit}",
-            f"{f.baseline:,.1f} {f.unit}" if f.baseline else "-",
-            f"{f.ratio:.2f}x" if f.ratio else "-",
-            f.target,
-            {True: "yes", False: "NO", None: "-"}[f.met],
-        ))  # fmt: skip
+        rows.append(
+            (
+                f.name,
+                f"{f.ours:,.1f} {f.unit}",
+                f"{f.baseline:,.1f} {f.unit}" if f.baseline else "-",
+                f"{f.ratio:.2f}x" if f.ratio else "-",
+                f.target,
+                {True: "yes", False: "NO", None: "-"}[f.met],
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)

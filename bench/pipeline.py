@@ -34,8 +34,14 @@ def plain_functions(train_source: Path, validation_source: Path, out: Path) -> N
     scores = score_images(model_dir, validation)
     scores.to_csv(out / "scores.csv", index=False)
     evaluation = evaluate_scores(scores)
-    register_model(out / "registry", "digits-resnet18", model_dir, metrics=evaluation.figures(),
-                   params=PARAMS.model_dump(), datasets={"train": lineage(train.root), "validation": lineage(validation.root)})  # fmt: skip
+    register_model(
+        out / "registry",
+        "digits-resnet18",
+        model_dir,
+        metrics=evaluation.figures(),
+        params=PARAMS.model_dump(),
+        datasets={"train": lineage(train.root), "validation": lineage(validation.root)},
+    )
 
 
 def figures(repetitions: int = 2) -> list[Figure]:
@@ -58,22 +64,33 @@ def figures(repetitions: int = 2) -> list[Figure]:
 
         medians = alternate(
             {
-                "flow": timed(lambda out: train_pipeline(
-                    train_data=str(train_source), validation_data=str(validation_source), training=PARAMS,
-                    registry=str(out / "registry"), work_dir=str(out),
-                )),
+                "flow": timed(
+                    lambda out: train_pipeline(
+                        train_data=str(train_source),
+                        validation_data=str(validation_source),
+                        training=PARAMS,
+                        registry=str(out / "registry"),
+                        work_dir=str(out),
+                    )
+                ),
                 "plain": timed(lambda out: plain_functions(train_source, validation_source, out)),
             },
             repetitions,
-        )  # fmt: skip
+        )
     overhead = medians["flow"] - medians["plain"]
     return [
         Figure(
-            "pipeline wall time: train_pipeline vs plain functions", medians["flow"], medians["plain"], "s",
-            "<= 1.10x or <= 5 s more", 1.10, higher_is_better=False, allowance=5.0,
+            "pipeline wall time: train_pipeline vs plain functions",
+            medians["flow"],
+            medians["plain"],
+            "s",
+            "<= 1.10x or <= 5 s more",
+            1.10,
+            higher_is_better=False,
+            allowance=5.0,
             notes=f"overhead {overhead:+.1f} s; digits, 1 epoch, 1 process; {repetitions} alternating repetitions",
         )
-    ]  # fmt: skip
+    ]
 
 
 if __name__ == "__main__":

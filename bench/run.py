@@ -52,8 +52,12 @@ def main() -> None:
     now = datetime.now(timezone.utc)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{now:%Y-%m-%d}-{socket.gethostname()}.json"
-    record = {"date": now.isoformat(), "machine": machine(), "seconds": seconds,
-              "figures": [f.as_dict() for f in figures]}  # fmt: skip
+    record = {
+        "date": now.isoformat(),
+        "machine": machine(),
+        "seconds": seconds,
+        "figures": [f.as_dict() for f in figures],
+    }
     path.write_text(json.dumps(record, indent=2))
     print(f"written {path}")
 

@@ -76,8 +76,11 @@ def naive_in_subprocess(model_dir: ModelDirectory, images: ImageDirectory) -> fl
     """images/s of the naive loop in a fresh process, as a first script runs: with the C library's default
     allocator (scoring sets this process's to keep freed memory: tasks/allocator.py) and none of our threads.
     One warm-up pass, then one timed pass, as on our side."""
-    return float(in_fresh_process("bench.score", "--naive", str(model_dir.root), "--images", str(images.root),
-                                  "--limit", str(len(images))))  # fmt: skip
+    return float(
+        in_fresh_process(
+            "bench.score", "--naive", str(model_dir.root), "--images", str(images.root), "--limit", str(len(images))
+        )
+    )
 
 
 def images_per_s(run: Callable[[], object], count: int) -> float:
@@ -90,16 +93,23 @@ def measure(model_dir: ModelDirectory, images: ImageDirectory, runtime: str, rep
     """Batched against naive, alternating repetitions after one warm-up of ours (allocations, file cache)."""
     score_images(model_dir, images, runtime=runtime)
     medians = alternate(
-        {"batched": lambda: images_per_s(lambda: score_images(model_dir, images, runtime=runtime), len(images)),
-         "naive": lambda: naive_in_subprocess(model_dir, images)},
+        {
+            "batched": lambda: images_per_s(lambda: score_images(model_dir, images, runtime=runtime), len(images)),
+            "naive": lambda: naive_in_subprocess(model_dir, images),
+        },
         repetitions,
-    )  # fmt: skip
+    )
     spec = model_dir.spec
     return Figure(
-        what, medians["batched"], medians["naive"], "images/s", ">= 3x a per-image PIL + model loop", 3.0,
+        what,
+        medians["batched"],
+        medians["naive"],
+        "images/s",
+        ">= 3x a per-image PIL + model loop",
+        3.0,
         notes=f"{len(images)} images, {spec.architecture} at {spec.image_size} px, {runtime}, batch {BATCH_SIZE}, "
         f"{repetitions} alternating repetitions, {torch.get_num_threads()} CPU threads",
-    )  # fmt: skip
+    )
 
 
 def limited(image_dir: ImageDirectory, limit: int) -> ImageDirectory:
@@ -155,11 +165,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--registry", default="registry", help="where --model references resolve")
     parser.add_argument("--images", help="an ImageDirectory (default: the digits validation split)")
     parser.add_argument("--architecture", default="resnet18")
-    parser.add_argument("--image-size", type=int, action="append", help="input side(s) of the random-weight model "
-                        "(default: the images' own and 224)")  # fmt: skip
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        action="append",
+        help="input side(s) of the random-weight model (default: the images' own and 224)",
+    )
     parser.add_argument("--limit-at-224", type=int, default=96, help="images scored at 224 px and above (0: all)")
-    parser.add_argument("--runtime", choices=("torch", "onnx"), action="append", help="runtime(s) of the batched "
-                        "side (default: torch, and onnx at 224 px)")  # fmt: skip
+    parser.add_argument(
+        "--runtime",
+        choices=("torch", "onnx"),
+        action="append",
+        help="runtime(s) of the batched side (default: torch, and onnx at 224 px)",
+    )
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--naive", metavar="MODEL_DIR", help="only time the naive loop of MODEL_DIR on --images")
     parser.add_argument("--limit", type=int, help="with --naive: the first LIMIT images")
@@ -169,9 +187,21 @@ def main(argv: list[str] | None = None) -> None:
         naive_scores(model_dir, image_dir)
         print(images_per_s(lambda: naive_scores(model_dir, image_dir), len(image_dir)))
         return
-    print(table(figures(args.model, args.images, args.registry, args.architecture, tuple(args.image_size or (0, 224)),
-                        args.limit_at_224, tuple(args.runtime or ("torch",)), args.repetitions,
-                        onnx_at_224=not args.runtime)))  # fmt: skip
+    print(
+        table(
+            figures(
+                args.model,
+                args.images,
+                args.registry,
+                args.architecture,
+                tuple(args.image_size or (0, 224)),
+                args.limit_at_224,
+                tuple(args.runtime or ("torch",)),
+                args.repetitions,
+                onnx_at_224=not args.runtime,
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

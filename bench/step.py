@@ -36,8 +36,14 @@ def one_variant(fused: bool, compiled: bool, size: int, batch: int, steps: int, 
     torch.manual_seed(0)
     images, labels = torch.randn(batch, 3, size, size), torch.randint(0, 10, (batch,))
     model = torchvision.models.resnet18(num_classes=10).train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4,
-                                **({"fused": True} if fused else {}))  # fmt: skip
+    optimizer = torch.optim.SGD(
+        model.parameters(),
+        lr=0.01,
+        momentum=0.9,
+        nesterov=True,
+        weight_decay=1e-4,
+        **({"fused": True} if fused else {}),
+    )
     forward = torch.compile(model) if compiled else model
     criterion = torch.nn.CrossEntropyLoss()
     times = [0.0, 0.0, 0.0]
@@ -94,8 +100,11 @@ def figures(
     medians = alternate({name: runner(name) for name in names}, repetitions)
     for name in names:
         middle = sorted(records[name], key=lambda r: r["images_per_s"])[len(records[name]) // 2]
-        print(f"{name:42s} {medians[name]:7.1f} images/s  forward/backward/optimizer {middle['ms']} ms/step  "
-              f"{middle['faults_per_step']:8.0f} page faults/step  peak {middle['peak_mb']:.0f} MB", flush=True)  # fmt: skip
+        print(
+            f"{name:42s} {medians[name]:7.1f} images/s  forward/backward/optimizer {middle['ms']} ms/step  "
+            f"{middle['faults_per_step']:8.0f} page faults/step  peak {middle['peak_mb']:.0f} MB",
+            flush=True,
+        )
     notes = (
         f"ResNet-18 @{size}px, batch {batch}, {threads} threads, random tensors, {repetitions} alternating repetitions"
     )

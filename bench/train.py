@@ -56,17 +56,20 @@ def plain_loop_images_per_s(train_source: Path, params: TrainingParams, epochs: 
     torch.manual_seed(params.random_seed)
     # Written the usual way, on PIL images; it computes exactly what our train_transform does
     # (tests/test_train.py checks that they agree to the bit).
-    transform = T.Compose([
-        T.Resize((IMAGE_SIZE, IMAGE_SIZE)),
-        T.RandomCrop(IMAGE_SIZE, padding=IMAGE_SIZE // 8, padding_mode="edge"),
-        T.ToTensor(),
-        T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-    ])  # fmt: skip
+    transform = T.Compose(
+        [
+            T.Resize((IMAGE_SIZE, IMAGE_SIZE)),
+            T.RandomCrop(IMAGE_SIZE, padding=IMAGE_SIZE // 8, padding_mode="edge"),
+            T.ToTensor(),
+            T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
     dataset = torchvision.datasets.ImageFolder(str(train_source), transform=transform)
     loader = DataLoader(dataset, batch_size=params.batch_size, shuffle=True)
     model = torchvision.models.resnet18(num_classes=len(dataset.classes))
-    optimizer = torch.optim.SGD(model.parameters(), lr=params.learning_rate, momentum=0.9, nesterov=True,
-                                weight_decay=1e-4)  # fmt: skip
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=params.learning_rate, momentum=0.9, nesterov=True, weight_decay=1e-4
+    )
     criterion = torch.nn.CrossEntropyLoss()
     for _ in range(epochs):
         model.train()
@@ -106,12 +109,18 @@ def figures(repetitions: int = 3) -> list[Figure]:
             return model_dir.metrics().epochs[-1].train_images_per_s
 
         medians = alternate({"ours": ours, "plain": lambda: plain_loop_in_subprocess(train_src, single)}, repetitions)
-        results.append(Figure(
-            "training (ResNet-18, digits @32px, 1 process)", medians["ours"], medians["plain"], "images/s",
-            ">= 1.3x ImageFolder + DataLoader + PIL", 1.3,
-            notes=f"batch {single.batch_size}, {worker_environment(single)['OMP_NUM_THREADS']} threads, "
-            f"{repetitions} alternating repetitions, median of epoch 2",
-        ))  # fmt: skip
+        results.append(
+            Figure(
+                "training (ResNet-18, digits @32px, 1 process)",
+                medians["ours"],
+                medians["plain"],
+                "images/s",
+                ">= 1.3x ImageFolder + DataLoader + PIL",
+                1.3,
+                notes=f"batch {single.batch_size}, {worker_environment(single)['OMP_NUM_THREADS']} threads, "
+                f"{repetitions} alternating repetitions, median of epoch 2",
+            )
+        )
 
         make_run = TrainingParams(epochs=15, patience=15, processes_per_node=2, device="cpu")
         output = scratch / "time-to-accuracy"
@@ -125,18 +134,32 @@ def figures(repetitions: int = 3) -> list[Figure]:
         model_dir = run_worker(train, val, spec, output, make_run, on_metrics=watch)
         epochs = model_dir.metrics().epochs
         first = next((e.epoch for e in epochs if e.top1 >= 0.98), None)
-        results.append(Figure(
-            "time to 98% validation top-1 (digits, make run settings)", reached[0] if reached else float("nan"),
-            None, "s", "-", notes=f"reached at epoch {first} of {len(epochs)}" if first else
-            f"not reached in {len(epochs)} epochs (best {max(e.top1 for e in epochs):.4f})",
-            higher_is_better=False,
-        ))  # fmt: skip
+        results.append(
+            Figure(
+                "time to 98% validation top-1 (digits, make run settings)",
+                reached[0] if reached else float("nan"),
+                None,
+                "s",
+                "-",
+                notes=f"reached at epoch {first} of {len(epochs)}"
+                if first
+                else f"not reached in {len(epochs)} epochs (best {max(e.top1 for e in epochs):.4f})",
+                higher_is_better=False,
+            )
+        )
         for rank in (0, 1):
             peaks.extend(int(m) for m in _PEAK.findall(driver_log_path(output, rank).read_text()))
-        results.append(Figure(
-            "peak memory per training process", float(max(peaks)), None, "MB", "-", higher_is_better=False,
-            notes=f"RSS of each worker process, {len(peaks)} processes measured, {os.cpu_count()} CPUs",
-        ))  # fmt: skip
+        results.append(
+            Figure(
+                "peak memory per training process",
+                float(max(peaks)),
+                None,
+                "MB",
+                "-",
+                higher_is_better=False,
+                notes=f"RSS of each worker process, {len(peaks)} processes measured, {os.cpu_count()} CPUs",
+            )
+        )
     return results
 
 

@@ -104,9 +104,13 @@ class PrefectStack:
         """Run ``prefect <args>`` against this server, from the project root (``env`` added to the stack's);
         raises on failure."""
         result = subprocess.run(
-            [sys.executable, "-m", "prefect", "--no-prompt", *args], env={**self.env, **(env or {})}, cwd=PROJECT_ROOT,
-            capture_output=True, text=True, timeout=timeout,
-        )  # fmt: skip
+            [sys.executable, "-m", "prefect", "--no-prompt", *args],
+            env={**self.env, **(env or {})},
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if result.returncode != 0:
             raise RuntimeError(f"prefect {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
         return result

@@ -125,8 +125,14 @@ def train_pipeline(
     validate_labels(train_dir, validation_dir)
     spec_dir = untrained_model_directory(str(here / "model_spec"), model)
     # Where every training node reads them: the same folders, or their copies stored in the S3 run folder.
-    stored = [store(local, join(run_dir, *parts)) for local, parts in
-              ((train_dir, ("data", "train")), (validation_dir, ("data", "validation")), (spec_dir, ("model_spec",)))]  # fmt: skip
+    stored = [
+        store(local, join(run_dir, *parts))
+        for local, parts in (
+            (train_dir, ("data", "train")),
+            (validation_dir, ("data", "validation")),
+            (spec_dir, ("model_spec",)),
+        )
+    ]
     model_dir = train(*stored, join(run_dir, "model"), training)
     if export_onnx:
         model_dir = export_and_check_onnx(model_dir, validation_dir)
@@ -175,8 +181,11 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument("--work-dir", default="runs")
     parser.add_argument("--promote-to", help="alias the new version takes if it beats the alias's current version")
     parser.add_argument("--promotion-metric", default="accuracy")
-    parser.add_argument("--lower-is-better", action=argparse.BooleanOptionalAction,
-                        help="a lower figure is better (default: for figures named ...loss)")  # fmt: skip
+    parser.add_argument(
+        "--lower-is-better",
+        action=argparse.BooleanOptionalAction,
+        help="a lower figure is better (default: for figures named ...loss)",
+    )
     parser.add_argument("--min-improvement", type=float, default=0.0, help="margin a challenger must win by")
     parser.add_argument("--export-onnx", action="store_true", help="also export and register model.onnx")
     parser.add_argument(

@@ -66,8 +66,9 @@ def score_pipeline(
     """
     run_dir = run_folder(work_dir, prefix="score-")
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
-    image_dir = convert(images, str(here / "images"), "score", labeled=labeled, single_class="unlabeled",
-                        limits=conversion)  # fmt: skip
+    image_dir = convert(
+        images, str(here / "images"), "score", labeled=labeled, single_class="unlabeled", limits=conversion
+    )
     model_dir = resolve_model(model, registry, str(local_folder(work_dir).resolve() / "models"))
     scored = score(model_dir, image_dir, output_csv or join(run_dir, "scores.csv"), runtime, batch_size, top_k)
     evaluation = evaluate(scored.table, str(here / "confusion_matrix.png")) if scored.labeled else None

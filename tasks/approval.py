@@ -51,18 +51,32 @@ def review_markdown(registry: str, registration: Registration) -> str:
         resolve(registry, f"{registration.name}/{promotion.champion_version}") if promotion.champion_version else None
     )
     figures = [promotion.metric, *(f for f in KEY_FIGURES if f != promotion.metric and f in registration.metrics)]
-    rows = [f"| {f}{' (decides)' if f == promotion.metric else ''} | {figure(registration.metrics.get(f))} | "
-            f"{figure(champion.metrics.get(f)) if champion else 'none'} |" for f in figures]  # fmt: skip
+    rows = [
+        f"| {f}{' (decides)' if f == promotion.metric else ''} | {figure(registration.metrics.get(f))} | "
+        f"{figure(champion.metrics.get(f)) if champion else 'none'} |"
+        for f in figures
+    ]
     direction = "lower" if promotion.lower_is_better else "higher"
-    return "\n".join([
-        f"### Promote {registration.name} version {registration.version} to `{promotion.alias}`?", "",
-        (f"It beats the champion on {promotion.metric} ({direction} is better"
-         + (f", by at least {figure(promotion.min_improvement)}" if promotion.min_improvement else "") + ")."
-         if champion else f"`{promotion.alias}` is not set yet: this would be its first version."), "",
-        f"| figure | challenger: version {registration.version} | champion: "
-        + (f"version {promotion.champion_version} |" if champion else "none |"), "|---|---|---|", *rows, "",
-        "Approve to move the alias; reject to leave it where it is. No answer in time: not promoted.",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"### Promote {registration.name} version {registration.version} to `{promotion.alias}`?",
+            "",
+            (
+                f"It beats the champion on {promotion.metric} ({direction} is better"
+                + (f", by at least {figure(promotion.min_improvement)}" if promotion.min_improvement else "")
+                + ")."
+                if champion
+                else f"`{promotion.alias}` is not set yet: this would be its first version."
+            ),
+            "",
+            f"| figure | challenger: version {registration.version} | champion: "
+            + (f"version {promotion.champion_version} |" if champion else "none |"),
+            "|---|---|---|",
+            *rows,
+            "",
+            "Approve to move the alias; reject to leave it where it is. No answer in time: not promoted.",
+        ]
+    )
 
 
 def _answered_at(flow_run_id: str) -> datetime:
@@ -90,16 +104,28 @@ def ask_for_approval(registry: str, registration: Registration, timeout_s: int) 
     try:
         answer = pause_flow_run(wait_for_input=form, timeout=timeout_s, poll_interval=POLL_SECONDS, key=key)
     except FlowPauseTimeout:
-        return Approval(decision="timed out", comment=f"no answer within {timeout_s} s", flow_run_id=flow_run_id,
-                        answered_at=_carry_on_after_timeout(flow_run_id, timeout_s))  # fmt: skip
+        return Approval(
+            decision="timed out",
+            comment=f"no answer within {timeout_s} s",
+            flow_run_id=flow_run_id,
+            answered_at=_carry_on_after_timeout(flow_run_id, timeout_s),
+        )
     return Approval(
-        decision="approved" if answer.decision == "approve" else "rejected", reviewer=answer.reviewer.strip(),
-        comment=" ".join(answer.comment.split()), answered_at=_answered_at(flow_run_id), flow_run_id=flow_run_id,
-    )  # fmt: skip
+        decision="approved" if answer.decision == "approve" else "rejected",
+        reviewer=answer.reviewer.strip(),
+        comment=" ".join(answer.comment.split()),
+        answered_at=_answered_at(flow_run_id),
+        flow_run_id=flow_run_id,
+    )
 
 
-@task(name="decide-promotion", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error,
-      cache_policy=NO_CACHE)  # fmt: skip
+@task(
+    name="decide-promotion",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_input_error,
+    cache_policy=NO_CACHE,
+)
 def decide(registry: str, registered: RegisteredModel, approval: Approval) -> RegisteredModel:
     """Record the answer and move the alias if approved; artifacts ``promotion`` and the model card again."""
     promotion = decide_promotion(registry, registered.registration, approval)

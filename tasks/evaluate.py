@@ -176,15 +176,24 @@ def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
     if len(evaluation.classes) == 2 and evaluation.auc_ovr is not None:
         curves_path = picture_path.with_name("roc_pr_curves.png")
         positive = evaluation.classes[1]
-        plot_two_class_curves(scores[LABEL_COLUMN].astype(str).to_numpy(),
-                              scores[probability_column(positive)].to_numpy(dtype=float), positive, 0.5, curves_path)  # fmt: skip
-        markdown += (f"\n{png_markdown(curves_path, 'ROC and precision-recall curves')}\n\n'{positive}' is the "
-                     f"positive class; the dot marks the threshold 0.5 (the scored label). Also saved as `{curves_path}`.\n")  # fmt: skip
+        plot_two_class_curves(
+            scores[LABEL_COLUMN].astype(str).to_numpy(),
+            scores[probability_column(positive)].to_numpy(dtype=float),
+            positive,
+            0.5,
+            curves_path,
+        )
+        markdown += (
+            f"\n{png_markdown(curves_path, 'ROC and precision-recall curves')}\n\n'{positive}' is the "
+            f"positive class; the dot marks the threshold 0.5 (the scored label). Also saved as `{curves_path}`.\n"
+        )
     create_markdown_artifact(key="evaluation", markdown=markdown, description=evaluation.headline())
     create_table_artifact(
         key="confusion-matrix",
-        table=[{"true class": name, **dict(zip(evaluation.classes, row))} for name, row in
-               zip(evaluation.classes, evaluation.confusion_matrix)],
+        table=[
+            {"true class": name, **dict(zip(evaluation.classes, row))}
+            for name, row in zip(evaluation.classes, evaluation.confusion_matrix)
+        ],
         description=f"one row per true class, one column per predicted class; {evaluation.headline()}",
-    )  # fmt: skip
+    )
     return evaluation

@@ -56,10 +56,16 @@ def gallery_markdown(scores: pd.DataFrame, images: ImageDirectory, count: int = 
             picture = thumbnail_markdown(image, f"{true} scored as {predicted}")
         cells = [picture, true, predicted, f"{row['confidence']:.3f}", f"`{name}`"]
         rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
-    return "\n".join([
-        "### Misclassified validation images, most confident first", "",
-        "| image | true label | predicted | confidence | file |", "|---|---|---|---|---|", *rows, "",
-    ]), description  # fmt: skip
+    return "\n".join(
+        [
+            "### Misclassified validation images, most confident first",
+            "",
+            "| image | true label | predicted | confidence | file |",
+            "|---|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    ), description
 
 
 # --- Prefect task -------------------------------------------------------------------------------

@@ -86,8 +86,15 @@ class Heartbeat:
 
     def _write(self) -> None:
         self._beat += 1
-        record = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "beat": self._beat,
-                  "phase": self.phase, "epoch": self.epoch, "step": self.step}  # fmt: skip
+        record = {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "beat": self._beat,
+            "phase": self.phase,
+            "epoch": self.epoch,
+            "step": self.step,
+        }
         path = heartbeat_path(self.log_dir, self.rank)
         # No fsync: a heartbeat lost in a crash is worth nothing anyway; os.replace keeps readers off half files.
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

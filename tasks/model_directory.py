@@ -45,9 +45,16 @@ MODEL_FILES = (WEIGHTS_FILE, SPEC_FILE, CLASSES_FILE, METRICS_FILE, TRAINING_LOG
 
 DENSENETS = ("densenet121", "densenet161", "densenet169", "densenet201")
 RESNETS = (
-    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
-    "resnext50_32x4d", "resnext101_32x8d", "wide_resnet50_2", "wide_resnet101_2",
-)  # fmt: skip
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "resnext50_32x4d",
+    "resnext101_32x8d",
+    "wide_resnet50_2",
+    "wide_resnet101_2",
+)
 Architecture = Literal[DENSENETS + RESNETS]  # type: ignore[valid-type]
 
 # torchvision's ImageNet statistics: the models (and any local pretrained weights) expect them.

@@ -79,8 +79,14 @@ def node_run_parameters(
     train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str, params: TrainingParams, key: str
 ) -> list[dict]:
     """The parameters of each node's flow run (flows/train_node.py): one per node, up to ``max`` of ``min:max``."""
-    shared = dict(train_dir=train_dir, validation_dir=validation_dir, model_spec_dir=model_spec_dir,
-                  output_dir=output_dir, params=params.model_dump(mode="json"), rendezvous_key=key)  # fmt: skip
+    shared = dict(
+        train_dir=train_dir,
+        validation_dir=validation_dir,
+        model_spec_dir=model_spec_dir,
+        output_dir=output_dir,
+        params=params.model_dump(mode="json"),
+        rendezvous_key=key,
+    )
     return [{**shared, "node_rank": rank} for rank in range(params.max_nodes)]
 
 
@@ -193,8 +199,9 @@ def cancel_unfinished(client, runs: Sequence, message: str, wait_seconds: float 
 
 def submit_node(deployment: str, rank: int, parameters: dict, log):
     """A flow run of ``deployment`` for one node, a subflow of the calling task's flow run; not waited for."""
-    run = run_deployment(deployment, parameters=parameters, timeout=0,
-                         flow_run_name=f"{flow_run.get_name() or 'train'}-node-{rank}")  # fmt: skip
+    run = run_deployment(
+        deployment, parameters=parameters, timeout=0, flow_run_name=f"{flow_run.get_name() or 'train'}-node-{rank}"
+    )
     log(logging.INFO, f"node {rank}: flow run {run.name!r} ({run.id}) submitted to {deployment}")
     return run
 

@@ -75,10 +75,15 @@ def export_onnx(model_dir: ModelDirectory) -> ModelDirectory:
         warnings.filterwarnings("ignore", message=".*TorchScript-based ONNX export", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message="The feature will be removed", category=DeprecationWarning)
         torch.onnx.export(
-            probability_model(model_dir), (torch.zeros(2, 3, size, size),), buffer, dynamo=False,
-            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=OPSET,
+            probability_model(model_dir),
+            (torch.zeros(2, 3, size, size),),
+            buffer,
+            dynamo=False,
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+            opset_version=OPSET,
             dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-        )  # fmt: skip
+        )
     graph = onnx.load_from_string(buffer.getvalue())
     onnx.helper.set_model_props(graph, onnx_contract(model_dir))
     with atomic_write(model_dir.root / ONNX_FILE, "wb") as handle:
@@ -119,8 +124,9 @@ def check_onnx(
             expected = network(inputs).numpy()
         (produced,) = session.run([OUTPUT_NAME], {INPUT_NAME: inputs.numpy()})
         if produced.shape != expected.shape:
-            raise OnnxMismatchError(f"{ONNX_FILE} returned shape {produced.shape} for a batch of {batch_size}, "
-                                    f"PyTorch {expected.shape}")  # fmt: skip
+            raise OnnxMismatchError(
+                f"{ONNX_FILE} returned shape {produced.shape} for a batch of {batch_size}, PyTorch {expected.shape}"
+            )
         worst = max(worst, float(np.abs(produced - expected).max()))
     if worst > tolerance:
         raise OnnxMismatchError(

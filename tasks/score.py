@@ -127,13 +127,20 @@ class Scored(BaseModel):
 @task(
     name="score", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE
 )
-def score(model_dir: str, image_dir: str, output_csv: str, runtime: Runtime = "torch", batch_size: int = BATCH_SIZE,
-          top_k: int = 0) -> Scored:  # fmt: skip
+def score(
+    model_dir: str,
+    image_dir: str,
+    output_csv: str,
+    runtime: Runtime = "torch",
+    batch_size: int = BATCH_SIZE,
+    top_k: int = 0,
+) -> Scored:
     """Write the scores CSV (a path or s3:// URI), with ``top_k`` best labels per image when > 0; artifact
     ``scores``: a summary and the first rows."""
     started = time.perf_counter()
-    table = score_images(ModelDirectory(model_dir), ImageDirectory(image_dir), batch_size=batch_size, runtime=runtime,
-                         top_k=top_k)  # fmt: skip
+    table = score_images(
+        ModelDirectory(model_dir), ImageDirectory(image_dir), batch_size=batch_size, runtime=runtime, top_k=top_k
+    )
     seconds = time.perf_counter() - started
     write_scores(table, output_csv)
     create_table_artifact(

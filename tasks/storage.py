@@ -91,8 +91,14 @@ def _body_errors() -> tuple[type[BaseException], ...]:
 
     # HTTPClientError covers botocore's ResponseStreamingError, ReadTimeoutError and ConnectionClosedError;
     # ConnectionError covers a reset socket and IncompleteBodyError.
-    return (HTTPClientError, IncompleteReadError, urllib3.exceptions.HTTPError, http.client.HTTPException,
-            ConnectionError, TimeoutError)  # fmt: skip
+    return (
+        HTTPClientError,
+        IncompleteReadError,
+        urllib3.exceptions.HTTPError,
+        http.client.HTTPException,
+        ConnectionError,
+        TimeoutError,
+    )
 
 
 def _get_body(
@@ -118,8 +124,14 @@ def _get_body(
                 raise IncompleteBodyError(
                     f"s3://{bucket}/{key}: the body was cut off {BODY_ATTEMPTS} times in a row, last: {error}"
                 ) from error
-            logger.warning("s3://%s/%s: body cut off (%s); reading it again (attempt %d of %d)",
-                           bucket, key, error, attempt + 1, BODY_ATTEMPTS)  # fmt: skip
+            logger.warning(
+                "s3://%s/%s: body cut off (%s); reading it again (attempt %d of %d)",
+                bucket,
+                key,
+                error,
+                attempt + 1,
+                BODY_ATTEMPTS,
+            )
             time.sleep(min(2.0, 0.1 * 2**attempt))
 
 

@@ -74,26 +74,50 @@ def build_torchrun_command(
 
     With ``nodes > 1``, ``is_host`` says whether this node serves the rendezvous (the first node of a launch
     through the work pool); ``None`` leaves it to torchrun, which serves it when the endpoint names this machine."""
-    command = [python, "-m", "torch.distributed.run", "--nnodes", str(params.nodes),
-               "--nproc-per-node", str(params.processes_per_node), "--max-restarts", str(params.max_restarts)]  # fmt: skip
+    command = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(params.nodes),
+        "--nproc-per-node",
+        str(params.processes_per_node),
+        "--max-restarts",
+        str(params.max_restarts),
+    ]
     if params.max_nodes == 1:
         # A private rendezvous on a free port: runs on one host never collide.
         command.append("--standalone")
     elif params.rendezvous_endpoint:
         conf = f"join_timeout={params.join_timeout_s:g}" + ("" if is_host is None else f",is_host={int(is_host)}")
-        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", params.rendezvous_endpoint,
-                    "--rdzv-id", params.rendezvous_id or run_id, "--rdzv-conf", conf]  # fmt: skip
+        command += [
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            params.rendezvous_endpoint,
+            "--rdzv-id",
+            params.rendezvous_id or run_id,
+            "--rdzv-conf",
+            conf,
+        ]
     else:
         raise PipelineInputError(
             f"nodes={params.nodes} needs rendezvous_endpoint (host:port reachable from every node, e.g. the first "
             "node's address and port 29400) when torchrun is launched directly; the train task finds one itself"
         )
     return command + [
-        "-m", WORKER_MODULE,
-        "--train", str(folders.train_dir), "--validation", str(folders.validation_dir),
-        "--model-spec", str(folders.model_spec_dir), "--output", str(folders.output_dir),
+        "-m",
+        WORKER_MODULE,
+        "--train",
+        str(folders.train_dir),
+        "--validation",
+        str(folders.validation_dir),
+        "--model-spec",
+        str(folders.model_spec_dir),
+        "--output",
+        str(folders.output_dir),
         *training_flags(params),
-    ]  # fmt: skip
+    ]
 
 
 def worker_environment(params: TrainingParams, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -204,8 +228,10 @@ class WatchLimits:
     def of(cls, params: TrainingParams) -> WatchLimits:
         return cls(
             timeout_s=params.timeout_minutes * 60 if params.timeout_minutes else None,
-            hang_timeout_s=params.hang_timeout_s, stall_timeout_s=params.stall_timeout_s, claim_output=params.max_nodes == 1,
-        )  # fmt: skip
+            hang_timeout_s=params.hang_timeout_s,
+            stall_timeout_s=params.stall_timeout_s,
+            claim_output=params.max_nodes == 1,
+        )
 
 
 def claim_output(log_dir: Path, wait_seconds: float) -> None:
@@ -291,9 +317,14 @@ def run_training(
     output: collections.deque[str] = collections.deque(maxlen=10 * LOG_TAIL_LINES)
     # Through tasks.lifeline: torchrun gets SIGTERM (and stops its workers) if this process dies, even by SIGKILL.
     process = subprocess.Popen(
-        [sys.executable, "-m", "tasks.lifeline", *command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, errors="replace", env=env, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "tasks.lifeline", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env=env,
+        start_new_session=True,
+    )
 
     def pump() -> None:
         level_of = LineLevels()
@@ -318,16 +349,19 @@ def run_training(
                 stop_training(process, log_dir)
                 raise TrainingHungError(
                     f"training hung: {hang}; every training process was stopped",
-                    returncode=process.returncode, rank=hang.ranks[0],
+                    returncode=process.returncode,
+                    rank=hang.ranks[0],
                     log_tail=log_tail(driver_log_path(output_dir, hang.ranks[0])),
-                ) from None  # fmt: skip
+                ) from None
             if limits.timeout_s is not None and time.monotonic() - started > limits.timeout_s:
                 stop_training(process, log_dir)
                 raise TrainingTimeoutError(
                     f"training ran past its limit of {limits.timeout_s / 60:g} minutes (timeout_minutes) after "
                     f"{max(new_epochs.seen, 0)} epochs; every training process was stopped, a retry resumes from the checkpoint",
-                    returncode=process.returncode, rank=None, log_tail="\n".join(list(output)[-LOG_TAIL_LINES:]),
-                )  # fmt: skip
+                    returncode=process.returncode,
+                    rank=None,
+                    log_tail="\n".join(list(output)[-LOG_TAIL_LINES:]),
+                )
             try:
                 process.wait(timeout=poll_seconds)
             except subprocess.TimeoutExpired:
@@ -366,9 +400,15 @@ def launch_training(
     command = build_torchrun_command(staged, params, run_id=run_id, is_host=is_host)
     log(logging.INFO, f"launching {shlex.join(command)}")
     model_dir = run_training(
-        command, staged.output_dir, worker_environment(params), log=log, on_metrics=on_metrics,
-        limits=limits or WatchLimits.of(params), poll_seconds=poll_seconds, on_poll=staged.sync,
-    )  # fmt: skip
+        command,
+        staged.output_dir,
+        worker_environment(params),
+        log=log,
+        on_metrics=on_metrics,
+        limits=limits or WatchLimits.of(params),
+        poll_seconds=poll_seconds,
+        on_poll=staged.sync,
+    )
     staged.finish()
     return model_dir
 
@@ -418,7 +458,7 @@ def progress_artifact(total_epochs: int) -> UUID:
                     task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]), type=ArtifactFilterType(any_=["progress"])
                 ),
                 limit=1,
-            )  # fmt: skip
+            )
         if earlier:
             return earlier[0].id
     return create_progress_artifact(0.0, key="training-progress", description=epochs_done(None, total_epochs))
@@ -441,15 +481,22 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
         )
         if metrics.epochs:  # the curves so far, beside the progress bar; output_dir may be on S3: draw aside
             with tempfile.TemporaryDirectory(prefix="training-curves-") as scratch:
-                publish_training_curves(metrics, Path(scratch) / TRAINING_CURVES_FILE,
-                                        f"so far: {epochs_done(metrics, params.epochs)}")  # fmt: skip
+                publish_training_curves(
+                    metrics, Path(scratch) / TRAINING_CURVES_FILE, f"so far: {epochs_done(metrics, params.epochs)}"
+                )
 
     mirror = mirror_of(output_dir)
     if params.max_nodes == 1:
         model_dir = launch_training(
-            train_dir, validation_dir, model_spec_dir, output_dir, params,
-            run_id=Path(output_dir).parent.name, log=logger.log, on_metrics=on_metrics,
-        )  # fmt: skip
+            train_dir,
+            validation_dir,
+            model_spec_dir,
+            output_dir,
+            params,
+            run_id=Path(output_dir).parent.name,
+            log=logger.log,
+            on_metrics=on_metrics,
+        )
     else:
         # One flow run per node through the work pool (tasks/nodes.py); they write into output_dir, watched here.
         read = mirror.remote_metrics if mirror else lambda: read_metrics(Path(output_dir))
@@ -488,7 +535,13 @@ def train_node(
     that submitted the nodes retries them all together."""
     at = params.model_copy(update={"rendezvous_endpoint": rendezvous.endpoint})
     model_dir = launch_training(
-        train_dir, validation_dir, model_spec_dir, output_dir, at,
-        run_id=rendezvous.id, is_host=rendezvous.is_host, log=get_run_logger().log,
-    )  # fmt: skip
+        train_dir,
+        validation_dir,
+        model_spec_dir,
+        output_dir,
+        at,
+        run_id=rendezvous.id,
+        is_host=rendezvous.is_host,
+        log=get_run_logger().log,
+    )
     return str(model_dir.root)

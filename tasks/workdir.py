@@ -206,8 +206,12 @@ class StagedTraining(TrainingFolders):
             try:
                 self.mirror.sync()
             except (BotoCoreError, ClientError, OSError) as error:
-                logger.warning("keeping %s in step with %s failed, tried again shortly: %s",
-                               self.output_dir, self.mirror.location, error)  # fmt: skip
+                logger.warning(
+                    "keeping %s in step with %s failed, tried again shortly: %s",
+                    self.output_dir,
+                    self.mirror.location,
+                    error,
+                )
 
     def finish(self) -> None:
         if self.mirror:
@@ -221,9 +225,12 @@ def stage_training(train_dir: str, validation_dir: str, model_spec_dir: str, out
     if mirror:
         mirror.sync()
     return StagedTraining(
-        fetch_image_directory(train_dir), fetch_image_directory(validation_dir), fetch_folder(model_spec_dir),
-        local_folder(output_dir), mirror,
-    )  # fmt: skip
+        fetch_image_directory(train_dir),
+        fetch_image_directory(validation_dir),
+        fetch_folder(model_spec_dir),
+        local_folder(output_dir),
+        mirror,
+    )
 
 
 # --- Prefect task -------------------------------------------------------------------------------

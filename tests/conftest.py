@@ -62,8 +62,22 @@ def trained_model(tmp_path_factory, colour_image_dirs, resnet_spec) -> Path:
     """A ModelDirectory trained for real by torchrun with 2 processes (2 epochs)."""
     train, val = colour_image_dirs
     output = tmp_path_factory.mktemp("trained") / "model"
-    result = run_worker("--train", str(train), "--validation", str(val), "--model-spec", str(resnet_spec),
-                        "--output", str(output), "--epochs", "2", "--learning-rate", "0.01", "--batch-size", "4")  # fmt: skip
+    result = run_worker(
+        "--train",
+        str(train),
+        "--validation",
+        str(val),
+        "--model-spec",
+        str(resnet_spec),
+        "--output",
+        str(output),
+        "--epochs",
+        "2",
+        "--learning-rate",
+        "0.01",
+        "--batch-size",
+        "4",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return output
 
@@ -114,8 +128,9 @@ def s3_endpoint():
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:

@@ -27,8 +27,15 @@ ERROR_BODY = (
 class FaultyProxy(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, upstream: str, failure_rate: float = 0.2, seed: int = 0, hold_suffix: str | None = None,
-                 lifetime_s: float = 300, cut_rate: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        upstream: str,
+        failure_rate: float = 0.2,
+        seed: int = 0,
+        hold_suffix: str | None = None,
+        lifetime_s: float = 300,
+        cut_rate: float = 0.0,
+    ) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         target = urlsplit(upstream)
         self.upstream = (target.hostname, target.port)

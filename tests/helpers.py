@@ -41,8 +41,16 @@ def write_class_folders(root: Path, per_class: int, classes=tuple(COLOURS), seed
 
 def run_worker(*args: str, processes: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
     """A real torchrun launch of the training worker (Gloo on CPU)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
-               "-m", "tasks.training.worker", *args]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={processes}",
+        "-m",
+        "tasks.training.worker",
+        *args,
+    ]
     return subprocess.run(
         command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     )
@@ -115,8 +123,11 @@ async def artifacts_and_run_count(flow_run_id, task_run_id) -> tuple[dict[str, s
     async with get_client() as client:
         artifacts = await client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])),
-            flow_run_filter=FlowRunFilter(), task_run_filter=TaskRunFilter(), limit=10, sort=ArtifactSort.CREATED_DESC,
-        )  # fmt: skip
+            flow_run_filter=FlowRunFilter(),
+            task_run_filter=TaskRunFilter(),
+            limit=10,
+            sort=ArtifactSort.CREATED_DESC,
+        )
         task_run = await client.read_task_run(task_run_id)
     return {a.key: str(a.data) for a in artifacts}, task_run.run_count
 
@@ -130,13 +141,26 @@ async def card_versions(key):
 
 
 def registry_cli(registry, *args, env=None):
-    return subprocess.run([sys.executable, "-m", "tasks.registry", "--registry", registry, *args],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.registry", "--registry", registry, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
 
 
 def register_test_model(registry, model, name=NAME, accuracy=0.9, **options):
     """A registration by its own task run of flow run ``run-1``."""
     return register_model(
-        registry, name, ModelDirectory(model), metrics={"accuracy": accuracy}, params={"epochs": 2},
-        datasets=LINEAGE, flow_run_id="run-1", task_run_id=uuid.uuid4().hex, tags={"team": "vision"}, **options,
-    )  # fmt: skip
+        registry,
+        name,
+        ModelDirectory(model),
+        metrics={"accuracy": accuracy},
+        params={"epochs": 2},
+        datasets=LINEAGE,
+        flow_run_id="run-1",
+        task_run_id=uuid.uuid4().hex,
+        tags={"team": "vision"},
+        **options,
+    )

@@ -48,8 +48,16 @@ def register_with_approval(trained_model, colour_image_dirs, evaluation):
 
     @flow(name=FLOW_NAME)
     def register_with_approval(registry: str, timeout_s: int = 120):
-        registered = register(registry, NAME, str(trained_model), evaluation.figures(), {"train": str(train), "validation": str(val)},
-                              {"epochs": 2}, promote_to="production", approval=True)  # fmt: skip
+        registered = register(
+            registry,
+            NAME,
+            str(trained_model),
+            evaluation.figures(),
+            {"train": str(train), "validation": str(val)},
+            {"epochs": 2},
+            promote_to="production",
+            approval=True,
+        )
         return settle_promotion(registry, registered, timeout_s)
 
     return register_with_approval
@@ -60,8 +68,11 @@ def paused_run(timeout: float = 60):
     waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
-        while not (runs := client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW_NAME])),
-                                                 flow_run_filter=waiting)):  # fmt: skip
+        while not (
+            runs := client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW_NAME])), flow_run_filter=waiting
+            )
+        ):
             assert time.monotonic() < deadline, "the flow run never paused"
             time.sleep(0.5)
     return runs[0]

@@ -67,12 +67,38 @@ def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(sta
     val = write_class_folders(tmp_path / "val", 3, seed=1)
     registry = tmp_path / "registry"
     pipeline = subprocess.Popen(
-        [sys.executable, "-m", "flows.pipeline", "--train-data", str(train), "--validation-data", str(val),
-         "--model-name", NAME, "--registry", str(registry), "--work-dir", str(tmp_path / "runs"),
-         "--epochs", "2", "--batch-size", "4", "--learning-rate", "0.01",
-         "--promote-to", "production", "--approval", "--approval-timeout-s", "300"],
-        cwd=PROJECT_ROOT, env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "flows.pipeline",
+            "--train-data",
+            str(train),
+            "--validation-data",
+            str(val),
+            "--model-name",
+            NAME,
+            "--registry",
+            str(registry),
+            "--work-dir",
+            str(tmp_path / "runs"),
+            "--epochs",
+            "2",
+            "--batch-size",
+            "4",
+            "--learning-rate",
+            "0.01",
+            "--promote-to",
+            "production",
+            "--approval",
+            "--approval-timeout-s",
+            "300",
+        ],
+        cwd=PROJECT_ROOT,
+        env=stack.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     SHOTS.mkdir(parents=True, exist_ok=True)
     driver = chromium()
     try:
@@ -80,8 +106,16 @@ def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(sta
         driver.get(f"{stack.url}/runs/flow-run/{run_id}")
         wait_for_text(driver, ["Paused", "Resume"])
         click_text(driver, "Resume")
-        form = wait_for_text(driver, [f"Promote {NAME} version 1 to production?", "challenger: version 1",
-                                      "Decision", "Reviewer (Optional)", "Comment (Optional)"])  # fmt: skip
+        form = wait_for_text(
+            driver,
+            [
+                f"Promote {NAME} version 1 to production?",
+                "challenger: version 1",
+                "Decision",
+                "Reviewer (Optional)",
+                "Comment (Optional)",
+            ],
+        )
         assert "accuracy (decides)" in form
         field(driver, "Decision", "div[contains(@class, 'p-select')]").click()
         click_text(driver, "approve")

@@ -28,9 +28,14 @@ def scores_with_mistakes(images: ImageDirectory) -> pd.DataFrame:
     for record in records:
         predicted = CLASSES[(CLASSES.index(record.label) + 1) % 3] if record.path in wrong else record.label
         top = wrong.get(record.path, 0.9)
-        rows.append({"image": record.source_path or record.path, "Scored Labels": predicted,
-                     **{f"Scored Probabilities_{c}": top if c == predicted else (1 - top) / 2 for c in CLASSES},
-                     "label": record.label})  # fmt: skip
+        rows.append(
+            {
+                "image": record.source_path or record.path,
+                "Scored Labels": predicted,
+                **{f"Scored Probabilities_{c}": top if c == predicted else (1 - top) / 2 for c in CLASSES},
+                "label": record.label,
+            }
+        )
     return pd.DataFrame(rows)
 
 

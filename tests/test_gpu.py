@@ -36,10 +36,14 @@ def rank_log(model_dir: str | Path, rank: int = 0) -> str:
 def test_digits_pipeline_trains_scores_and_registers_on_the_gpu(prefect_server, digits_subset, tmp_path):
     train, val = digits_subset
     result = train_pipeline(
-        train_data=str(train), validation_data=str(val), model=ModelSpec(architecture="resnet18"),
-        training=TrainingParams(epochs=4, learning_rate=0.004), registry=str(tmp_path / "registry"),
-        work_dir=str(tmp_path / "runs"), export_onnx=True,
-    )  # fmt: skip
+        train_data=str(train),
+        validation_data=str(val),
+        model=ModelSpec(architecture="resnet18"),
+        training=TrainingParams(epochs=4, learning_rate=0.004),
+        registry=str(tmp_path / "registry"),
+        work_dir=str(tmp_path / "runs"),
+        export_onnx=True,
+    )
 
     model_dir = ModelDirectory(result.location)
     assert "on cuda:0 (single process, bf16 autocast, channels_last)" in rank_log(Path(result.run_dir) / "model")
@@ -71,10 +75,14 @@ def test_resnet50_at_224_from_jpegs_on_the_gpu(prefect_server, tmp_path):
     train = write_jpegs(tmp_path / "train", 96, classes=3)
     val = write_jpegs(tmp_path / "val", 30, classes=3)
     result = train_pipeline(
-        train_data=str(train), validation_data=str(val), model=ModelSpec(architecture="resnet50"),
+        train_data=str(train),
+        validation_data=str(val),
+        model=ModelSpec(architecture="resnet50"),
         training=TrainingParams(epochs=2, batch_size=32, image_size=224, learning_rate=0.01),
-        registry=str(tmp_path / "registry"), work_dir=str(tmp_path / "runs"), export_onnx=True,
-    )  # fmt: skip
+        registry=str(tmp_path / "registry"),
+        work_dir=str(tmp_path / "runs"),
+        export_onnx=True,
+    )
 
     model_dir = ModelDirectory(result.location)
     assert model_dir.spec.architecture == "resnet50" and model_dir.spec.image_size == 224

@@ -66,8 +66,12 @@ def test_workers_die_with_the_flow_process_killed_by_sigkill(tmp_path, colour_im
         from tasks.training.config import TrainingParams
         launch_training({str(train)!r}, {str(val)!r}, {str(resnet_spec)!r}, {str(output)!r}, TrainingParams(**{LONG!r}))
     """)
-    flow_process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                    env=worker_environment(TrainingParams()))  # fmt: skip
+    flow_process = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        env=worker_environment(TrainingParams()),
+    )
     try:
         beats = wait_for(lambda: training_heartbeats(output), what="both ranks training")
         spawned = processes_of(output)
@@ -100,14 +104,25 @@ def test_a_new_attempt_never_trains_beside_an_earlier_attempts_workers(tmp_path,
     folders = TrainingFolders(train, val, resnet_spec, output)
     command = build_torchrun_command(folders, TrainingParams(**{**LONG, "processes_per_node": 1}))
     worker_argv = command[command.index("-m", 2) :]
-    earlier = subprocess.Popen([sys.executable, *worker_argv], env=worker_environment(TrainingParams()),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    earlier = subprocess.Popen(
+        [sys.executable, *worker_argv],
+        env=worker_environment(TrainingParams()),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: training_heartbeats(output, ranks=1), what="the earlier worker to train")
         params = TrainingParams(epochs=1, batch_size=4, device="cpu")
         with pytest.raises(OutputInUseError, match=f"pid {earlier.pid}"):
-            launch_training(train, val, resnet_spec, output, params, log=lambda level, line: None,
-                            limits=WatchLimits(output_lock_wait_s=2))  # fmt: skip
+            launch_training(
+                train,
+                val,
+                resnet_spec,
+                output,
+                params,
+                log=lambda level, line: None,
+                limits=WatchLimits(output_lock_wait_s=2),
+            )
         assert earlier.poll() is None, "the new attempt must not touch the earlier one's processes"
     finally:
         earlier.kill()
@@ -207,12 +222,18 @@ def test_each_line_keeps_the_level_it_was_logged_at():
         ("[rank 0] ERROR TRAINING FAILED on rank 0", "ERROR"),
         ("Traceback (most recent call last):", "ERROR"),
         ('  File "worker.py", line 3, in main', "ERROR"),
-        ("W1122 06:01:02.123000 1234 torch/distributed/elastic/agent/server/api.py:719] Received Signals.SIGTERM", "WARNING"),
-        ("E1122 07:48:24.994000 14627 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1)", "ERROR"),
+        (
+            "W1122 06:01:02.123000 1234 torch/distributed/elastic/agent/server/api.py:719] Received Signals.SIGTERM",
+            "WARNING",
+        ),
+        (
+            "E1122 07:48:24.994000 14627 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1)",
+            "ERROR",
+        ),
         ("Traceback (most recent call last):", "INFO"),
         ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "INFO"),
         ("[rank 0] INFO done", "INFO"),
-    ]  # fmt: skip
+    ]
     import logging
 
     assert [logging.getLevelName(levels(line)) for line, _ in lines] == [level for _, level in lines]
@@ -229,8 +250,14 @@ def test_the_train_task_does_not_retry_an_input_error_raised_in_the_worker(prefe
 
     @flow
     def train_once():
-        return train_task(str(colour_image_dirs[0]), str(val), str(empty_spec), str(tmp_path / "model"),
-                          TrainingParams(epochs=1, device="cpu"), return_state=True)  # fmt: skip
+        return train_task(
+            str(colour_image_dirs[0]),
+            str(val),
+            str(empty_spec),
+            str(tmp_path / "model"),
+            TrainingParams(epochs=1, device="cpu"),
+            return_state=True,
+        )
 
     state = train_once(return_state=True).result(raise_on_failure=False)
     assert state.is_failed() and "model_spec.json" in state.message

@@ -49,8 +49,14 @@ def test_top_k_adds_the_best_labels_after_the_azure_columns(trained_model, colou
     _, val = colour_image_dirs
     plain = score_images(ModelDirectory(trained_model), ImageDirectory(val))
     table = score_images(ModelDirectory(trained_model), ImageDirectory(val), top_k=2)
-    assert list(table.columns) == [*plain.columns[:-1], "Top 1 Label", "Top 1 Probability", "Top 2 Label",
-                                   "Top 2 Probability", "label"]  # fmt: skip
+    assert list(table.columns) == [
+        *plain.columns[:-1],
+        "Top 1 Label",
+        "Top 1 Probability",
+        "Top 2 Label",
+        "Top 2 Probability",
+        "label",
+    ]
     pd.testing.assert_frame_equal(table[plain.columns], plain)
     classes = sorted(COLOURS)
     probabilities = table[[f"Scored Probabilities_{c}" for c in classes]].to_numpy()
@@ -195,8 +201,9 @@ def test_weighted_figures_follow_class_support():
 
 
 def test_comparison_rows_put_figures_side_by_side():
-    rows = comparison_rows({"accuracy": 0.5, "auc_ovr": None, "best_epoch": 3}, {"accuracy": 0.75, "f1_macro": 0.7},
-                           "digits/1", "digits/2")  # fmt: skip
+    rows = comparison_rows(
+        {"accuracy": 0.5, "auc_ovr": None, "best_epoch": 3}, {"accuracy": 0.75, "f1_macro": 0.7}, "digits/1", "digits/2"
+    )
     assert rows == [
         {"figure": "accuracy", "digits/1": 0.5, "digits/2": 0.75, "difference": 0.25},
         {"figure": "best_epoch", "digits/1": 3, "digits/2": None, "difference": None},
@@ -224,8 +231,15 @@ def test_two_class_evaluations_show_roc_and_precision_recall_curves(prefect_serv
     rng = np.random.default_rng(0)
     labels = ["cat"] * 20 + ["dog"] * 20
     dog = np.clip(np.r_[rng.normal(0.35, 0.2, 20), rng.normal(0.65, 0.2, 20)], 0.01, 0.99)
-    table = pd.DataFrame({"image": [f"{i}.png" for i in range(40)], "Scored Labels": np.where(dog >= 0.5, "dog", "cat"),
-                          "Scored Probabilities_cat": 1 - dog, "Scored Probabilities_dog": dog, "label": labels})  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "image": [f"{i}.png" for i in range(40)],
+            "Scored Labels": np.where(dog >= 0.5, "dog", "cat"),
+            "Scored Probabilities_cat": 1 - dog,
+            "Scored Probabilities_dog": dog,
+            "label": labels,
+        }
+    )
     two, three = tmp_path / "two" / "scores.csv", tmp_path / "three" / "scores.csv"
     write_scores(table, str(two))
     write_scores(scores(["cat", "dog", "cow"], ["cat", "dog", "cat"]), str(three))

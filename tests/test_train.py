@@ -72,8 +72,17 @@ def test_worker_flags_round_trip_to_the_same_params():
 
 def test_defaults_are_the_azure_components():
     p = TrainingParams()
-    assert (p.epochs, p.batch_size, p.warmup_epochs, p.learning_rate, p.random_seed, p.patience, p.print_frequency,
-            p.nodes, p.processes_per_node) == (5, 16, 0, 0.001, 1, 3, 10, 1, 1)  # fmt: skip
+    assert (
+        p.epochs,
+        p.batch_size,
+        p.warmup_epochs,
+        p.learning_rate,
+        p.random_seed,
+        p.patience,
+        p.print_frequency,
+        p.nodes,
+        p.processes_per_node,
+    ) == (5, 16, 0, 0.001, 1, 3, 10, 1, 1)
     with pytest.raises(ValueError):
         TrainingParams(epochs=0)
 
@@ -101,8 +110,14 @@ def test_transforms_compute_what_the_usual_pil_pipeline_computes():
     generator = torch.Generator().manual_seed(0)
     for shape, size in (((8, 8, 3), 32), ((37, 50, 3), 64), ((200, 300, 3), 224)):
         image = Image.fromarray(torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator).numpy())
-        usual_train = T.Compose([T.Resize((size, size)), T.RandomCrop(size, padding=size // 8, padding_mode="edge"),
-                                 T.ToTensor(), T.Normalize(mean, std)])  # fmt: skip
+        usual_train = T.Compose(
+            [
+                T.Resize((size, size)),
+                T.RandomCrop(size, padding=size // 8, padding_mode="edge"),
+                T.ToTensor(),
+                T.Normalize(mean, std),
+            ]
+        )
         usual_eval = T.Compose([T.Resize((size, size)), T.ToTensor(), T.Normalize(mean, std)])
         torch.manual_seed(3)
         expected = [usual_train(image) for _ in range(4)]
@@ -150,14 +165,25 @@ def test_warmup_then_polynomial_decay():
 
 
 def epoch(n, val_loss, top1):
-    return EpochMetrics(epoch=n, lr=0.1, train_images_per_s=1, train_loss=1, train_error=0.5, val_loss=val_loss,
-                        top1=top1, top5=1, seconds=1)  # fmt: skip
+    return EpochMetrics(
+        epoch=n,
+        lr=0.1,
+        train_images_per_s=1,
+        train_loss=1,
+        train_error=0.5,
+        val_loss=val_loss,
+        top1=top1,
+        top5=1,
+        seconds=1,
+    )
 
 
 def test_early_stopping_after_patience_epochs_without_lower_validation_loss():
     metrics = TrainingMetrics()
-    bests = [metrics.add_epoch(epoch(n, loss, top1), patience=2, total_epochs=10)
-             for n, loss, top1 in [(1, 0.9, 0.5), (2, 0.5, 0.7), (3, 0.6, 0.8), (4, 0.7, 0.6)]]  # fmt: skip
+    bests = [
+        metrics.add_epoch(epoch(n, loss, top1), patience=2, total_epochs=10)
+        for n, loss, top1 in [(1, 0.9, 0.5), (2, 0.5, 0.7), (3, 0.6, 0.8), (4, 0.7, 0.6)]
+    ]
     assert bests == [True, True, True, False]
     assert metrics.stopped_early and metrics.best_epoch == 3 and metrics.lowest_val_loss == 0.5
     last = TrainingMetrics()
@@ -196,8 +222,20 @@ def test_trained_model_directory_is_complete(trained_model, colour_image_dirs):
 @pytest.mark.integration
 def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs, resnet_spec):
     train, val = colour_image_dirs
-    args = ["--train", str(train), "--validation", str(val), "--model-spec", str(resnet_spec),
-            "--output", str(tmp_path / "model"), "--batch-size", "8", "--learning-rate", "0.01"]  # fmt: skip
+    args = [
+        "--train",
+        str(train),
+        "--validation",
+        str(val),
+        "--model-spec",
+        str(resnet_spec),
+        "--output",
+        str(tmp_path / "model"),
+        "--batch-size",
+        "8",
+        "--learning-rate",
+        "0.01",
+    ]
     first = run_worker(*args, "--epochs", "1")
     assert first.returncode == 0, first.stderr
     checkpoint = torch.load(tmp_path / "model" / CHECKPOINT_FILE, weights_only=True)

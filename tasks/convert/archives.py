@@ -34,10 +34,23 @@ _MAGIC = (
     (b"BZh", "bz2"),
     (b"\xfd7zXZ\x00", "xz"),
 )
-_SUFFIXES = {".zip": "zip", ".tar": "tar", ".tgz": "gz", ".gz": "gz", ".tbz2": "bz2", ".bz2": "bz2", ".txz": "xz",
-             ".xz": "xz"}  # fmt: skip
-_KIND_NAMES = {"zip": "zip", "tar": "tar", "gz": "gzip-compressed tar", "bz2": "bzip2-compressed tar",
-               "xz": "xz-compressed tar"}  # fmt: skip
+_SUFFIXES = {
+    ".zip": "zip",
+    ".tar": "tar",
+    ".tgz": "gz",
+    ".gz": "gz",
+    ".tbz2": "bz2",
+    ".bz2": "bz2",
+    ".txz": "xz",
+    ".xz": "xz",
+}
+_KIND_NAMES = {
+    "zip": "zip",
+    "tar": "tar",
+    "gz": "gzip-compressed tar",
+    "bz2": "bzip2-compressed tar",
+    "xz": "xz-compressed tar",
+}
 
 
 def unsafe_member_name(name: str) -> bool:
@@ -97,9 +110,11 @@ class _Writer:
         for part in path.parts:
             if len(os.fsencode(part)) > NAME_MAX:
                 _refuse_member(
-                    self.source, name, f"its name {part[:40]!r}… is {len(os.fsencode(part))} bytes long, over the "
+                    self.source,
+                    name,
+                    f"its name {part[:40]!r}… is {len(os.fsencode(part))} bytes long, over the "
                     f"{NAME_MAX} bytes a file system allows in one name: shorten it and pack the archive again",
-                )  # fmt: skip
+                )
         return path
 
     def skip(self, name: str, reason: str) -> None:
@@ -146,9 +161,11 @@ class _Writer:
             _refuse_member(self.source, name, f"it is a link to {target!r}, outside the archive")
         if hard and self.folders.get(_relative(target)) is not False:
             _refuse_member(
-                self.source, name, f"it is a hard link to {target!r}, which no earlier member of the archive is: "
+                self.source,
+                name,
+                f"it is a hard link to {target!r}, which no earlier member of the archive is: "
                 "the archive is damaged or was cut from a larger one",
-            )  # fmt: skip
+            )
         if self._claim(name, path, folder=False):
             self.links.add(path)
             kind = "hard link" if hard else "symbolic link"

@@ -65,13 +65,15 @@ class ConversionLimits(BaseModel):
     the disk or the memory. The flows take it as their ``conversion`` parameter (a form in the UI)."""
 
     max_extracted_bytes: int = Field(
-        DEFAULT_MAX_EXTRACTED_BYTES, gt=0,
+        DEFAULT_MAX_EXTRACTED_BYTES,
+        gt=0,
         description="Most bytes an archive or S3 prefix may unpack or download (larger ones are refused as archive bombs)",
-    )  # fmt: skip
+    )
     max_image_pixels: int = Field(
-        DEFAULT_MAX_IMAGE_PIXELS, gt=0,
+        DEFAULT_MAX_IMAGE_PIXELS,
+        gt=0,
         description="Largest image in pixels (width x height); larger ones are quarantined from their header, never decoded",
-    )  # fmt: skip
+    )
     decode_memory_bytes: int = Field(
         DEFAULT_DECODE_MEMORY_BYTES,
         gt=0,
@@ -391,6 +393,10 @@ def convert(
         logger.warning("%s: %s", role, warning)
     logger.info(
         "%s: %d images, %d classes, %d quarantined -> %s",
-        role, len(manifest.images), len(manifest.classes), len(manifest.quarantined), image_dir.root,
-    )  # fmt: skip
+        role,
+        len(manifest.images),
+        len(manifest.classes),
+        len(manifest.quarantined),
+        image_dir.root,
+    )
     return str(image_dir.root)

@@ -31,8 +31,13 @@ _SHOWN = 5  # names quoted in a message before "and N more"
 # What a source holding one class folder is: one labeled class (training), or images to score.
 SingleClass = Literal["labeled", "unlabeled"]
 # Byte-order marks that name their encoding; UTF-32's come first, as UTF-16 LE's is a prefix of UTF-32 LE's.
-_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
-         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # fmt: skip
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
 
 
 @dataclass(frozen=True)
@@ -225,7 +230,7 @@ def _skipped_hidden(base: PurePosixPath, files: list[PurePosixPath]) -> list[Qua
             entry,
             f"hidden folder (its name starts with '.'), skipped with the {count} files in it: a hidden "
             "folder is read only as a class folder of images beside other class folders",
-        )  # fmt: skip
+        )
         for entry, count in sorted(entries.items())
     ]
 
@@ -296,7 +301,7 @@ def plan_source(
                 path=f.as_posix(),
                 reason=f"beside the wrapper folders above {base.as_posix()!r}, "
                 "the folder the images are read from: ignored",
-            )  # fmt: skip
+            )
             for f in stray
         ]
     )

@@ -32,8 +32,12 @@ class FolderListing:
     skipped: list[QuarantinedFile] = field(default_factory=list)
 
 
-_SPECIAL_KINDS = {stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device",
-                  stat.S_ISBLK: "a block device"}  # fmt: skip
+_SPECIAL_KINDS = {
+    stat.S_ISFIFO: "a FIFO",
+    stat.S_ISSOCK: "a socket",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+}
 
 
 def _link_problem(path: Path, root: Path) -> str | None:

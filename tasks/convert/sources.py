@@ -146,10 +146,19 @@ def _sort_s3_objects(listed: list[S3Object]) -> S3Listing:
             # class folders is a class, ".net"; other hidden entries are skipped and reported).
             objects.append(obj)
     # S3 allows "cat" beside "cat/0.png"; a file system does not allow a file to be a folder too.
-    folders = {"/".join(o.relative.split("/")[:depth]): o.relative
-               for o in objects for depth in range(1, o.relative.count("/") + 1)}  # fmt: skip
-    skipped += [QuarantinedFile(path=o.relative, reason=f"the object's key is also the folder of {folders[o.relative]!r}: "
-                                "a file cannot be a folder too") for o in objects if o.relative in folders]  # fmt: skip
+    folders = {
+        "/".join(o.relative.split("/")[:depth]): o.relative
+        for o in objects
+        for depth in range(1, o.relative.count("/") + 1)
+    }
+    skipped += [
+        QuarantinedFile(
+            path=o.relative,
+            reason=f"the object's key is also the folder of {folders[o.relative]!r}: a file cannot be a folder too",
+        )
+        for o in objects
+        if o.relative in folders
+    ]
     return S3Listing([o for o in objects if o.relative not in folders], skipped)
 
 
@@ -182,12 +191,14 @@ class S3Source(Source):
                     f"source {self.location}: bucket {self.where.bucket!r} does not exist"
                 ) from error
             raise
-        return _sort_s3_objects([
-            S3Object(o["Key"], o["Key"][len(prefix) :], o["Size"], o["ETag"])
-            for page in pages
-            for o in page.get("Contents", [])
-            if not o["Key"].endswith("/")  # "folder/" markers of the S3 console
-        ])  # fmt: skip
+        return _sort_s3_objects(
+            [
+                S3Object(o["Key"], o["Key"][len(prefix) :], o["Size"], o["ETag"])
+                for page in pages
+                for o in page.get("Contents", [])
+                if not o["Key"].endswith("/")  # "folder/" markers of the S3 console
+            ]
+        )
 
     @property
     def listing(self) -> S3Listing:
@@ -206,10 +217,12 @@ class S3Source(Source):
         return len(objects) == 1 and objects[0].key == self.where.prefix
 
     def fingerprint(self) -> str:
-        return _digest([
-            *(f"{o.relative}\0{o.etag}\0{o.size}" for o in sorted(self.listing.objects, key=lambda o: o.relative)),
-            *sorted(f"skipped\0{q.path}\0{q.reason}" for q in self.listing.skipped),
-        ])  # fmt: skip
+        return _digest(
+            [
+                *(f"{o.relative}\0{o.etag}\0{o.size}" for o in sorted(self.listing.objects, key=lambda o: o.relative)),
+                *sorted(f"skipped\0{q.path}\0{q.reason}" for q in self.listing.skipped),
+            ]
+        )
 
     def _download(self, destination: Path) -> None:
         """Stream each object to a file below ``destination`` (chunked, each read again if its body is cut off)."""

@@ -41,8 +41,11 @@ from tasks.registry.manage import (
 
 def _row(view: VersionView) -> str:
     r = view.registration
-    figures = ", ".join(f"{k} {v:.4g}" for k, v in r.metrics.items() if k in ("accuracy", "f1_macro", "log_loss")
-                        and isinstance(v, float))  # fmt: skip
+    figures = ", ".join(
+        f"{k} {v:.4g}"
+        for k, v in r.metrics.items()
+        if k in ("accuracy", "f1_macro", "log_loss") and isinstance(v, float)
+    )
     notes = [f"@{a}" for a in view.aliases] + [f"{k}={v}" for k, v in sorted(view.tags.items())]
     return (
         f"{view.reference}\t{r.created_at:%Y-%m-%d %H:%M}\t{figures}\t{' '.join(notes)}{'  (archived)' * view.archived}"
@@ -57,8 +60,11 @@ def _version_reference(text: str) -> tuple[str, int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tasks.registry", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m tasks.registry",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--registry", default="registry", help="folder or s3://bucket/prefix (default: registry)")
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="the models, or one model's versions")
@@ -101,8 +107,17 @@ def _run(args: argparse.Namespace) -> str | None:
         )
     elif args.command == "show":
         view = show_version(registry, args.reference)
-        print(json.dumps({**view.registration.model_dump(mode="json"), "tags": view.tags, "archived": view.archived,
-                          "aliases": view.aliases}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    **view.registration.model_dump(mode="json"),
+                    "tags": view.tags,
+                    "archived": view.archived,
+                    "aliases": view.aliases,
+                },
+                indent=2,
+            )
+        )
     elif args.command == "alias" and args.alias_command == "set":
         record = set_alias(registry, args.name, args.alias, args.version)
         moved = f" (was version {record.previous_version})" if record.previous_version else ""
@@ -127,8 +142,13 @@ def _run(args: argparse.Namespace) -> str | None:
         print(f"deleted {name}/{version}")
         return name
     else:
-        found = search(registry, tags=parse_tags(args.tag), where=[parse_condition(w) for w in args.where],
-                       names=args.name, include_archived=args.archived)  # fmt: skip
+        found = search(
+            registry,
+            tags=parse_tags(args.tag),
+            where=[parse_condition(w) for w in args.where],
+            names=args.name,
+            include_archived=args.archived,
+        )
         print("\n".join(_row(v) for v in found))
     return None
 

@@ -40,11 +40,16 @@ def _approval(approval: Approval | None) -> str:
 def _row(view: VersionView, figures: list[str], ui_url: str | None) -> str:
     r = view.registration
     cells = [
-        str(r.version), f"{r.created_at:%Y-%m-%d %H:%M} UTC", *(figure(r.metrics.get(f)) for f in figures),
-        " ".join(f"`{a}`" for a in view.aliases), ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())),
+        str(r.version),
+        f"{r.created_at:%Y-%m-%d %H:%M} UTC",
+        *(figure(r.metrics.get(f)) for f in figures),
+        " ".join(f"`{a}`" for a in view.aliases),
+        ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())),
         "<br>".join(f"{role} `{d.content_hash[:HASH_SHOWN]}` ({d.images} images)" for role, d in r.datasets.items()),
-        _flow_run(r.flow_run_id, ui_url), _approval(view.approval), "archived" if view.archived else "",
-    ]  # fmt: skip
+        _flow_run(r.flow_run_id, ui_url),
+        _approval(view.approval),
+        "archived" if view.archived else "",
+    ]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -53,14 +58,27 @@ def model_card_markdown(name: str, location: str, views: list[VersionView], ui_u
     figures = [f for f in KEY_FIGURES if any(f in v.registration.metrics for v in views)]
     aliases = sorted((a, v.registration.version) for v in views for a in v.aliases)
     alias_line = ", ".join(f"`{a}` → {version}" for a, version in aliases) or "none"
-    header = ["version", "registered", *(KEY_FIGURES[f] for f in figures), "aliases", "tags", "datasets (content hash)",
-              "flow run", "approval", "status"]  # fmt: skip
+    header = [
+        "version",
+        "registered",
+        *(KEY_FIGURES[f] for f in figures),
+        "aliases",
+        "tags",
+        "datasets (content hash)",
+        "flow run",
+        "approval",
+        "status",
+    ]
     lines = [
-        f"### Model card: {name}", "",
-        f"Registry `{location}`: {len(views)} version{'s' * (len(views) != 1)}; aliases: {alias_line}", "",
-        "| " + " | ".join(header) + " |", "|---" * len(header) + "|",
-        *(_row(v, figures, ui_url) for v in reversed(views)), "",
+        f"### Model card: {name}",
+        "",
+        f"Registry `{location}`: {len(views)} version{'s' * (len(views) != 1)}; aliases: {alias_line}",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---" * len(header) + "|",
+        *(_row(v, figures, ui_url) for v in reversed(views)),
+        "",
         f"Fetch one: `python -m tasks.registry --registry {location} show {name}/<version>`",
-    ]  # fmt: skip
+    ]
     description = f"{name}: {len(views)} version{'s' * (len(views) != 1)}; aliases: {alias_line.replace('`', '')}"
     return "\n".join(lines) + "\n", description

@@ -113,8 +113,9 @@ def read_registration(registry: Registry, name: str, version: int) -> Registrati
     record = _record(backend, check_model_name(name), version)
     if record is None or is_deleted(backend, name, version):
         committed = list_versions(backend, name)
-        raise ModelNotFoundError(f"{name} has no version {version} in {backend.location}; "
-                                 f"committed versions: {committed or 'none'}")  # fmt: skip
+        raise ModelNotFoundError(
+            f"{name} has no version {version} in {backend.location}; committed versions: {committed or 'none'}"
+        )
     return record
 
 
@@ -149,23 +150,31 @@ def resolve(registry: Registry, reference: str | ModelReference) -> Registration
         record = _alias(backend, ref.name, ref.alias)
         if record is None:
             known = sorted(read_aliases(backend, ref.name))
-            raise ModelNotFoundError(f"{ref.name} has no alias {ref.alias!r} in {backend.location}; "
-                                     f"aliases: {known or 'none'}")  # fmt: skip
+            raise ModelNotFoundError(
+                f"{ref.name} has no alias {ref.alias!r} in {backend.location}; aliases: {known or 'none'}"
+            )
         return read_registration(backend, ref.name, record.version)
     if ref.version is not None:
         return read_registration(backend, ref.name, ref.version)
     latest = next(registrations(backend, ref.name, newest_first=True, include_archived=False), None)
     if latest is None:
         archived = list_versions(backend, ref.name)
-        raise ModelNotFoundError(f"{ref.name!r} has only archived versions in {backend.location} ({archived}): "
-                                 f"name one by number" if archived else f"no model named {ref.name!r} in {backend.location}")  # fmt: skip
+        raise ModelNotFoundError(
+            f"{ref.name!r} has only archived versions in {backend.location} ({archived}): name one by number"
+            if archived
+            else f"no model named {ref.name!r} in {backend.location}"
+        )
     return latest
 
 
 def _move_alias(
-    backend: RegistryBackend, name: str, alias: str, version: int | None,
-    should_move: Callable[[AliasRecord | None], bool], repair: bool = False,
-) -> AliasRecord | None:  # fmt: skip
+    backend: RegistryBackend,
+    name: str,
+    alias: str,
+    version: int | None,
+    should_move: Callable[[AliasRecord | None], bool],
+    repair: bool = False,
+) -> AliasRecord | None:
     """Compare-and-swap ``alias`` to ``version`` (None: unset it) while ``should_move(current)`` holds; None when
     it does not. With ``repair`` an unreadable alias record is replaced (with a warning) instead of refused.
 
@@ -187,8 +196,14 @@ def _move_alias(
         current = current if current is not None and current.version is not None else None
         if not should_move(current):
             return None
-        moved.append(AliasRecord(alias=alias, version=version, updated_at=datetime.now(timezone.utc),
-                                 previous_version=current.version if current else None))  # fmt: skip
+        moved.append(
+            AliasRecord(
+                alias=alias,
+                version=version,
+                updated_at=datetime.now(timezone.utc),
+                previous_version=current.version if current else None,
+            )
+        )
         return moved[-1].model_dump_json(indent=2).encode()
 
     written = swap(backend, key, change)
@@ -196,8 +211,12 @@ def _move_alias(
         return None
     record = moved[-1]
     if version is not None and is_deleted(backend, name, version):
-        back = AliasRecord(alias=alias, version=record.previous_version, updated_at=datetime.now(timezone.utc),
-                           previous_version=version)  # fmt: skip
+        back = AliasRecord(
+            alias=alias,
+            version=record.previous_version,
+            updated_at=datetime.now(timezone.utc),
+            previous_version=version,
+        )
         swap(backend, key, lambda data: back.model_dump_json(indent=2).encode() if data == written else None)
         raise ModelNotFoundError(
             f"{name}/{version} is being deleted from {backend.location}: alias {alias!r} not moved"
@@ -233,25 +252,48 @@ def check_metric(metrics: dict[str, Any], metric: str) -> float:
     return float(value)
 
 
-def _judge(backend: RegistryBackend, name: str, alias: str, rule: PromotionRule, value: float,
-           current: AliasRecord | None, version: int | None = None) -> Promotion:  # fmt: skip
+def _judge(
+    backend: RegistryBackend,
+    name: str,
+    alias: str,
+    rule: PromotionRule,
+    value: float,
+    current: AliasRecord | None,
+    version: int | None = None,
+) -> Promotion:
     """Champion/challenger against the alias as it is now: an alias not yet set (or already on ``version``)
     is taken; otherwise only by beating the champion strictly, in the rule's direction and by at least its
     minimum improvement. A champion without the figure keeps the alias: nothing shows the challenger is better."""
-    decision = {"alias": alias, "metric": rule.metric, "challenger": value, "lower_is_better": rule.lower_is_better,
-                "min_improvement": rule.min_improvement}  # fmt: skip
+    decision = {
+        "alias": alias,
+        "metric": rule.metric,
+        "challenger": value,
+        "lower_is_better": rule.lower_is_better,
+        "min_improvement": rule.min_improvement,
+    }
     if current is None:
         return Promotion(**decision, champion_version=None, champion=None, promoted=True)
     if current.version == version:  # a retry finding its own earlier promotion
         return Promotion(**decision, champion_version=version, champion=value, promoted=True)
     best = read_registration(backend, name, current.version).metrics.get(rule.metric)
     best = float(best) if isinstance(best, (int, float)) and not isinstance(best, bool) else None
-    return Promotion(**decision, champion_version=current.version, champion=best,
-                     promoted=best is not None and rule.beats(value, best))  # fmt: skip
+    return Promotion(
+        **decision,
+        champion_version=current.version,
+        champion=best,
+        promoted=best is not None and rule.beats(value, best),
+    )
 
 
-def challenge(registry: Registry, name: str, alias: str, metric: str, metrics: dict[str, Any],
-              lower_is_better: bool | None = None, min_improvement: float = 0.0) -> Promotion:  # fmt: skip
+def challenge(
+    registry: Registry,
+    name: str,
+    alias: str,
+    metric: str,
+    metrics: dict[str, Any],
+    lower_is_better: bool | None = None,
+    min_improvement: float = 0.0,
+) -> Promotion:
     """Should a version with ``metrics`` take ``alias`` now? (See ``_judge`` and ``PromotionRule.for_metric``.)"""
     backend = backend_of(registry)
     rule = PromotionRule.for_metric(metric, lower_is_better, min_improvement)
@@ -287,12 +329,19 @@ def _hash_model_files(model_dir: ModelDirectory) -> dict[str, str]:
     return hashes
 
 
-def _committed_by(backend: RegistryBackend, name: str, flow_run_id: str | None, task_run_id: str | None,
-                  files: dict[str, str]) -> Registration | None:  # fmt: skip
+def _committed_by(
+    backend: RegistryBackend, name: str, flow_run_id: str | None, task_run_id: str | None, files: dict[str, str]
+) -> Registration | None:
     if not flow_run_id:
         return None
-    return next((r for r in registrations(backend, name, newest_first=True)
-                 if (r.flow_run_id, r.task_run_id, r.files) == (flow_run_id, task_run_id, files)), None)  # fmt: skip
+    return next(
+        (
+            r
+            for r in registrations(backend, name, newest_first=True)
+            if (r.flow_run_id, r.task_run_id, r.files) == (flow_run_id, task_run_id, files)
+        ),
+        None,
+    )
 
 
 def _claim_version(backend: RegistryBackend, name: str, claim: bytes) -> int:
@@ -339,20 +388,32 @@ def register_model(
     files = _hash_model_files(model_dir)
     registration = _committed_by(backend, name, flow_run_id, task_run_id, files)
     if registration is None:
-        claim = Claim(token=uuid.uuid4().hex, created_at=datetime.now(timezone.utc), host=socket.gethostname(),
-                      pid=os.getpid())  # fmt: skip
+        claim = Claim(
+            token=uuid.uuid4().hex, created_at=datetime.now(timezone.utc), host=socket.gethostname(), pid=os.getpid()
+        )
         version = _claim_version(backend, name, claim.model_dump_json().encode())
         for file_name in files:
             backend.upload(version_key(name, version, file_name), model_dir.root / file_name)
-        verdict = challenge(backend, name, promote_to, promotion_metric, metrics, rule.lower_is_better,
-                            rule.min_improvement) if promote_to else None  # fmt: skip
+        verdict = (
+            challenge(backend, name, promote_to, promotion_metric, metrics, rule.lower_is_better, rule.min_improvement)
+            if promote_to
+            else None
+        )
         if verdict and approval:
             verdict = verdict.model_copy(update={"promoted": False, "awaiting_approval": verdict.promoted})
         registration = Registration(
-            name=name, version=version, created_at=datetime.now(timezone.utc), metrics=metrics, params=params,
-            datasets=datasets, flow_run_id=flow_run_id, task_run_id=task_run_id, tags=tags or {}, files=files,
+            name=name,
+            version=version,
+            created_at=datetime.now(timezone.utc),
+            metrics=metrics,
+            params=params,
+            datasets=datasets,
+            flow_run_id=flow_run_id,
+            task_run_id=task_run_id,
+            tags=tags or {},
+            files=files,
             promotion=verdict,
-        )  # fmt: skip
+        )
         record = registration.model_dump_json(indent=2).encode()
         if not _create_owned(backend, version_key(name, version, REGISTRATION_FILE), record):
             raise RuntimeError(

@@ -77,8 +77,10 @@ class PromotionRule(BaseModel):
     ) -> PromotionRule:
         """``lower_is_better`` None: a figure named ``...loss`` (e.g. ``log_loss``) is lower-is-better."""
         if not isinstance(min_improvement, (int, float)) or not 0 <= min_improvement < float("inf"):
-            raise PipelineInputError(f"minimum improvement {min_improvement!r} is not allowed: use a number >= 0, "
-                                     "in the promotion figure's units (e.g. 0.01 for one point of accuracy)")  # fmt: skip
+            raise PipelineInputError(
+                f"minimum improvement {min_improvement!r} is not allowed: use a number >= 0, "
+                "in the promotion figure's units (e.g. 0.01 for one point of accuracy)"
+            )
         direction = metric.endswith("loss") if lower_is_better is None else lower_is_better
         return cls(metric=metric, lower_is_better=direction, min_improvement=min_improvement)
 
@@ -180,8 +182,11 @@ def parse_registration(data: bytes, where: str, name: str, version: int) -> Regi
         ) from error
     claimed = (record.name, record.version)
     problems = [f"it says it is {record.name}/{record.version}"] if claimed != (name, version) else []
-    problems += [f"file {f!r} is not one a version may hold ({', '.join(sorted(REGISTERED_FILES))})"
-                 for f in record.files if f not in REGISTERED_FILES]  # fmt: skip
+    problems += [
+        f"file {f!r} is not one a version may hold ({', '.join(sorted(REGISTERED_FILES))})"
+        for f in record.files
+        if f not in REGISTERED_FILES
+    ]
     problems += [
         f"file {f!r} has no sha256 hex digest ({h!r})" for f, h in record.files.items() if not _SHA256.fullmatch(h)
     ]

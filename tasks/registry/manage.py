@@ -107,8 +107,10 @@ def parse_tags(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, equals, value = pair.partition("=")
         if not equals or not _TAG_KEY.fullmatch(key):
-            raise InvalidQueryError(f"tag {pair!r} is not allowed: use key=value, the key 1-64 letters, digits, "
-                                    "'_', '.' or '-' (e.g. 'team=vision')")  # fmt: skip
+            raise InvalidQueryError(
+                f"tag {pair!r} is not allowed: use key=value, the key 1-64 letters, digits, "
+                "'_', '.' or '-' (e.g. 'team=vision')"
+            )
         tags[key] = value
     return tags
 
@@ -125,10 +127,12 @@ def list_models(registry: Registry) -> list[str]:
 
 def _view(registration: Registration, status: VersionStatus | None, aliases: dict[str, int]) -> VersionView:
     return VersionView(
-        registration=registration, tags=status.tags if status else registration.tags,
-        archived=bool(status and status.archived), approval=status.approval if status else None,
+        registration=registration,
+        tags=status.tags if status else registration.tags,
+        archived=bool(status and status.archived),
+        approval=status.approval if status else None,
         aliases=sorted(a for a, v in aliases.items() if v == registration.version),
-    )  # fmt: skip
+    )
 
 
 def model_versions(registry: Registry, name: str) -> list[VersionView]:
@@ -155,8 +159,11 @@ def tag(registry: Registry, reference: str, tags: dict[str, str]) -> VersionView
 def untag(registry: Registry, reference: str, keys: list[str]) -> VersionView:
     """Remove the tags named ``keys`` (absent ones are ignored)."""
     registration = resolve(registry, reference)
-    change_status(backend_of(registry), registration,
-                  lambda s: s.model_copy(update={"tags": {k: v for k, v in s.tags.items() if k not in keys}}))  # fmt: skip
+    change_status(
+        backend_of(registry),
+        registration,
+        lambda s: s.model_copy(update={"tags": {k: v for k, v in s.tags.items() if k not in keys}}),
+    )
     return show_version(registry, f"{registration.name}/{registration.version}")
 
 
@@ -177,8 +184,9 @@ def decide_promotion(registry: Registry, registration: Registration, approval: A
     change_status(backend, registration, lambda s: s.model_copy(update={"approval": approval}))
     if approval.decision != "approved":
         return pending.model_copy(update={"awaiting_approval": False, "approval": approval})
-    rule = PromotionRule(metric=pending.metric, lower_is_better=pending.lower_is_better,
-                         min_improvement=pending.min_improvement)  # fmt: skip
+    rule = PromotionRule(
+        metric=pending.metric, lower_is_better=pending.lower_is_better, min_improvement=pending.min_improvement
+    )
     return promote(backend, registration, pending.alias, rule).model_copy(update={"approval": approval})
 
 
@@ -213,9 +221,12 @@ def delete_version(registry: Registry, name: str, version: int) -> Registration:
 
 
 def search(
-    registry: Registry, tags: dict[str, str] | None = None, where: list[Condition] | None = None,
-    names: list[str] | None = None, include_archived: bool = False,
-) -> list[VersionView]:  # fmt: skip
+    registry: Registry,
+    tags: dict[str, str] | None = None,
+    where: list[Condition] | None = None,
+    names: list[str] | None = None,
+    include_archived: bool = False,
+) -> list[VersionView]:
     """Versions (of ``names``, default every model) carrying all ``tags`` and meeting every ``where`` condition."""
     found = []
     for name in names or list_models(registry):

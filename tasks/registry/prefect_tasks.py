@@ -34,9 +34,13 @@ class RegisteredModel(BaseModel):
 
 
 def _promotion_markdown(promotion: Promotion) -> str:
-    champion = "none (alias not set)" if promotion.champion_version is None else (
-        f"version {promotion.champion_version}: {_figure(promotion.champion) if promotion.champion is not None else 'no value'}"
-    )  # fmt: skip
+    champion = (
+        "none (alias not set)"
+        if promotion.champion_version is None
+        else (
+            f"version {promotion.champion_version}: {_figure(promotion.champion) if promotion.champion is not None else 'no value'}"
+        )
+    )
     verdict = _verdict(promotion)
     rule = f"{'lower' if promotion.lower_is_better else 'higher'} is better"
     if promotion.min_improvement:
@@ -70,8 +74,10 @@ def registered_model_markdown(registration: Registration, location: str, metric:
     if metric in registration.metrics:
         headline += f", {metric} {_figure(registration.metrics[metric])}"
     rows = "\n".join(f"| {k} | {_figure(v)} |" for k, v in registration.metrics.items() if isinstance(v, (int, float)))
-    markdown = (f"### {registration.name} version {registration.version}\n\nStored in `{location}`\n\n"
-                f"| figure | value |\n|---|---|\n{rows}\n")  # fmt: skip
+    markdown = (
+        f"### {registration.name} version {registration.version}\n\nStored in `{location}`\n\n"
+        f"| figure | value |\n|---|---|\n{rows}\n"
+    )
     return markdown, headline
 
 
@@ -79,8 +85,9 @@ def publish_model_card(registry: str, name: str) -> str:
     """Create the next version of artifact ``model-card-<name>`` (in a flow or task run, or on its own);
     returns its key."""
     settings = get_current_settings()
-    markdown, description = model_card_markdown(name, open_backend(registry).location, model_versions(registry, name),
-                                                settings.ui_url)  # fmt: skip
+    markdown, description = model_card_markdown(
+        name, open_backend(registry).location, model_versions(registry, name), settings.ui_url
+    )
     key = model_card_key(name)
     create_markdown_artifact(key=key, markdown=markdown, description=description)
     return key
@@ -143,12 +150,20 @@ def register(
         "epochs_trained": len(training.epochs),
     }
     registration, location = register_model(
-        registry, name, trained,
-        metrics=metrics, params=params, datasets=lineages,
-        flow_run_id=flow_run.get_id(), task_run_id=task_run.get_id(), promote_to=promote_to,
-        promotion_metric=promotion_metric, lower_is_better=lower_is_better, min_improvement=min_improvement,
+        registry,
+        name,
+        trained,
+        metrics=metrics,
+        params=params,
+        datasets=lineages,
+        flow_run_id=flow_run.get_id(),
+        task_run_id=task_run.get_id(),
+        promote_to=promote_to,
+        promotion_metric=promotion_metric,
+        lower_is_better=lower_is_better,
+        min_improvement=min_improvement,
         approval=approval,
-    )  # fmt: skip
+    )
     markdown, description = registered_model_markdown(registration, location, promotion_metric)
     create_markdown_artifact(key="registered-model", markdown=markdown, description=description)
     if registration.promotion:

@@ -38,9 +38,11 @@ def change_status(
     where = f"{backend.location}/{key}"
 
     def changed(current: bytes | None) -> bytes:
-        status = parse_status(current, where) if current else VersionStatus(
-            tags=registration.tags, updated_at=registration.created_at
-        )  # fmt: skip
+        status = (
+            parse_status(current, where)
+            if current
+            else VersionStatus(tags=registration.tags, updated_at=registration.created_at)
+        )
         if status.deleted and refuse_deleted:
             raise ModelNotFoundError(f"{registration.name}/{registration.version} was deleted from {backend.location}")
         new = change(status.model_copy(deep=True)).model_copy(update={"updated_at": datetime.now(timezone.utc)})

@@ -215,8 +215,13 @@ def train_one_epoch(
             check_finite(loss_sum, epoch, step, params, world_size)
             logger.info(
                 "epoch %d/%d batch %d/%d loss %.4f lr %.6f",
-                epoch + 1, params.epochs, step, len(loader), loss.item(), optimizer.param_groups[0]["lr"],
-            )  # fmt: skip
+                epoch + 1,
+                params.epochs,
+                step,
+                len(loader),
+                loss.item(),
+                optimizer.param_groups[0]["lr"],
+            )
     check_finite(loss_sum, epoch, len(loader), params, world_size)
     elapsed = time.perf_counter() - started
     total_loss, total_correct, total_seen = _all_reduce_sum([loss_sum.item(), correct.item(), seen], device)
@@ -290,16 +295,23 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         store = dist.PrefixStore(f"restart-{env.restart_count}", store)
         # A collective that waits longer than this fails instead of hanging for torch's default 10-30 minutes.
         dist.init_process_group(
-            backend="nccl" if use_cuda else "gloo", store=store, rank=env.rank, world_size=env.world_size,
+            backend="nccl" if use_cuda else "gloo",
+            store=store,
+            rank=env.rank,
+            world_size=env.world_size,
             timeout=datetime.timedelta(seconds=params.collective_timeout_s),
-        )  # fmt: skip
+        )
     logger.info(
         "rank %d/%d on %s (%s, %s, %s), restart %d, torch %s",
-        env.rank, env.world_size, device, dist.get_backend() if dist.is_initialized() else "single process",
+        env.rank,
+        env.world_size,
+        device,
+        dist.get_backend() if dist.is_initialized() else "single process",
         "bf16 autocast" if uses_bf16(device, params) else "fp32",
         "channels_last" if memory_format(device) == torch.channels_last else "contiguous",
-        env.restart_count, torch.__version__,
-    )  # fmt: skip
+        env.restart_count,
+        torch.__version__,
+    )
 
     train_dir, val_dir = ImageDirectory(args.train), ImageDirectory(args.validation)
     if train_dir.classes != val_dir.classes:
@@ -328,8 +340,9 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     cache_bytes = params.image_cache_mb * 2**20 // env.local_world_size if workers == 0 else 0
     mean, std = trained_spec.mean, trained_spec.std
     train_set = ImageFiles(train_dir.samples(), train_transform(image_size, mean, std), cache_bytes, normalized=False)
-    val_set = ImageFiles(val_dir.samples(), eval_transform(image_size, mean, std), cache_bytes - train_set.cache_bytes,
-                         normalized=False)  # fmt: skip
+    val_set = ImageFiles(
+        val_dir.samples(), eval_transform(image_size, mean, std), cache_bytes - train_set.cache_bytes, normalized=False
+    )
     sampler = DistributedSampler(
         train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed
     )
@@ -360,9 +373,15 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         lr = rescale_schedule(optimizer, scheduler, params.learning_rate * env.world_size, start_epoch * steps)
         logger.info(
             "world size %d (the checkpoint's was %d): learning rate %g (base %g = %g x %d), at step %d of %d",
-            env.world_size, metrics.world_size, lr, params.learning_rate * env.world_size, params.learning_rate,
-            env.world_size, start_epoch * steps, params.epochs * steps,
-        )  # fmt: skip
+            env.world_size,
+            metrics.world_size,
+            lr,
+            params.learning_rate * env.world_size,
+            params.learning_rate,
+            env.world_size,
+            start_epoch * steps,
+            params.epochs * steps,
+        )
         metrics.world_size = env.world_size
 
     if env.is_main:
@@ -371,10 +390,19 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     logger.info(
         "training %s on %d images (%d classes) at %d px, validating on %d; batch %d x %d processes, %d loader workers; "
         "decoded images kept in memory: %d of %d training, %d of %d validation",
-        spec.architecture, len(train_set), len(classes), image_size, len(val_set),
-        params.batch_size, env.world_size, workers,
-        train_set.cache_capacity, len(train_set), val_set.cache_capacity, len(val_set),
-    )  # fmt: skip
+        spec.architecture,
+        len(train_set),
+        len(classes),
+        image_size,
+        len(val_set),
+        params.batch_size,
+        env.world_size,
+        workers,
+        train_set.cache_capacity,
+        len(train_set),
+        val_set.cache_capacity,
+        len(val_set),
+    )
 
     for epoch in range(start_epoch, params.epochs):
         if metrics.stopped_early:
@@ -405,13 +433,27 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
             model, val_loader, val_set.transform.normalize, criterion, device, len(classes), params, heartbeat, epoch
         )
         record = EpochMetrics(
-            epoch=epoch + 1, lr=lr, train_images_per_s=images_per_s, train_loss=train_loss,
-            train_error=train_error, val_loss=val_loss, top1=top1, top5=top5, seconds=time.perf_counter() - started,
-        )  # fmt: skip
+            epoch=epoch + 1,
+            lr=lr,
+            train_images_per_s=images_per_s,
+            train_loss=train_loss,
+            train_error=train_error,
+            val_loss=val_loss,
+            top1=top1,
+            top5=top5,
+            seconds=time.perf_counter() - started,
+        )
         logger.info(
             "epoch %d/%d train loss %.4f val loss %.4f top-1 %.4f top-5 %.4f (%.0f images/s, %.1f s)",
-            record.epoch, params.epochs, train_loss, val_loss, top1, top5, images_per_s, record.seconds,
-        )  # fmt: skip
+            record.epoch,
+            params.epochs,
+            train_loss,
+            val_loss,
+            top1,
+            top5,
+            images_per_s,
+            record.seconds,
+        )
 
         is_best = metrics.add_epoch(record, patience=params.patience, total_epochs=params.epochs)
         if metrics.stopped_early:
@@ -422,13 +464,23 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
             if is_best:
                 with atomic_write(output / WEIGHTS_FILE, "wb") as handle:
                     torch.save(model.state_dict(), handle)
-            save_checkpoint(checkpoint_path, model, optimizer, scheduler, metrics, classes,
-                            config={"params": params.model_dump(), "spec": trained_spec.model_dump()})  # fmt: skip
+            save_checkpoint(
+                checkpoint_path,
+                model,
+                optimizer,
+                scheduler,
+                metrics,
+                classes,
+                config={"params": params.model_dump(), "spec": trained_spec.model_dump()},
+            )
             write_training_log(output, metrics)
 
     logger.info("done: best top-1 %.4f at epoch %s", metrics.best_top1 or 0.0, metrics.best_epoch)
-    logger.info("peak memory %.0f MB%s", peak_rss_mb(),
-                f", GPU {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MB" if use_cuda else "")  # fmt: skip
+    logger.info(
+        "peak memory %.0f MB%s",
+        peak_rss_mb(),
+        f", GPU {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MB" if use_cuda else "",
+    )
     if dist.is_initialized():
         # Nobody leaves before rank 0 has written the last files.
         dist.barrier()

@@ -32,8 +32,12 @@ def test_scoring_benchmark_measures_ours_against_the_naive_loop_in_a_fresh_proce
 
 
 def test_step_benchmark_compares_each_variant_with_the_default():
-    result = subprocess.run([sys.executable, "-m", "bench.step", "--steps", "2", "--repetitions", "1"],
-                            capture_output=True, text=True, cwd=PROJECT_ROOT)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.step", "--steps", "2", "--repetitions", "1"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     for variant in ("default", "fused SGD", "kept blocks", "fused SGD + kept blocks (ours)"):
         assert any(line.startswith(variant) and "page faults/step" in line for line in result.stdout.splitlines())
@@ -47,7 +51,9 @@ def test_fanout_benchmark_takes_the_last_rank_to_start_training(tmp_path):
 
     logs = tmp_path / "model" / "logs"
     logs.mkdir(parents=True)
-    (logs / "driver_log_0.txt").write_text("2026-11-22 18:40:01,100 [rank 0] INFO rank 0/2 on cpu\n"
-                                           "2026-11-22 18:40:05,250 [rank 0] INFO training resnet18 on 24 images\n")  # fmt: skip
+    (logs / "driver_log_0.txt").write_text(
+        "2026-11-22 18:40:01,100 [rank 0] INFO rank 0/2 on cpu\n"
+        "2026-11-22 18:40:05,250 [rank 0] INFO training resnet18 on 24 images\n"
+    )
     (logs / "driver_log_1.txt").write_text("2026-11-22 18:40:07,500 [rank 1] INFO training resnet18 on 24 images\n")
     assert training_started(tmp_path / "model").strftime("%H:%M:%S.%f") == "18:40:07.500000"

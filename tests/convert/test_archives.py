@@ -174,30 +174,55 @@ def broken_archives(tmp_path: Path) -> dict[str, tuple[bytes, str]]:
     whole_zip = zip_bytes(set_of_six)
     zstd_zip = rewrite_zip_headers(whole_zip, "<H", 93, local_at=8, central_at=10)  # compression method: zstd
     return {
-        "damaged.tar.xz": (damaged_in_the_middle(tar_bytes(set_of_six, "w:xz")),
-                           "looks like a xz-compressed tar archive but is damaged or truncated"),
-        "damaged.tar.bz2": (damaged_in_the_middle(tar_bytes(set_of_six, "w:bz2")),
-                            "looks like a bzip2-compressed tar archive but is damaged or truncated"),
-        "truncated.zip": (whole_zip[: len(whole_zip) * 2 // 3],
-                          "looks like a zip archive but is damaged or truncated"),
-        "hardlink.tar": (tar_bytes({**set_of_six, "red/copy.png": "red/missing.png"}),
-                         "hard link to 'red/missing.png', which no earlier member of the archive is"),
-        "clash.zip": (zip_bytes({"a": pictures[0], "a/b.png": pictures[1], **set_of_six}),
-                      "the archive holds 'a' both as a file and as a folder"),
-        "clash.tar": (tar_bytes({"red/x/1.png": pictures[0], "red/x": pictures[1], **set_of_six}),
-                      "the archive holds 'red/x' both as a file and as a folder"),
-        "long-name.zip": (zip_bytes({**set_of_six, f"red/{long_name}": pictures[0]}),
-                          "is 264 bytes long, over the 255 bytes a file system allows in one name"),
-        "long-name.tar.gz": (tar_bytes({**set_of_six, f"{long_name[:-4]}/1.png": pictures[0]}, "w:gz"),
-                             "is 260 bytes long, over the 255 bytes a file system allows in one name"),
+        "damaged.tar.xz": (
+            damaged_in_the_middle(tar_bytes(set_of_six, "w:xz")),
+            "looks like a xz-compressed tar archive but is damaged or truncated",
+        ),
+        "damaged.tar.bz2": (
+            damaged_in_the_middle(tar_bytes(set_of_six, "w:bz2")),
+            "looks like a bzip2-compressed tar archive but is damaged or truncated",
+        ),
+        "truncated.zip": (whole_zip[: len(whole_zip) * 2 // 3], "looks like a zip archive but is damaged or truncated"),
+        "hardlink.tar": (
+            tar_bytes({**set_of_six, "red/copy.png": "red/missing.png"}),
+            "hard link to 'red/missing.png', which no earlier member of the archive is",
+        ),
+        "clash.zip": (
+            zip_bytes({"a": pictures[0], "a/b.png": pictures[1], **set_of_six}),
+            "the archive holds 'a' both as a file and as a folder",
+        ),
+        "clash.tar": (
+            tar_bytes({"red/x/1.png": pictures[0], "red/x": pictures[1], **set_of_six}),
+            "the archive holds 'red/x' both as a file and as a folder",
+        ),
+        "long-name.zip": (
+            zip_bytes({**set_of_six, f"red/{long_name}": pictures[0]}),
+            "is 264 bytes long, over the 255 bytes a file system allows in one name",
+        ),
+        "long-name.tar.gz": (
+            tar_bytes({**set_of_six, f"{long_name[:-4]}/1.png": pictures[0]}, "w:gz"),
+            "is 260 bytes long, over the 255 bytes a file system allows in one name",
+        ),
         "zstd.zip": (bytes(zstd_zip), "compression method is not supported; re-pack it with deflate, bzip2 or lzma"),
-        "deep.tar": (tar_bytes({**set_of_six, "/".join(["d" * 250] * 20) + "/1.png": pictures[0]}),
-                     "a member's path is too long for this file system .File name too long."),
-    }  # fmt: skip
+        "deep.tar": (
+            tar_bytes({**set_of_six, "/".join(["d" * 250] * 20) + "/1.png": pictures[0]}),
+            "a member's path is too long for this file system .File name too long.",
+        ),
+    }
 
 
-BROKEN = ["damaged.tar.xz", "damaged.tar.bz2", "truncated.zip", "hardlink.tar", "clash.zip", "clash.tar",
-          "long-name.zip", "long-name.tar.gz", "zstd.zip", "deep.tar"]  # fmt: skip
+BROKEN = [
+    "damaged.tar.xz",
+    "damaged.tar.bz2",
+    "truncated.zip",
+    "hardlink.tar",
+    "clash.zip",
+    "clash.tar",
+    "long-name.zip",
+    "long-name.tar.gz",
+    "zstd.zip",
+    "deep.tar",
+]
 
 
 @pytest.mark.parametrize("name", BROKEN)

@@ -144,8 +144,16 @@ def test_bad_files_are_quarantined_with_their_reason(colour_source, tmp_path):
 
 
 def test_every_image_type_is_read_whatever_the_case_of_its_extension(tmp_path):
-    formats = {".jpg": "JPEG", ".JPEG": "JPEG", ".png": "PNG", ".ppm": "PPM", ".BMP": "BMP", ".tif": "TIFF",
-               ".Tiff": "TIFF", ".webp": "WEBP"}  # fmt: skip
+    formats = {
+        ".jpg": "JPEG",
+        ".JPEG": "JPEG",
+        ".png": "PNG",
+        ".ppm": "PPM",
+        ".BMP": "BMP",
+        ".tif": "TIFF",
+        ".Tiff": "TIFF",
+        ".webp": "WEBP",
+    }
     for i, (ext, fmt) in enumerate(formats.items()):
         write_image(tmp_path / "src" / "colour" / f"image{i}{ext}", COLOURS["red"], seed=i, fmt=fmt)
     (tmp_path / "src" / "grey").mkdir()
@@ -377,8 +385,13 @@ def peak_memory_of_conversion(source: Path, output: Path, **options) -> tuple[fl
     # A fixed mmap threshold hands every freed image block back at once: the peak then shows the pixels held
     # together, not what glibc's per-thread heaps keep after each decode.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**17)}
-    result = subprocess.run([sys.executable, "-c", script, str(source), str(output), json.dumps(options)],
-                            capture_output=True, text=True, cwd=PROJECT_ROOT, env=env)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(source), str(output), json.dumps(options)],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
     return report["growth"], report["manifest"]
@@ -410,8 +423,9 @@ def test_images_under_the_pixel_cap_share_a_decode_memory_budget(tmp_path):
     for i in range(4):
         (tmp_path / "src" / f"{i}.png").write_bytes(big.read_bytes())
     write_image(tmp_path / "src" / "small.png", COLOURS["red"])
-    growth, manifest = peak_memory_of_conversion(tmp_path / "src", tmp_path / "out", threads=4,
-                                                 decode_memory_bytes=70 * 2**20)  # fmt: skip
+    growth, manifest = peak_memory_of_conversion(
+        tmp_path / "src", tmp_path / "out", threads=4, decode_memory_bytes=70 * 2**20
+    )
     assert len(manifest["images"]) == 5 and manifest["quarantined"] == []
     assert growth < 120, f"4 threads decoding 64 MB images one at a time grew the process by {growth:.0f} MB"
 
@@ -425,8 +439,10 @@ def test_a_raised_pixel_cap_records_pillows_decompression_bomb_warning(tmp_path)
     write_zero_png(tmp_path / "src" / "wide.png", 10_000, 9_000, colour_type=0)
     image_dir = convert_to_image_directory(tmp_path / "src", tmp_path / "out", max_image_pixels=10**8)
     assert len(image_dir) == 1
-    assert any(w.startswith("Pillow's DecompressionBombWarning: 1 stored images") and "'wide.png'" in w
-               for w in image_dir.manifest.warnings)  # fmt: skip
+    assert any(
+        w.startswith("Pillow's DecompressionBombWarning: 1 stored images") and "'wide.png'" in w
+        for w in image_dir.manifest.warnings
+    )
 
 
 def test_stray_files_beside_wrapper_folders_do_not_hide_the_class_folders(colour_source, tmp_path):
@@ -475,11 +491,19 @@ def test_storing_an_image_never_overwrites_one_already_stored(tmp_path):
 
     settings = StoreSettings(None, 10**6, DecodeBudget(2**20))
     first, second = (write_image(tmp_path / f"{i}.png", COLOURS["red"], seed=i) for i in range(2))
-    store_image(SourceFile(first, PurePosixPath("0.png"), PurePosixPath("0.png"), None), PurePosixPath("x.png"),
-                tmp_path / "out", settings)  # fmt: skip
+    store_image(
+        SourceFile(first, PurePosixPath("0.png"), PurePosixPath("0.png"), None),
+        PurePosixPath("x.png"),
+        tmp_path / "out",
+        settings,
+    )
     with pytest.raises(FileExistsError):
-        store_image(SourceFile(second, PurePosixPath("1.png"), PurePosixPath("1.png"), None), PurePosixPath("x.png"),
-                    tmp_path / "out", settings)  # fmt: skip
+        store_image(
+            SourceFile(second, PurePosixPath("1.png"), PurePosixPath("1.png"), None),
+            PurePosixPath("x.png"),
+            tmp_path / "out",
+            settings,
+        )
     assert sha256_file(tmp_path / "out" / "x.png") == sha256_file(first)
 
 
@@ -537,12 +561,15 @@ def test_a_single_folder_of_images_is_unlabeled_when_scoring(tmp_path):
 def test_labels_files_in_common_encodings_are_read_and_others_named(tmp_path):
     write_flat(tmp_path / "flat", {"a.png": "red", "b.png": "blue"})
     text = "image,label\na.png,café\nb.png,thé\n"
-    encodings = {"cp1252.csv": text.encode("cp1252"), "utf16.csv": text.encode("utf-16"),
-                 "bom.csv": text.encode("utf-8-sig"), "utf32.csv": text.encode("utf-32")}  # fmt: skip
+    encodings = {
+        "cp1252.csv": text.encode("cp1252"),
+        "utf16.csv": text.encode("utf-16"),
+        "bom.csv": text.encode("utf-8-sig"),
+        "utf32.csv": text.encode("utf-32"),
+    }
     for name, data in encodings.items():
         (tmp_path / name).write_bytes(data)
-        image_dir = convert_to_image_directory(tmp_path / "flat", tmp_path / f"out-{name}",
-                                               labels=str(tmp_path / name))  # fmt: skip
+        image_dir = convert_to_image_directory(tmp_path / "flat", tmp_path / f"out-{name}", labels=str(tmp_path / name))
         assert image_dir.classes == ["café", "thé"], name
     (tmp_path / "nobom.csv").write_bytes(text.encode("utf-16-le"))
     with pytest.raises(InvalidDatasetError, match="NUL bytes: UTF-16 without a byte-order mark.*Accepted: UTF-8"):

@@ -27,8 +27,13 @@ def tar_bytes(source: Path, wrapper: str, mode: str = "w") -> bytes:
 @pytest.mark.parametrize("name", ["set.tar", "set.tar.gz", "set.tgz", "set.tar.bz2", "set.gz", "SET.TAR.XZ"])
 def test_tar_archives_in_every_compression_find_the_class_folders(colour_source, tmp_path, name):
     plain = tar_bytes(colour_source, "outer/inner/photos")
-    compress = {"set.tar": bytes, "set.tar.gz": gzip.compress, "set.tgz": gzip.compress,
-                "set.tar.bz2": bz2.compress, "set.gz": gzip.compress}.get(name)  # fmt: skip
+    compress = {
+        "set.tar": bytes,
+        "set.tar.gz": gzip.compress,
+        "set.tgz": gzip.compress,
+        "set.tar.bz2": bz2.compress,
+        "set.gz": gzip.compress,
+    }.get(name)
     archive = tmp_path / name
     archive.write_bytes(compress(plain) if compress else tar_bytes(colour_source, "outer/photos", "w:xz"))
     image_dir = convert_to_image_directory(archive, tmp_path / "out")
@@ -177,8 +182,11 @@ def test_s3_archive_object_and_s3_labels_file(s3_bucket, colour_source, tmp_path
 
     for path in sorted((colour_source / "red").iterdir())[:2] + sorted((colour_source / "blue").iterdir())[:2]:
         client.upload_file(str(path), s3_bucket, f"flat/{path.name}")
-    client.put_object(Bucket=s3_bucket, Key="meta/labels.csv",
-                      Body=b"image,label\nred_0.png,warm\nred_1.png,warm\nblue_0.png,cold\nblue_1.png,cold\n")  # fmt: skip
+    client.put_object(
+        Bucket=s3_bucket,
+        Key="meta/labels.csv",
+        Body=b"image,label\nred_0.png,warm\nred_1.png,warm\nblue_0.png,cold\nblue_1.png,cold\n",
+    )
     labeled = convert_to_image_directory(
         f"s3://{s3_bucket}/flat", tmp_path / "from-labels", labels=f"s3://{s3_bucket}/meta/labels.csv"
     )
@@ -210,8 +218,12 @@ def test_s3_keys_that_cannot_be_files_are_skipped_and_reported(s3_bucket, tmp_pa
     upload(tmp_path / "train", s3_bucket, "odd/train")
     client = s3_client()
     png = (tmp_path / "train" / "red" / "red_0.png").read_bytes()
-    for key in ("odd/train/red/../../../escaped.png", "odd/train/blue/./dot.png", "odd/train/green//twice.png",
-                "odd/train/red"):  # fmt: skip
+    for key in (
+        "odd/train/red/../../../escaped.png",
+        "odd/train/blue/./dot.png",
+        "odd/train/green//twice.png",
+        "odd/train/red",
+    ):
         client.put_object(Bucket=s3_bucket, Key=key, Body=png)
 
     image_dir = convert_to_image_directory(f"s3://{s3_bucket}/odd/train", tmp_path / "out")

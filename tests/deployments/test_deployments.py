@@ -21,8 +21,18 @@ from tests.browser import chromium, click_text, wait_for_text
 pytestmark = pytest.mark.integration
 
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
-STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "model-spec", "training-progress",
-                   "training-metrics", "training-curves", "scores", "evaluation", "registered-model"}  # fmt: skip
+STAGE_ARTIFACTS = {
+    "train-images",
+    "validation-images",
+    "label-validation",
+    "model-spec",
+    "training-progress",
+    "training-metrics",
+    "training-curves",
+    "scores",
+    "evaluation",
+    "registered-model",
+}
 
 
 def test_every_deployment_names_a_real_flow_with_valid_parameters(monkeypatch):
@@ -82,8 +92,16 @@ def run_deployment(stack, parameters: dict, name="train-pipeline/retrain-digits"
     """Trigger a run of a deployment from the shell; returns its id and what the command printed
     (with ``watch``, everything up to the run's end)."""
     # A wide terminal: rich folds lines at its width.
-    result = stack.cli("deployment", "run", name, "--params", json.dumps(parameters), *(["--watch"] if watch else []),
-                       timeout=600, env={"COLUMNS": "1000"})  # fmt: skip
+    result = stack.cli(
+        "deployment",
+        "run",
+        name,
+        "--params",
+        json.dumps(parameters),
+        *(["--watch"] if watch else []),
+        timeout=600,
+        env={"COLUMNS": "1000"},
+    )
     return next(line.split()[-1] for line in result.stdout.splitlines() if "UUID:" in line), result.stdout
 
 
@@ -142,10 +160,13 @@ def wait_for(stack, flow_run_ids, timeout=400):
 def tiny_training(colour_image_dirs, tmp_path, name):
     train, val = colour_image_dirs
     return {
-        "train_data": str(train), "validation_data": str(val), "model_name": name,
+        "train_data": str(train),
+        "validation_data": str(val),
+        "model_name": name,
         "training": {"epochs": 1, "batch_size": 4, "processes_per_node": 2},
-        "registry": str(tmp_path / "registry"), "work_dir": str(tmp_path / "runs"),
-    }  # fmt: skip
+        "registry": str(tmp_path / "registry"),
+        "work_dir": str(tmp_path / "runs"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -191,8 +212,13 @@ def test_each_worker_takes_one_run_at_a_time_with_sqlite(stack, colour_image_dir
 
 
 def test_make_worker_names_the_worker_after_its_host_and_takes_one_run_by_default():
-    dry_run = subprocess.run(["make", "-n", "-o", f"{sys.prefix}/.installed", "worker", f"VENV={sys.prefix}"],
-                             cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    dry_run = subprocess.run(
+        ["make", "-n", "-o", f"{sys.prefix}/.installed", "worker", f"VENV={sys.prefix}"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert f"worker start --pool gpu --name gpu-{socket.gethostname()} --limit 1" in dry_run
 
 
@@ -212,8 +238,12 @@ def test_make_serve_runs_beside_make_deploy_on_one_server(stack, finished_run, c
     """`make serve` after `make deploy`: the deployed runs still complete (above), and a served run does too."""
     _, registry, _ = finished_run
     _, val = colour_image_dirs
-    parameters = {"images": str(val), "model": "colours-resnet18", "registry": str(registry),
-                  "work_dir": str(tmp_path / "runs")}  # fmt: skip
+    parameters = {
+        "images": str(val),
+        "model": "colours-resnet18",
+        "registry": str(registry),
+        "work_dir": str(tmp_path / "runs"),
+    }
     wait_for_deployment(stack, "score-pipeline/score-images-served")
     flow_run_id, _ = run_deployment(stack, parameters, name="score-pipeline/score-images-served")
     (run,) = wait_for(stack, [flow_run_id], timeout=200)

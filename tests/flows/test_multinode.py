@@ -58,12 +58,26 @@ def test_the_gang_timeout_names_the_nodes_waiting_the_pool_and_its_workers():
     from prefect.states import Running, Scheduled
 
     now = datetime.now(timezone.utc)
-    workers = [Worker(name="gpu-b", work_pool_id=uuid4(), status=WorkerStatus.OFFLINE, last_heartbeat_time=now - timedelta(seconds=95)),
-               Worker(name="gpu-a", work_pool_id=uuid4(), status=WorkerStatus.ONLINE, last_heartbeat_time=now - timedelta(seconds=3))]  # fmt: skip
+    workers = [
+        Worker(
+            name="gpu-b",
+            work_pool_id=uuid4(),
+            status=WorkerStatus.OFFLINE,
+            last_heartbeat_time=now - timedelta(seconds=95),
+        ),
+        Worker(
+            name="gpu-a",
+            work_pool_id=uuid4(),
+            status=WorkerStatus.ONLINE,
+            last_heartbeat_time=now - timedelta(seconds=3),
+        ),
+    ]
     message = not_joined_message([Running(), Scheduled(), Scheduled()], 3, "gpu", workers, 60, now)
-    assert message.startswith("only 1 of 3 training nodes started within 60 s (join_timeout_s): node 1 (Scheduled), "
-                              "node 2 (Scheduled) still waiting for a worker of work pool 'gpu', which has "
-                              "gpu-a (online, last heartbeat 3 s ago), gpu-b (offline, last heartbeat 95 s ago).")  # fmt: skip
+    assert message.startswith(
+        "only 1 of 3 training nodes started within 60 s (join_timeout_s): node 1 (Scheduled), "
+        "node 2 (Scheduled) still waiting for a worker of work pool 'gpu', which has "
+        "gpu-a (online, last heartbeat 3 s ago), gpu-b (offline, last heartbeat 95 s ago)."
+    )
     assert "start a worker on 2 more host(s)" in message
     elastic = not_joined_message([Scheduled(), Scheduled()], 1, "gpu", [], 60, now)
     assert (
@@ -87,13 +101,25 @@ def stack(tmp_path_factory, s3_endpoint):
     """A server, the pools and deployments as `make deploy` makes them, and one worker per "host" (limit 1), each
     in a folder of its own with a cache of its own; the moto server stands for S3."""
     # Two "hosts" share this machine's cores: one compute thread per training process.
-    settings = {"PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "2", "OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": s3_endpoint,
-                "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+    settings = {
+        "PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "2",
+        "OMP_NUM_THREADS": "1",
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     with PrefectStack(home=tmp_path_factory.mktemp("prefect-home"), settings=settings) as running:
         for pool in ("gpu", "default"):
             running.cli("work-pool", "create", pool, "--type", "process")
-        deployed = subprocess.run([sys.executable, "-m", "deployments.deploy"], env=running.env, cwd=PROJECT_ROOT,
-                                  capture_output=True, text=True, timeout=300)  # fmt: skip
+        deployed = subprocess.run(
+            [sys.executable, "-m", "deployments.deploy"],
+            env=running.env,
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         running.workers, running.folders = {}, {}
         for host in HOSTS:
@@ -111,9 +137,30 @@ def pipeline_command(colour_image_dirs, work: str, name: str, *flags: str) -> li
     """`python -m flows.pipeline` with 2 nodes (unless ``flags`` say otherwise): run against the stack's server, the
     parent flow runs here and its nodes on the pool; registry and runs under ``work`` (a folder or an S3 URI)."""
     train, val = colour_image_dirs
-    return [sys.executable, "-m", "flows.pipeline", "--train-data", str(train), "--validation-data", str(val),
-            "--model-name", name, "--registry", f"{work}/registry", "--work-dir", f"{work}/runs",
-            "--epochs", "1", "--batch-size", "4", "--device", "cpu", "--nodes", "2", *flags]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "flows.pipeline",
+        "--train-data",
+        str(train),
+        "--validation-data",
+        str(val),
+        "--model-name",
+        name,
+        "--registry",
+        f"{work}/registry",
+        "--work-dir",
+        f"{work}/runs",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--nodes",
+        "2",
+        *flags,
+    ]
 
 
 def run_pipeline(
@@ -121,8 +168,9 @@ def run_pipeline(
 ) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     command = pipeline_command(colour_image_dirs, str(work), name, *flags)
-    result = subprocess.run(command, env={**stack.env, **(env or {})}, cwd=PROJECT_ROOT, capture_output=True, text=True,
-                            timeout=500)  # fmt: skip
+    result = subprocess.run(
+        command, env={**stack.env, **(env or {})}, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=500
+    )
     return result, time.monotonic() - started
 
 
@@ -164,8 +212,9 @@ S3_FLAGS = ("--epochs", EPOCHS, "--patience", EPOCHS, "--learning-rate", "0.01",
 @pytest.fixture(scope="module")
 def two_nodes_on_s3(stack, s3_work, colour_image_dirs, tmp_path_factory):
     """The pipeline with nodes=2, work_dir and registry on S3, undisturbed: its parent has a cache of its own too."""
-    result, _ = run_pipeline(stack, colour_image_dirs, s3_work, "colours-2nodes", *S3_FLAGS,
-                             env=host_env(tmp_path_factory.mktemp("parent")))  # fmt: skip
+    result, _ = run_pipeline(
+        stack, colour_image_dirs, s3_work, "colours-2nodes", *S3_FLAGS, env=host_env(tmp_path_factory.mktemp("parent"))
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:] + stack.log_text()[-3000:]
     return result
 
@@ -234,8 +283,9 @@ def training_processes(folder) -> dict[int, list[str]]:
     return found
 
 
-def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(stack, s3_work, two_nodes_on_s3,
-                                                                               colour_image_dirs, tmp_path):  # fmt: skip
+def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(
+    stack, s3_work, two_nodes_on_s3, colour_image_dirs, tmp_path
+):
     """nodes 1:2 on S3, both hosts training: every training process of the host that does not serve the
     rendezvous is killed after an epoch was stored. The other restarts alone (world size 1) from the stored
     checkpoint and the pipeline completes, its top-1 within 1 point of the undisturbed nodes=2 run's. Before the
@@ -249,10 +299,26 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(s
     for host in HOSTS:
         if host not in stack.workers:
             start_host(stack, host)
-    command = pipeline_command(colour_image_dirs, s3_work, "colours-lost", *S3_FLAGS, "--nodes", "1:2",
-                               "--max-restarts", "3", "--collective-timeout-s", "30")  # fmt: skip
-    parent = subprocess.Popen(command, env={**stack.env, **host_env(tmp_path)}, cwd=PROJECT_ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    command = pipeline_command(
+        colour_image_dirs,
+        s3_work,
+        "colours-lost",
+        *S3_FLAGS,
+        "--nodes",
+        "1:2",
+        "--max-restarts",
+        "3",
+        "--collective-timeout-s",
+        "30",
+    )
+    parent = subprocess.Popen(
+        command,
+        env={**stack.env, **host_env(tmp_path)},
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -316,8 +382,9 @@ def test_stopping_the_parent_run_cancels_every_node_and_leaves_nothing_running(s
     import signal
 
     command = pipeline_command(colour_image_dirs, tmp_path, "colours-stopped", "--epochs", "200", "--patience", "300")
-    parent = subprocess.Popen(command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    parent = subprocess.Popen(
+        command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + 240
         while not [p for p in (tmp_path / "runs").glob("*/model/metrics.json")]:
@@ -367,14 +434,31 @@ def test_elastic_nodes_train_with_the_minimum_and_take_in_a_node_that_comes_late
     its node joins, torchrun rescales to world size 2 and the run resumes from the last checkpoint."""
     if "host-b" in stack.workers:
         stack.stop_process(stack.workers.pop("host-b"))
-    command = pipeline_command(colour_image_dirs, tmp_path, "colours-elastic", "--nodes", "1:2", "--epochs", "60",
-                               "--patience", "100", "--processes-per-node", "1")  # fmt: skip
-    parent = subprocess.Popen(command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    command = pipeline_command(
+        colour_image_dirs,
+        tmp_path,
+        "colours-elastic",
+        "--nodes",
+        "1:2",
+        "--epochs",
+        "60",
+        "--patience",
+        "100",
+        "--processes-per-node",
+        "1",
+    )
+    parent = subprocess.Popen(
+        command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + 240
-        while not (metrics := [ModelDirectory(p).metrics() for p in (tmp_path / "runs").glob("*/model")
-                               if (p / "metrics.json").is_file()]):  # fmt: skip
+        while not (
+            metrics := [
+                ModelDirectory(p).metrics()
+                for p in (tmp_path / "runs").glob("*/model")
+                if (p / "metrics.json").is_file()
+            ]
+        ):
             assert parent.poll() is None and time.monotonic() < deadline, parent.stdout.read()[-5000:]
             time.sleep(0.5)
         assert metrics[0].world_size == 1 and len(metrics[0].epochs) < 60, "training did not start alone"

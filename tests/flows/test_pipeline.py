@@ -21,9 +21,22 @@ from tests.helpers import artifacts_and_task_runs, progress_artifacts, write_cla
 
 pytestmark = pytest.mark.integration
 
-STAGE_ARTIFACTS = {"train-images", "validation-images", "label-validation", "model-spec", "training-progress",
-                   "training-metrics", "training-curves", "scores", "evaluation", "confusion-matrix", "registered-model",
-                   "onnx-export", "promotion", "misclassified-images"}  # fmt: skip
+STAGE_ARTIFACTS = {
+    "train-images",
+    "validation-images",
+    "label-validation",
+    "model-spec",
+    "training-progress",
+    "training-metrics",
+    "training-curves",
+    "scores",
+    "evaluation",
+    "confusion-matrix",
+    "registered-model",
+    "onnx-export",
+    "promotion",
+    "misclassified-images",
+}
 
 
 async def flow_run_message(flow_run_id) -> str:
@@ -35,10 +48,16 @@ def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset,
     train, val = digits_subset
     training = TrainingParams(epochs=4, processes_per_node=2, learning_rate=0.002)
     result = train_pipeline(
-        train_data=str(train), validation_data=str(val), model=ModelSpec(architecture="resnet18"),
-        training=training, registry=str(tmp_path / "registry"), work_dir=str(tmp_path / "runs"),
-        promote_to="production", promotion_metric="f1_macro", export_onnx=True,
-    )  # fmt: skip
+        train_data=str(train),
+        validation_data=str(val),
+        model=ModelSpec(architecture="resnet18"),
+        training=training,
+        registry=str(tmp_path / "registry"),
+        work_dir=str(tmp_path / "runs"),
+        promote_to="production",
+        promotion_metric="f1_macro",
+        export_onnx=True,
+    )
 
     assert result.model_name == "digits-resnet18" and result.version == 1
     assert list_versions(tmp_path / "registry", "digits-resnet18") == [1]
@@ -88,8 +107,12 @@ def test_mismatched_classes_fail_validation_without_retry_or_training(prefect_se
     train = write_class_folders(tmp_path / "train", 3, classes=("red", "green"))
     val = write_class_folders(tmp_path / "val", 3, classes=("red", "blue"))
     with pytest.raises(InvalidDatasetError, match="only in training \\['green'\\]"):
-        train_pipeline(train_data=str(train), validation_data=str(val), registry=str(tmp_path / "registry"),
-                       work_dir=str(tmp_path / "runs"))  # fmt: skip
+        train_pipeline(
+            train_data=str(train),
+            validation_data=str(val),
+            registry=str(tmp_path / "registry"),
+            work_dir=str(tmp_path / "runs"),
+        )
     assert not (tmp_path / "registry").exists()
     assert not list((tmp_path / "runs").glob("*/model"))
 
@@ -98,8 +121,13 @@ def test_conversion_limits_reach_the_convert_stage(prefect_server, tmp_path):
     train = write_class_folders(tmp_path / "train", 3)
     val = write_class_folders(tmp_path / "val", 2, seed=1)
     with pytest.raises(InvalidDatasetError, match=r"16x16 pixels \(256\), over the limit of 100 \(max_image_pixels\)"):
-        train_pipeline(train_data=str(train), validation_data=str(val), conversion=ConversionLimits(max_image_pixels=100),
-                       registry=str(tmp_path / "registry"), work_dir=str(tmp_path / "runs"))  # fmt: skip
+        train_pipeline(
+            train_data=str(train),
+            validation_data=str(val),
+            conversion=ConversionLimits(max_image_pixels=100),
+            registry=str(tmp_path / "registry"),
+            work_dir=str(tmp_path / "runs"),
+        )
     assert not list((tmp_path / "runs").glob("*/model"))
 
 
@@ -122,8 +150,13 @@ def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_se
     killer = threading.Thread(target=kill_a_worker_after_the_first_epoch)
     killer.start()
     try:
-        result = train_pipeline(train_data=str(train), validation_data=str(val), training=training,
-                                registry=str(tmp_path / "registry"), work_dir=str(tmp_path / "runs"))  # fmt: skip
+        result = train_pipeline(
+            train_data=str(train),
+            validation_data=str(val),
+            training=training,
+            registry=str(tmp_path / "registry"),
+            work_dir=str(tmp_path / "runs"),
+        )
     finally:
         stop.set()
         killer.join()

@@ -23,8 +23,15 @@ PROBABILITIES = [f"Scored Probabilities_{c}" for c in sorted(COLOURS)]
 
 def register_twice(registry, trained_model, tmp_path):
     """Version 1 (production) as trained; version 2 with its model.onnx."""
-    register_model(registry, NAME, ModelDirectory(trained_model), metrics={"accuracy": 0.8}, params={}, datasets={},
-                   promote_to="production")  # fmt: skip
+    register_model(
+        registry,
+        NAME,
+        ModelDirectory(trained_model),
+        metrics={"accuracy": 0.8},
+        params={},
+        datasets={},
+        promote_to="production",
+    )
     with_onnx = export_onnx(ModelDirectory(shutil.copytree(trained_model, tmp_path / "with-onnx")))
     register_model(registry, NAME, with_onnx, metrics={"accuracy": 0.9}, params={}, datasets={})
 
@@ -46,9 +53,14 @@ def test_labeled_s3_prefix_scored_by_alias_from_an_s3_registry(prefect_server, t
     client = s3_client()
     for image in write_class_folders(tmp_path / "photos", 3, seed=7).rglob("*.png"):
         client.upload_file(str(image), s3_bucket, f"incoming/{image.parent.name}/{image.name}")
-    result, keys = run(score_pipeline, f"s3://{s3_bucket}/incoming", f"{NAME}@production",
-                       output_csv=str(tmp_path / "out" / "scores.csv"), registry=registry,
-                       work_dir=str(tmp_path / "runs"))  # fmt: skip
+    result, keys = run(
+        score_pipeline,
+        f"s3://{s3_bucket}/incoming",
+        f"{NAME}@production",
+        output_csv=str(tmp_path / "out" / "scores.csv"),
+        registry=registry,
+        work_dir=str(tmp_path / "runs"),
+    )
 
     table = pd.read_csv(result.scores, dtype=str)
     assert list(table.columns) == ["image", "Scored Labels", *PROBABILITIES, "label"] and len(table) == 9
@@ -56,8 +68,9 @@ def test_labeled_s3_prefix_scored_by_alias_from_an_s3_registry(prefect_server, t
     assert result.evaluation.accuracy == pytest.approx((table["label"] == table["Scored Labels"]).mean())
     assert result.model_dir.endswith(f"{NAME}/1"), "the alias resolved to version 1, downloaded to the cache"
     assert {"score-images", "scores", "evaluation", "confusion-matrix"} <= keys
-    assert result.headline() == (f"Scored 9 images with {result.model_dir} into {result.scores}; "
-                                 f"{result.evaluation.headline()}")  # fmt: skip
+    assert result.headline() == (
+        f"Scored 9 images with {result.model_dir} into {result.scores}; {result.evaluation.headline()}"
+    )
 
 
 def test_unlabeled_zip_through_onnx_by_version_and_a_folder_by_model_path(prefect_server, trained_model, tmp_path):
@@ -67,8 +80,9 @@ def test_unlabeled_zip_through_onnx_by_version_and_a_folder_by_model_path(prefec
     with zipfile.ZipFile(archive, "w") as bundle:
         for i, colour in enumerate(sorted(COLOURS)):
             bundle.write(write_image(tmp_path / "loose" / f"{i}.png", COLOURS[colour], seed=40 + i), f"{i}.png")
-    result, keys = run(score_pipeline, str(archive), f"{NAME}/2", registry=registry, runtime="onnx",
-                       work_dir=str(tmp_path / "runs"))  # fmt: skip
+    result, keys = run(
+        score_pipeline, str(archive), f"{NAME}/2", registry=registry, runtime="onnx", work_dir=str(tmp_path / "runs")
+    )
 
     table = pd.read_csv(result.scores, dtype={"image": str})
     assert list(table.columns) == ["image", "Scored Labels", *PROBABILITIES] and result.evaluation is None
@@ -85,8 +99,12 @@ def test_unlabeled_zip_through_onnx_by_version_and_a_folder_by_model_path(prefec
 
     rows, _ = run(compare_models, result.scores, f"{NAME}/2", registry=registry)
     accuracy = next(row for row in rows if row["figure"] == "accuracy")
-    assert accuracy == {"figure": "accuracy", "scores.csv": result.evaluation.accuracy, f"{NAME}/2": 0.9,
-                        "difference": pytest.approx(0.9 - result.evaluation.accuracy)}  # fmt: skip
+    assert accuracy == {
+        "figure": "accuracy",
+        "scores.csv": result.evaluation.accuracy,
+        f"{NAME}/2": 0.9,
+        "difference": pytest.approx(0.9 - result.evaluation.accuracy),
+    }
     assert {row["figure"] for row in rows} >= {"f1_weighted", "precision_macro", "images"}
 
     rows, keys = run(compare_models, f"{NAME}/1", f"{NAME}@production", registry=registry)

@@ -30,8 +30,15 @@ def test_the_model_card_follows_registrations_and_alias_moves(
 
     @flow(name="register-colours")
     def register_once(promote_to: str | None):
-        return register(registry, NAME, str(trained_model), evaluation.figures(), {"train": str(train), "validation": str(val)},
-                        {"epochs": 2}, promote_to=promote_to)  # fmt: skip
+        return register(
+            registry,
+            NAME,
+            str(trained_model),
+            evaluation.figures(),
+            {"train": str(train), "validation": str(val)},
+            {"epochs": 2},
+            promote_to=promote_to,
+        )
 
     first, second = register_once("production"), register_once(None)
     moved = registry_cli(

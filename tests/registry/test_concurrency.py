@@ -50,14 +50,21 @@ def distinct_models(trained_model, tmp_path_factory) -> list[Path]:
     return models
 
 
-def register_as(registry: str, model: Path, worker: int, start: threading.Barrier | None = None,
-                promote: str | None = None) -> int:  # fmt: skip
+def register_as(
+    registry: str, model: Path, worker: int, start: threading.Barrier | None = None, promote: str | None = None
+) -> int:
     if start is not None:
         start.wait()
     registration, _ = register_model(
-        registry, NAME, ModelDirectory(model), metrics={"accuracy": worker / 10}, params={}, datasets={},
-        tags={"worker": str(worker)}, promote_to=promote,
-    )  # fmt: skip
+        registry,
+        NAME,
+        ModelDirectory(model),
+        metrics={"accuracy": worker / 10},
+        params={},
+        datasets={},
+        tags={"worker": str(worker)},
+        promote_to=promote,
+    )
     return registration.version
 
 
@@ -77,11 +84,18 @@ print(registration.version)
 """
 
 
-def start_registration(registry: str, model: Path, worker: int, go: Path | None = None, env: dict | None = None,
-                       promote: str = ""):  # fmt: skip
+def start_registration(
+    registry: str, model: Path, worker: int, go: Path | None = None, env: dict | None = None, promote: str = ""
+):
     command = [sys.executable, "-c", REGISTER, registry, NAME, str(model), str(worker), str(go or ""), promote]
-    return subprocess.Popen(command, cwd=PROJECT_ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        command,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def check_every_version_holds_its_own_files(registry: str, models: list[Path], cache: Path) -> None:
@@ -111,8 +125,9 @@ def check_alias_on_the_best(registry: str) -> None:
 @pytest.mark.parametrize("promote", ["", "production"])
 def test_eight_processes_registering_at_once_get_eight_versions_on_disk(distinct_models, tmp_path, promote):
     registry, go = str(tmp_path / "registry"), tmp_path / "go"
-    processes = [start_registration(registry, model, worker, go, promote=promote)
-                 for worker, model in enumerate(distinct_models)]  # fmt: skip
+    processes = [
+        start_registration(registry, model, worker, go, promote=promote) for worker, model in enumerate(distinct_models)
+    ]
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("go.ready-*"))) < WORKERS and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -125,15 +140,17 @@ def test_eight_processes_registering_at_once_get_eight_versions_on_disk(distinct
         check_alias_on_the_best(registry)
 
 
-def test_eight_registrations_through_a_failing_s3_endpoint_all_land(distinct_models, s3_endpoint, s3_bucket, tmp_path,
-                                                                    monkeypatch):  # fmt: skip
+def test_eight_registrations_through_a_failing_s3_endpoint_all_land(
+    distinct_models, s3_endpoint, s3_bucket, tmp_path, monkeypatch
+):
     registry = f"s3://{s3_bucket}/models"
     with FaultyProxy(s3_endpoint, failure_rate=0.2, seed=5) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         start = threading.Barrier(WORKERS)
         with ThreadPoolExecutor(WORKERS) as pool:
-            versions = list(pool.map(lambda w: register_as(registry, distinct_models[w], w, start, "production"),
-                                     range(WORKERS)))  # fmt: skip
+            versions = list(
+                pool.map(lambda w: register_as(registry, distinct_models[w], w, start, "production"), range(WORKERS))
+            )
     assert sorted(versions) == list(range(1, WORKERS + 1))
     assert proxy.counts["before"] > 0 and proxy.counts["after"] > 0, proxy.counts
     print(f"proxy: {dict(proxy.counts)}")

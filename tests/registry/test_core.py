@@ -73,8 +73,11 @@ def test_a_model_folder_missing_a_file_claims_no_version(registry, trained_model
     (broken / "training_log.csv").unlink()
     (broken / "metrics.json").unlink()
     (broken / "metrics.json").mkdir()  # present, but not a readable file
-    with pytest.raises(InvalidModelDirectoryError, match=r"cannot be registered: metrics.json \(Is a directory\), "
-                                                         r"training_log.csv \(No such file"):  # fmt: skip
+    with pytest.raises(
+        InvalidModelDirectoryError,
+        match=r"cannot be registered: metrics.json \(Is a directory\), "
+        r"training_log.csv \(No such file",
+    ):
         register_model(registry, NAME, model, metrics={}, params={}, datasets={})
     assert open_backend(registry).list_keys(f"{NAME}/2") == [], "nothing claimed, nothing uploaded"
 
@@ -112,8 +115,17 @@ def test_champion_challenger_promotion_is_recorded(registry, trained_model):
 
 def test_lower_is_better_figures_and_a_minimum_improvement(registry, trained_model):
     def attempt(loss, **rule):
-        return register_model(registry, NAME, ModelDirectory(trained_model), metrics={"log_loss": loss}, params={},
-                              datasets={}, promote_to="production", promotion_metric="log_loss", **rule)[0].promotion  # fmt: skip
+        return register_model(
+            registry,
+            NAME,
+            ModelDirectory(trained_model),
+            metrics={"log_loss": loss},
+            params={},
+            datasets={},
+            promote_to="production",
+            promotion_metric="log_loss",
+            **rule,
+        )[0].promotion
 
     assert attempt(0.40).promoted
     worse = attempt(0.50)
@@ -154,7 +166,9 @@ def test_registration_json_is_plain_json_beside_the_model_files(tmp_path, traine
     registration, location = register_test_model(tmp_path, trained_model)
     record = json.loads((tmp_path / NAME / "1" / REGISTRATION_FILE).read_text())
     assert record["version"] == 1 and set(record["files"]) == {p.name for p in (tmp_path / NAME / "1").glob("*.*")} - {
-        REGISTRATION_FILE, CLAIM_FILE}  # fmt: skip
+        REGISTRATION_FILE,
+        CLAIM_FILE,
+    }
     assert ModelDirectory(location).classes == ["blue", "green", "red"]
 
 
@@ -262,23 +276,48 @@ def test_a_retry_after_a_failure_past_the_commit_returns_the_same_version(tmp_pa
     obstacle.mkdir()
     ids = {"flow_run_id": "flow-7", "task_run_id": "task-7"}
     with pytest.raises(IsADirectoryError):
-        register_model(registry, NAME, ModelDirectory(trained_model), metrics={"accuracy": 0.9}, params={},
-                       datasets={}, promote_to="production", **ids)  # fmt: skip
+        register_model(
+            registry,
+            NAME,
+            ModelDirectory(trained_model),
+            metrics={"accuracy": 0.9},
+            params={},
+            datasets={},
+            promote_to="production",
+            **ids,
+        )
     assert list_versions(registry, NAME) == [1, 2] and resolve(registry, f"{NAME}@production").version == 1
     obstacle.rmdir()
 
-    again, _ = register_model(registry, NAME, ModelDirectory(trained_model), metrics={"accuracy": 0.9}, params={},
-                              datasets={}, promote_to="production", **ids)  # fmt: skip
+    again, _ = register_model(
+        registry,
+        NAME,
+        ModelDirectory(trained_model),
+        metrics={"accuracy": 0.9},
+        params={},
+        datasets={},
+        promote_to="production",
+        **ids,
+    )
     assert again.version == 2 and list_versions(registry, NAME) == [1, 2], "the retry found its own version"
     assert again.promotion.promoted and resolve(registry, f"{NAME}@production").version == 2
     assert (read_registration(registry, NAME, 2).flow_run_id, again.task_run_id) == ("flow-7", "task-7")
-    other_task = register_model(registry, NAME, ModelDirectory(trained_model), metrics={}, params={}, datasets={},
-                                flow_run_id="flow-7", task_run_id="task-8")[0]  # fmt: skip
+    other_task = register_model(
+        registry,
+        NAME,
+        ModelDirectory(trained_model),
+        metrics={},
+        params={},
+        datasets={},
+        flow_run_id="flow-7",
+        task_run_id="task-8",
+    )[0]
     assert other_task.version == 3, "another task run of the same flow registers its own version"
 
 
-def test_a_registry_fetch_reads_again_the_bodies_cut_off_mid_way(s3_bucket, s3_endpoint, trained_model, tmp_path,
-                                                                  monkeypatch):  # fmt: skip
+def test_a_registry_fetch_reads_again_the_bodies_cut_off_mid_way(
+    s3_bucket, s3_endpoint, trained_model, tmp_path, monkeypatch
+):
     registry = f"s3://{s3_bucket}/models"
     register_test_model(registry, trained_model)
     with FaultyProxy(s3_endpoint, failure_rate=0.0, cut_rate=0.5, seed=2) as proxy:

@@ -52,8 +52,11 @@ def test_an_aliased_version_is_not_deleted_and_a_deleted_number_is_not_reused(re
     for _ in range(3):
         register_test_model(registry, trained_model)
     set_alias(registry, NAME, "production", 1)
-    with pytest.raises(AliasedVersionError, match=rf"{NAME}/1 cannot be deleted .*: alias production points at it; "
-                                                  r"move the alias to another version or unset it first"):  # fmt: skip
+    with pytest.raises(
+        AliasedVersionError,
+        match=rf"{NAME}/1 cannot be deleted .*: alias production points at it; "
+        r"move the alias to another version or unset it first",
+    ):
         delete_version(registry, NAME, 1)
     assert list_versions(registry, NAME) == [1, 2, 3]
 
@@ -108,8 +111,12 @@ def test_deletions_racing_alias_moves_never_leave_an_alias_on_a_deleted_version(
         except (AliasedVersionError, ModelNotFoundError) as refused:
             return type(refused).__name__
 
-    jobs = [lambda: delete_version(registry, NAME, 2), lambda: delete_version(registry, NAME, 3),
-            lambda: set_alias(registry, NAME, "production", 2), lambda: set_alias(registry, NAME, "staging", 3)]  # fmt: skip
+    jobs = [
+        lambda: delete_version(registry, NAME, 2),
+        lambda: delete_version(registry, NAME, 3),
+        lambda: set_alias(registry, NAME, "production", 2),
+        lambda: set_alias(registry, NAME, "staging", 3),
+    ]
     with ThreadPoolExecutor(4) as pool:
         outcomes = list(pool.map(attempt, jobs))
     versions = list_versions(registry, NAME)

@@ -41,9 +41,14 @@ def test_same_seed_and_world_size_give_identical_metrics(tmp_path, colour_image_
 
 def test_two_launchers_rendezvous_over_loopback_as_two_nodes(tmp_path, colour_image_dirs, resnet_spec):
     params = TrainingParams(
-        epochs=1, batch_size=4, nodes=2, processes_per_node=1, device="cpu",
-        rendezvous_endpoint=f"127.0.0.1:{free_port()}", rendezvous_id="two-nodes-test",
-    )  # fmt: skip
+        epochs=1,
+        batch_size=4,
+        nodes=2,
+        processes_per_node=1,
+        device="cpu",
+        rendezvous_endpoint=f"127.0.0.1:{free_port()}",
+        rendezvous_id="two-nodes-test",
+    )
     results, errors = {}, {}
 
     def node(index):
@@ -97,8 +102,9 @@ def test_a_killed_worker_restarts_and_resumes_to_the_same_result(tmp_path, digit
             os.kill(pids[-1], signal.SIGKILL)
             killed.append(pids[-1])
 
-    resumed = launch(digits_image_dirs, resnet_spec, output, params, on_metrics=kill_after_first_checkpoint,
-                     poll_seconds=0.1)  # fmt: skip
+    resumed = launch(
+        digits_image_dirs, resnet_spec, output, params, on_metrics=kill_after_first_checkpoint, poll_seconds=0.1
+    )
 
     assert killed, "the training finished before a worker could be killed"
     logs = "".join(driver_log_path(output, rank).read_text() for rank in (0, 1))
@@ -115,8 +121,14 @@ def test_without_restarts_a_killed_worker_is_named_in_the_error(tmp_path, digits
 
     def kill_rank_one(metrics):
         if not killed and (pids := worker_pids(output)):
-            ranks = {int(dict(v.split("=", 1) for v in Path(f"/proc/{p}/environ").read_text().split("\0") if "=" in v)
-                         ["RANK"]): p for p in pids}  # fmt: skip
+            ranks = {
+                int(
+                    dict(v.split("=", 1) for v in Path(f"/proc/{p}/environ").read_text().split("\0") if "=" in v)[
+                        "RANK"
+                    ]
+                ): p
+                for p in pids
+            }
             os.kill(ranks[1], signal.SIGKILL)
             killed[1] = ranks[1]
 

@@ -27,8 +27,11 @@ def test_the_zoo_is_the_azure_components():
 
 def test_family_options_reach_the_model():
     densenet = build_network(ModelSpec(architecture="densenet121", memory_efficient=True), 3)
-    assert all(layer.memory_efficient for name, layer in densenet.features.named_modules() if "denselayer" in name
-               and name.count(".") == 1)  # fmt: skip
+    assert all(
+        layer.memory_efficient
+        for name, layer in densenet.features.named_modules()
+        if "denselayer" in name and name.count(".") == 1
+    )
     resnet = build_network(ModelSpec(architecture="resnet18", zero_init_residual=True), 3)
     assert torch.count_nonzero(resnet.layer1[0].bn2.weight) == 0
 
@@ -48,8 +51,11 @@ def test_pretrained_densenet_from_torch_cache_in_torchvisions_old_key_format(tmp
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     imagenet = torchvision.models.densenet121()
     # The published file spells "norm1" as "norm.1" and predates BatchNorm's num_batches_tracked.
-    old_keys = {re.sub(r"(denselayer\d+\.(?:norm|relu|conv))([12])\.", r"\1.\2.", k): v
-                for k, v in imagenet.state_dict().items() if not k.endswith("num_batches_tracked")}  # fmt: skip
+    old_keys = {
+        re.sub(r"(denselayer\d+\.(?:norm|relu|conv))([12])\.", r"\1.\2.", k): v
+        for k, v in imagenet.state_dict().items()
+        if not k.endswith("num_batches_tracked")
+    }
     assert any(".norm.1." in key for key in old_keys)
     cache = tmp_path / "hub" / "checkpoints"
     cache.mkdir(parents=True)
@@ -73,8 +79,9 @@ def test_weights_of_another_architecture_are_refused_before_training(tmp_path):
     weights = tmp_path / "resnet18.pth"
     torch.save(torchvision.models.resnet18().state_dict(), weights)
     with pytest.raises(InvalidModelDirectoryError, match="do not fit resnet34"):
-        write_untrained_model_directory(tmp_path / "model", ModelSpec(architecture="resnet34", pretrained=True,
-                                                             weights_path=str(weights)))  # fmt: skip
+        write_untrained_model_directory(
+            tmp_path / "model", ModelSpec(architecture="resnet34", pretrained=True, weights_path=str(weights))
+        )
     weights.write_bytes(b"not a state dict")
     with pytest.raises(InvalidModelDirectoryError, match="not a readable PyTorch state dict"):
         write_untrained_model_directory(tmp_path / "model", ModelSpec(pretrained=True, weights_path=str(weights)))
