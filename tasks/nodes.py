@@ -39,6 +39,8 @@ NODE_DEPLOYMENT = "train-node/train-node"
 CANCEL_WAIT_SECONDS = 120.0
 # An address other hosts reach this one at, when the one facing the Prefect server is not it (NAT, several networks).
 NODE_ADDRESS_VARIABLE = "TRAIN_NODE_ADDRESS"
+# Elastic: how long after the first node run completes the others may still be going (uploading their logs).
+ELASTIC_FINISH_GRACE_SECONDS = 120.0
 
 
 class Rendezvous(BaseModel):
@@ -127,20 +129,24 @@ def node_failed_message(rank: int, run_name: str, state) -> str:
     )
 
 
-def nodes_outcome(states: Sequence, elastic: bool) -> tuple[bool, int | None]:
+def nodes_outcome(states: Sequence, elastic: bool, now: datetime.datetime | None = None) -> tuple[bool, int | None]:
     """(done, the node whose failure fails the training) from the node runs' states.
 
     Fixed nodes: done once all completed; any node ending otherwise fails it. Elastic (``min:max``): done once one
-    completed and no started run is still going (runs that never started are cancelled); a node ending otherwise
-    fails it only when no run is left going and none completed (the others carry on without it)."""
+    completed and no started run is still going (runs that never started are cancelled), or once one completed
+    ``ELASTIC_FINISH_GRACE_SECONDS`` before ``now``: the nodes of an elastic group finish together, so a run still
+    "Running" that long after is on a host that was lost with its worker, which no one is left to report. A node
+    ending otherwise fails the training only when no run is left going and none completed (the others carry on)."""
     failed = [rank for rank, state in enumerate(states) if state.is_final() and not state.is_completed()]
     going = [rank for rank, state in enumerate(states) if started(state) and not state.is_final()]
-    completed = any(state.is_completed() for state in states)
+    completed = [state.timestamp for state in states if state.is_completed()]
     if not elastic:
         return all(state.is_completed() for state in states), failed[0] if failed else None
     if going:
-        return False, None
-    return completed, None if completed or not failed else failed[0]
+        now = now or datetime.datetime.now(datetime.timezone.utc)
+        settled = bool(completed) and (now - min(completed)).total_seconds() > ELASTIC_FINISH_GRACE_SECONDS
+        return settled, None
+    return bool(completed), None if completed or not failed else failed[0]
 
 
 # --- Prefect ------------------------------------------------------------------------------------

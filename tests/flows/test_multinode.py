@@ -14,7 +14,13 @@ import pytest
 
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.model_directory import ModelDirectory, driver_log_path
-from tasks.nodes import node_run_parameters, nodes_outcome, not_joined_message, reachable_address
+from tasks.nodes import (
+    ELASTIC_FINISH_GRACE_SECONDS,
+    node_run_parameters,
+    nodes_outcome,
+    not_joined_message,
+    reachable_address,
+)
 from tasks.registry import list_versions, read_registration
 from tasks.training.config import TrainingParams
 from tasks.workdir import CACHE_VARIABLE
@@ -51,6 +57,12 @@ def test_fixed_nodes_fail_with_any_node_and_elastic_ones_carry_on_without_it():
     assert nodes_outcome([Running(), Failed(), Scheduled()], elastic=True) == (False, None)
     assert nodes_outcome([Completed(), Failed(), Scheduled()], elastic=True) == (True, None)
     assert nodes_outcome([Failed(), Cancelled(), Scheduled()], elastic=True) == (False, 0)
+    # A host lost with its worker leaves its run "Running" for good: the finished group does not wait for it.
+    finished = Completed()
+    soon, later = (finished.timestamp + timedelta(seconds=s) for s in (5, ELASTIC_FINISH_GRACE_SECONDS + 1))
+    assert nodes_outcome([finished, Running()], elastic=True, now=soon) == (False, None)
+    assert nodes_outcome([finished, Running()], elastic=True, now=later) == (True, None)
+    assert nodes_outcome([finished, Running()], elastic=False, now=later) == (False, None)
 
 
 def test_the_gang_timeout_names_the_nodes_waiting_the_pool_and_its_workers():
