@@ -27,9 +27,9 @@ from torch.utils.data import DataLoader
 from bench.harness import Figure, table
 from tasks import convert_to_image_directory
 from tasks.image_directory import ImageDirectory
+from tasks.launch import launch_training
 from tasks.model import write_untrained_model_directory
 from tasks.model_directory import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
-from tasks.train import launch_training
 from tasks.training.config import TrainingParams
 from tasks.training.worker import autocast, make_optimizer
 from tasks.vision.images import ImageFiles, train_transform

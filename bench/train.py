@@ -27,9 +27,9 @@ from torchvision import transforms as T
 
 from bench.harness import Figure, alternate, in_fresh_process, table
 from tasks import convert_to_image_directory, export_digits
+from tasks.launch import launch_training, worker_environment
 from tasks.model import write_untrained_model_directory
 from tasks.model_directory import ModelSpec, driver_log_path
-from tasks.train import launch_training, worker_environment
 from tasks.training.config import TrainingParams
 
 IMAGE_SIZE = 32

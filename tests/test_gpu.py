@@ -16,10 +16,10 @@ from PIL import Image
 from flows.pipeline import train_pipeline
 from tasks import ImageDirectory, ModelDirectory
 from tasks.errors import InvalidTrainingSetupError, PipelineInputError
+from tasks.launch import launch_training
 from tasks.model_directory import ModelSpec
 from tasks.registry import read_registration
 from tasks.score import score_images
-from tasks.train import launch_training
 from tasks.training.config import TrainingParams
 
 pytestmark = [

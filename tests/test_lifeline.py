@@ -13,9 +13,9 @@ import pytest
 
 from tasks import InvalidDatasetError, InvalidModelDirectoryError, OutputInUseError, TrainingFailedError
 from tasks.errors import TrainingHungError, TrainingTimeoutError
+from tasks.launch import LineLevels, WatchLimits, build_torchrun_command, launch_training, worker_environment
 from tasks.lifeline import HangWatch, TrainingHang, read_heartbeats
 from tasks.model_directory import LOGS_DIR
-from tasks.train import LineLevels, WatchLimits, build_torchrun_command, launch_training, worker_environment
 from tasks.training.config import TrainingParams
 from tasks.workdir import TrainingFolders
 from tests.helpers import alive, processes_of, write_class_folders
@@ -62,7 +62,7 @@ def test_workers_die_with_the_flow_process_killed_by_sigkill(tmp_path, colour_im
     output = tmp_path / "model"
     train, val = colour_image_dirs
     script = textwrap.dedent(f"""
-        from tasks.train import launch_training
+        from tasks.launch import launch_training
         from tasks.training.config import TrainingParams
         launch_training({str(train)!r}, {str(val)!r}, {str(resnet_spec)!r}, {str(output)!r}, TrainingParams(**{LONG!r}))
     """)

@@ -9,6 +9,7 @@ import torch
 
 from tasks import InvalidModelDirectoryError, PipelineInputError, TrainingFailedError
 from tasks.errors import InvalidTrainingSetupError
+from tasks.launch import build_torchrun_command, launch_training, worker_environment
 from tasks.model_directory import (
     CHECKPOINT_FILE,
     MODEL_FILES,
@@ -19,7 +20,6 @@ from tasks.model_directory import (
     driver_log_path,
     write_model_spec,
 )
-from tasks.train import build_torchrun_command, launch_training, worker_environment
 from tasks.training.config import TrainingParams, params_from_flags
 from tasks.training.worker import get_args_parser, make_optimizer, warmup_poly_schedule
 from tasks.vision.images import ImageFiles, eval_transform, train_transform
