@@ -81,16 +81,7 @@ def figures(repetitions: int = 2, epochs: int = 1) -> list[Figure]:
         # Two "hosts" on one machine's cores: one compute thread per training process, as in the tests.
         settings = {"OMP_NUM_THREADS": "1"}
         with PrefectStack(home=scratch / "prefect", settings=settings) as stack:
-            for pool in ("gpu", "default"):
-                stack.cli("work-pool", "create", pool, "--type", "process")
-            subprocess.run(
-                [sys.executable, "-m", "deployments.deploy"],
-                env=stack.env,
-                cwd=PROJECT_ROOT,
-                check=True,
-                capture_output=True,
-                timeout=300,
-            )
+            stack.deploy()
             for host in ("host-a", "host-b"):
                 (scratch / host).mkdir()
                 stack.start_worker("gpu", host, limit=1, cwd=scratch / host)

@@ -100,11 +100,11 @@ class PrefectStack:
                     raise RuntimeError(f"Prefect server did not start: see {self.logs / 'server.log'}") from error
                 time.sleep(0.5)
 
-    def cli(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """Run ``prefect <args>`` against this server, from the project root (``env`` added to the stack's);
-        raises on failure."""
+    def _run(self, what: str, *command: str, timeout: float, env: dict[str, str] | None = None):
+        """Run ``command`` against this server, from the project root (``env`` added to the stack's); raises on
+        failure, naming ``what`` with the output."""
         result = subprocess.run(
-            [sys.executable, "-m", "prefect", "--no-prompt", *args],
+            command,
             env={**self.env, **(env or {})},
             cwd=PROJECT_ROOT,
             capture_output=True,
@@ -112,8 +112,20 @@ class PrefectStack:
             timeout=timeout,
         )
         if result.returncode != 0:
-            raise RuntimeError(f"prefect {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+            raise RuntimeError(f"{what} failed:\n{result.stdout}\n{result.stderr}")
         return result
+
+    def cli(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """Run ``prefect <args>`` against this server; raises on failure."""
+        command = (sys.executable, "-m", "prefect", "--no-prompt", *args)
+        return self._run(f"prefect {' '.join(args)}", *command, timeout=timeout, env=env)
+
+    def deploy(self, timeout: float = 300) -> None:
+        """What ``make deploy`` does against this server: the ``gpu`` and ``default`` process pools, then the
+        deployments of deployments/prefect.yaml; raises with the output on failure."""
+        for pool in ("gpu", "default"):
+            self.cli("work-pool", "create", pool, "--type", "process")
+        self._run("deploying deployments/prefect.yaml", sys.executable, "-m", "deployments.deploy", timeout=timeout)
 
     def start_worker(
         self,

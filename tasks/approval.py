@@ -14,8 +14,6 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Literal
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
@@ -29,7 +27,7 @@ from tasks.registry.card import KEY_FIGURES, figure
 from tasks.registry.layout import Approval
 from tasks.registry.manage import decide_promotion
 from tasks.registry.prefect_tasks import RegisteredModel, publish_model_card, publish_promotion
-from tasks.retrying import retry_unless_input_error
+from tasks.retrying import stage_task
 
 # How soon a reviewer's answer is picked up; one small read of the flow run per interval while paused.
 POLL_SECONDS = 2
@@ -119,13 +117,7 @@ def ask_for_approval(registry: str, registration: Registration, timeout_s: int) 
     )
 
 
-@task(
-    name="decide-promotion",
-    retries=2,
-    retry_delay_seconds=2,
-    retry_condition_fn=retry_unless_input_error,
-    cache_policy=NO_CACHE,
-)
+@stage_task("decide-promotion")
 def decide(registry: str, registered: RegisteredModel, approval: Approval) -> RegisteredModel:
     """Record the answer and move the alias if approved; artifacts ``promotion`` and the model card again."""
     promotion = decide_promotion(registry, registered.registration, approval)

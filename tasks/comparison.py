@@ -32,17 +32,13 @@ def figures_of(side: str, registry: str) -> tuple[str, dict]:
 
 
 # --- Prefect task -------------------------------------------------------------------------------
-from prefect import task  # noqa: E402
 from prefect.artifacts import create_table_artifact  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from tasks.plots import significant  # noqa: E402
-from tasks.retrying import retry_unless_input_error  # noqa: E402
+from tasks.retrying import stage_task  # noqa: E402
 
 
-@task(
-    name="compare", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE
-)
+@stage_task("compare")
 def compare(left: str, right: str, registry: str = "registry") -> list[dict]:
     """Two scores CSVs or two registry references side by side; artifact ``model-comparison``."""
     (left_name, left_figures), (right_name, right_figures) = figures_of(left, registry), figures_of(right, registry)

@@ -145,21 +145,13 @@ def evaluation_markdown(evaluation: Evaluation) -> str:
 
 
 # --- Prefect tasks ------------------------------------------------------------------------------
-from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from tasks.plots import plot_confusion_matrix, plot_two_class_curves, png_markdown  # noqa: E402
-from tasks.retrying import retry_unless_input_error  # noqa: E402
+from tasks.retrying import stage_task  # noqa: E402
 
 
-@task(
-    name="evaluate",
-    retries=2,
-    retry_delay_seconds=2,
-    retry_condition_fn=retry_unless_input_error,
-    cache_policy=NO_CACHE,
-)
+@stage_task("evaluate")
 def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
     """Artifacts ``evaluation`` (figures, per-class report, confusion matrix; for two classes ROC and
     precision-recall curves too) and ``confusion-matrix`` (a table); the matrix is also drawn to ``picture``

@@ -14,3 +14,18 @@ def retry_unless_input_error(task, task_run, state) -> bool:
     except BaseException:
         return True
     return True
+
+
+def stage_task(name: str, retries: int = 2, retry_delay_seconds: float = 2):
+    """The Prefect task decorator of a stage: ``retries`` when a failure can pass (storage, network, a lost
+    process), none on a mistake in the input, and no result cache (every stage reads and writes files)."""
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
+    return task(
+        name=name,
+        retries=retries,
+        retry_delay_seconds=retry_delay_seconds,
+        retry_condition_fn=retry_unless_input_error,
+        cache_policy=NO_CACHE,
+    )

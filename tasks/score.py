@@ -108,12 +108,10 @@ def score_images(
 # --- Prefect task -------------------------------------------------------------------------------
 import time  # noqa: E402
 
-from prefect import task  # noqa: E402
 from prefect.artifacts import create_table_artifact  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
-from tasks.retrying import retry_unless_input_error  # noqa: E402
+from tasks.retrying import stage_task  # noqa: E402
 
 PREVIEW_ROWS = 20
 
@@ -124,9 +122,7 @@ class Scored(BaseModel):
     labeled: bool = Field(description="the table has a 'label' column: it can be evaluated")
 
 
-@task(
-    name="score", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE
-)
+@stage_task("score")
 def score(
     model_dir: str,
     image_dir: str,

@@ -24,7 +24,7 @@ from tasks.launch import NewEpochs, launch_training, read_metrics
 from tasks.model_directory import TRAINING_CURVES_FILE, ModelDirectory, TrainingMetrics
 from tasks.nodes import Rendezvous, run_nodes
 from tasks.plots import plot_training_curves, png_markdown, significant
-from tasks.retrying import retry_unless_input_error
+from tasks.retrying import stage_task
 from tasks.training.config import TrainingParams
 from tasks.workdir import mirror_of
 
@@ -63,9 +63,7 @@ def progress_artifact(total_epochs: int) -> UUID:
 
 
 # One retry: the worker resumes from its last checkpoint, so a retry costs at most one epoch.
-@task(
-    name="train", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE
-)
+@stage_task("train", retries=1, retry_delay_seconds=5)
 def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str, params: TrainingParams) -> str:
     """Artifacts ``training-progress`` (live, "3 of 5 epochs"), ``training-curves`` (live too: a new version
     per epoch seen) and ``training-metrics``."""

@@ -339,16 +339,13 @@ def convert_to_image_directory(
 
 
 # --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger, task  # noqa: E402
+from prefect import get_run_logger  # noqa: E402
 from prefect.artifacts import create_table_artifact  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from tasks.retrying import retry_unless_input_error  # noqa: E402
+from tasks.retrying import stage_task  # noqa: E402
 
 
-@task(
-    name="convert", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_input_error, cache_policy=NO_CACHE
-)
+@stage_task("convert")
 def convert(
     source: str,
     output: str,

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
 from prefect.settings import get_current_settings
 from pydantic import BaseModel
@@ -25,7 +24,7 @@ from tasks.registry import (
 )
 from tasks.registry.card import model_card_key, model_card_markdown
 from tasks.registry.manage import model_versions
-from tasks.retrying import retry_unless_input_error
+from tasks.retrying import stage_task
 
 
 class RegisteredModel(BaseModel):
@@ -112,13 +111,7 @@ def update_model_card_if_connected(registry: str, name: str) -> str:
     return f"model card updated: artifact {publish_model_card(registry, name)}"
 
 
-@task(
-    name="register",
-    retries=2,
-    retry_delay_seconds=2,
-    retry_condition_fn=retry_unless_input_error,
-    cache_policy=NO_CACHE,
-)
+@stage_task("register")
 def register(
     registry: str,
     name: str | None,
@@ -172,13 +165,7 @@ def register(
     return RegisteredModel(registration=registration, location=location)
 
 
-@task(
-    name="resolve-model",
-    retries=2,
-    retry_delay_seconds=2,
-    retry_condition_fn=retry_unless_input_error,
-    cache_policy=NO_CACHE,
-)
+@stage_task("resolve-model")
 def resolve_model(model: str, registry: str, cache_dir: str) -> str:
     """The local ModelDirectory for a ModelDirectory path or a registry reference (downloaded from S3 once)."""
     model_dir = load_model(model, registry, cache_dir)

@@ -177,19 +177,10 @@ def model_input(pixels: torch.Tensor, normalize, device: torch.device) -> torch.
 
 
 def train_one_epoch(
-    model,
-    loader,
-    normalize,
-    criterion,
-    optimizer,
-    scheduler,
-    device,
-    epoch,
-    params,
-    heartbeat: Heartbeat,
-    world_size: int,
+    model, loader, normalize, criterion, optimizer, scheduler, device, epoch, params, heartbeat, env
 ) -> tuple[float, float, float, float]:
-    """Returns (mean training loss, training error, images/s across all ranks, learning rate the epoch started with)."""
+    """One pass over ``loader`` (``env``: this rank's place in the group). Returns (mean training loss, training
+    error, images/s across all ranks, learning rate the epoch started with)."""
     model.train()
     start_lr = optimizer.param_groups[0]["lr"]
     # Sums stay on the device: reading them (a sync) happens every print_frequency batches, not every batch.
@@ -212,7 +203,7 @@ def train_one_epoch(
         seen += labels.size(0)
         heartbeat.at("train", epoch, step)
         if step % params.print_frequency == 0:
-            check_finite(loss_sum, epoch, step, params, world_size)
+            check_finite(loss_sum, epoch, step, params, env.world_size)
             logger.info(
                 "epoch %d/%d batch %d/%d loss %.4f lr %.6f",
                 epoch + 1,
@@ -222,7 +213,7 @@ def train_one_epoch(
                 loss.item(),
                 optimizer.param_groups[0]["lr"],
             )
-    check_finite(loss_sum, epoch, len(loader), params, world_size)
+    check_finite(loss_sum, epoch, len(loader), params, env.world_size)
     elapsed = time.perf_counter() - started
     total_loss, total_correct, total_seen = _all_reduce_sum([loss_sum.item(), correct.item(), seen], device)
     total_seen = max(1.0, total_seen)
@@ -411,18 +402,9 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         torch.manual_seed(params.random_seed + epoch)
         sampler.set_epoch(epoch)
         started = time.perf_counter()
+        normalize = train_set.transform.normalize
         train_loss, train_error, images_per_s, lr = train_one_epoch(
-            ddp_model,
-            train_loader,
-            train_set.transform.normalize,
-            criterion,
-            optimizer,
-            scheduler,
-            device,
-            epoch,
-            params,
-            heartbeat,
-            env.world_size,
+            ddp_model, train_loader, normalize, criterion, optimizer, scheduler, device, epoch, params, heartbeat, env
         )
         if dist.is_initialized():
             # Each rank's last forward pass moved its own BatchNorm statistics: evaluate (and save)

@@ -122,17 +122,7 @@ def stack(tmp_path_factory, s3_endpoint):
         "AWS_DEFAULT_REGION": "us-east-1",
     }
     with PrefectStack(home=tmp_path_factory.mktemp("prefect-home"), settings=settings) as running:
-        for pool in ("gpu", "default"):
-            running.cli("work-pool", "create", pool, "--type", "process")
-        deployed = subprocess.run(
-            [sys.executable, "-m", "deployments.deploy"],
-            env=running.env,
-            cwd=PROJECT_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        running.deploy()
         running.workers, running.folders = {}, {}
         for host in HOSTS:
             running.folders[host] = tmp_path_factory.mktemp(host)
