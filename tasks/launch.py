@@ -71,50 +71,28 @@ def build_torchrun_command(
 
     With ``nodes > 1``, ``is_host`` says whether this node serves the rendezvous (the first node of a launch
     through the work pool); ``None`` leaves it to torchrun, which serves it when the endpoint names this machine."""
-    command = [
-        python,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        str(params.nodes),
-        "--nproc-per-node",
-        str(params.processes_per_node),
-        "--max-restarts",
-        str(params.max_restarts),
-    ]
+    # fmt: off
+    command = [python, "-m", "torch.distributed.run", "--nnodes", str(params.nodes),
+               "--nproc-per-node", str(params.processes_per_node), "--max-restarts", str(params.max_restarts)]
     if params.max_nodes == 1:
         # A private rendezvous on a free port: runs on one host never collide.
         command.append("--standalone")
     elif params.rendezvous_endpoint:
         conf = f"join_timeout={params.join_timeout_s:g}" + ("" if is_host is None else f",is_host={int(is_host)}")
-        command += [
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            params.rendezvous_endpoint,
-            "--rdzv-id",
-            params.rendezvous_id or run_id,
-            "--rdzv-conf",
-            conf,
-        ]
+        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", params.rendezvous_endpoint,
+                    "--rdzv-id", params.rendezvous_id or run_id, "--rdzv-conf", conf]
     else:
         raise PipelineInputError(
             f"nodes={params.nodes} needs rendezvous_endpoint (host:port reachable from every node, e.g. the first "
             "node's address and port 29400) when torchrun is launched directly; the train task finds one itself"
         )
     return command + [
-        "-m",
-        WORKER_MODULE,
-        "--train",
-        str(folders.train_dir),
-        "--validation",
-        str(folders.validation_dir),
-        "--model-spec",
-        str(folders.model_spec_dir),
-        "--output",
-        str(folders.output_dir),
+        "-m", WORKER_MODULE,
+        "--train", str(folders.train_dir), "--validation", str(folders.validation_dir),
+        "--model-spec", str(folders.model_spec_dir), "--output", str(folders.output_dir),
         *training_flags(params),
     ]
+    # fmt: on
 
 
 def worker_environment(params: TrainingParams, base: dict[str, str] | None = None) -> dict[str, str]:
