@@ -26,8 +26,16 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from tasks.architectures import (  # DENSENETS, RESNETS: still imported from here by older callers
+    ARCHITECTURES,
+    DENSENETS,  # noqa: F401
+    FAMILY_OPTIONS,
+    RESNETS,  # noqa: F401
+    option_error,
+    unknown_architecture_message,
+)
 from tasks.errors import InvalidModelDirectoryError
 from tasks.fileio import write_text_atomic
 
@@ -43,19 +51,8 @@ ONNX_FILE = "model.onnx"
 # Files a registered version carries (logs and checkpoints stay with the training run), and ONNX_FILE when present.
 MODEL_FILES = (WEIGHTS_FILE, SPEC_FILE, CLASSES_FILE, METRICS_FILE, TRAINING_LOG_FILE)
 
-DENSENETS = ("densenet121", "densenet161", "densenet169", "densenet201")
-RESNETS = (
-    "resnet18",
-    "resnet34",
-    "resnet50",
-    "resnet101",
-    "resnet152",
-    "resnext50_32x4d",
-    "resnext101_32x8d",
-    "wide_resnet50_2",
-    "wide_resnet101_2",
-)
-Architecture = Literal[DENSENETS + RESNETS]  # type: ignore[valid-type]
+# Every name of the family table, grouped by family: a Literal, so the Prefect form offers them as a choice.
+Architecture = Literal[ARCHITECTURES]  # type: ignore[valid-type]
 
 # torchvision's ImageNet statistics: the models (and any local pretrained weights) expect them.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -63,9 +60,12 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class ModelSpec(BaseModel):
-    """An untrained torchvision classifier: what Azure's DenseNet / ResNet modules describe."""
+    """An untrained torchvision classifier: what Azure's DenseNet / ResNet modules describe, for any family of
+    tasks/architectures.py."""
 
-    architecture: Architecture = Field("resnet18", description="torchvision model name")
+    architecture: Architecture = Field(
+        "resnet18", description="torchvision classifier (families and their heads: docs/parameters.md)"
+    )
     pretrained: bool = Field(False, description="start from ImageNet weights (a local file; never downloaded)")
     weights_path: str | None = Field(
         None, description="local torchvision .pth state dict; empty: torchvision's file in torch's cache"
@@ -73,12 +73,19 @@ class ModelSpec(BaseModel):
     memory_efficient: bool = Field(False, description="DenseNet only: checkpointed, slower, less memory")
     zero_init_residual: bool = Field(False, description="ResNet family only: zero-init the last BN of each block")
 
+    @field_validator("architecture", mode="before")
+    @classmethod
+    def _known_architecture(cls, value: object) -> object:
+        # Before the Literal's own check, whose message lists the names in one run instead of by family.
+        if value not in ARCHITECTURES:
+            raise ValueError(unknown_architecture_message(value))
+        return value
+
     @model_validator(mode="after")
     def _options_match_family(self) -> ModelSpec:
-        if self.memory_efficient and self.architecture not in DENSENETS:
-            raise ValueError(f"memory_efficient applies to DenseNets {DENSENETS}, not {self.architecture}")
-        if self.zero_init_residual and self.architecture not in RESNETS:
-            raise ValueError(f"zero_init_residual applies to the ResNet family, not {self.architecture}")
+        problem = option_error(self.architecture, {option: getattr(self, option) for option in FAMILY_OPTIONS})
+        if problem:
+            raise ValueError(problem)
         return self
 
 

@@ -63,9 +63,10 @@ def restore_checkpoint(state: dict | None, path: Path, model, optimizer, schedul
 def rescale_schedule(optimizer, scheduler, base_lr: float, step: int) -> float:
     """Resuming at another world size: the base rate (learning_rate x world size) and the schedule's position
     (epochs done x this world size's batches per epoch) that an unbroken run at this size would have, instead of
-    the checkpoint's. Returns the learning rate the next batch uses."""
-    scheduler.base_lrs = [base_lr for _ in optimizer.param_groups]
+    the checkpoint's. A parameter group with an ``lr_factor`` (the backbone's, tasks/training/fine_tuning.py) keeps
+    it. Returns the learning rate the next batch uses in the first group (the head's, the one logged)."""
+    scheduler.base_lrs = [base_lr * group.get("lr_factor", 1.0) for group in optimizer.param_groups]
     scheduler.last_epoch = step
-    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
-        group["initial_lr"], group["lr"] = base_lr, base_lr * factor(step)
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["initial_lr"], group["lr"] = base, base * factor(step)
     return optimizer.param_groups[0]["lr"]

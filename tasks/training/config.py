@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class TrainingParams(BaseModel):
@@ -75,6 +75,18 @@ class TrainingParams(BaseModel):
     )
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD (Nesterov) momentum")
     weight_decay: float = Field(1e-4, ge=0, description="SGD weight decay")
+    fine_tuning: Literal["all", "head"] = Field(
+        "all",
+        description="all: train every layer; head: keep the (pretrained) backbone fixed, frozen weights and "
+        "BatchNorm statistics, and train only the new classifier head",
+    )
+    backbone_lr_factor: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="with fine_tuning all: the backbone learns at learning_rate x this factor, the new head at "
+        "learning_rate (e.g. 0.1 keeps pretrained features closer to where they started)",
+    )
 
     @field_validator("nodes")
     @classmethod
@@ -85,6 +97,15 @@ class TrainingParams(BaseModel):
                 f"nodes is {value!r}: give a number of machines (1 or more) or min:max with 1 <= min <= max"
             )
         return f"{low}:{high}" if ":" in str(value) else low
+
+    @model_validator(mode="after")
+    def _factor_needs_a_trained_backbone(self) -> TrainingParams:
+        if self.fine_tuning == "head" and self.backbone_lr_factor != 1.0:
+            raise ValueError(
+                f"backbone_lr_factor is {self.backbone_lr_factor} but fine_tuning is 'head', which does not train "
+                "the backbone: use fine_tuning 'all' with the factor, or leave the factor at 1"
+            )
+        return self
 
     @property
     def min_nodes(self) -> int:

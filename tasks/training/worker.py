@@ -36,6 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from tasks.architectures import family_of, input_size
 from tasks.errors import InvalidDatasetError, InvalidTrainingSetupError
 from tasks.fileio import atomic_write, write_text_atomic
 from tasks.image_directory import ImageDirectory
@@ -66,8 +67,9 @@ from tasks.training.checkpoint import (
     save_checkpoint,
 )
 from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
+from tasks.training.fine_tuning import freeze_backbone, parameter_groups
 from tasks.vision.images import ImageFiles, choose_image_size, eval_transform, train_transform
-from tasks.vision.networks import build_network, memory_format
+from tasks.vision.networks import build_network, memory_format, split_head_and_backbone
 
 logger = logging.getLogger("tasks.training.worker")
 
@@ -149,16 +151,23 @@ def autocast(device: torch.device, params: TrainingParams):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(device, params))
 
 
-def make_optimizer(model: nn.Module, learning_rate: float, params: TrainingParams) -> torch.optim.SGD:
+def make_optimizer(
+    model: nn.Module, learning_rate: float, params: TrainingParams, architecture: str | None = None
+) -> torch.optim.SGD:
     """Nesterov SGD with the fused kernel: one pass over each parameter, its gradient and momentum instead of
     one per arithmetic step. On 2 CPU cores the default (foreach) step took 9-15 ms of a ResNet-18 batch at
-    32 px and the fused one 4-5 ms (same update; `python -m bench.step`)."""
+    32 px and the fused one 4-5 ms (same update; `python -m bench.step`).
+
+    With ``architecture`` (which says where the head is) the parameters are grouped by ``params.fine_tuning``
+    and ``backbone_lr_factor`` (tasks/training/fine_tuning.py); without, every parameter is one group."""
+    groups = parameter_groups(model, architecture, learning_rate, params) if architecture else model.parameters()
+    groups = list(groups)
     options = dict(lr=learning_rate, momentum=params.momentum, nesterov=True, weight_decay=params.weight_decay)
     try:
-        return torch.optim.SGD(model.parameters(), fused=True, **options)
+        return torch.optim.SGD(groups, fused=True, **options)
     except (RuntimeError, TypeError, ValueError) as error:  # a torch build without the fused kernel for this device
         logger.info("fused SGD unavailable (%s); using the default implementation", error)
-        return torch.optim.SGD(model.parameters(), **options)
+        return torch.optim.SGD(groups, **options)
 
 
 def check_finite(loss_sum: torch.Tensor, epoch: int, step: int, params: TrainingParams, world_size: int) -> None:
@@ -177,11 +186,14 @@ def model_input(pixels: torch.Tensor, normalize, device: torch.device) -> torch.
 
 
 def train_one_epoch(
-    model, loader, normalize, criterion, optimizer, scheduler, device, epoch, params, heartbeat, env
+    model, loader, normalize, criterion, optimizer, scheduler, device, epoch, params, heartbeat, env, frozen=()
 ) -> tuple[float, float, float, float]:
-    """One pass over ``loader`` (``env``: this rank's place in the group). Returns (mean training loss, training
-    error, images/s across all ranks, learning rate the epoch started with)."""
+    """One pass over ``loader`` (``env``: this rank's place in the group; ``frozen``: modules that stay in eval
+    mode, the fixed backbone of head-only fine-tuning). Returns (mean training loss, training error, images/s
+    across all ranks, learning rate the epoch started with)."""
     model.train()
+    for module in frozen:
+        module.eval()
     start_lr = optimizer.param_groups[0]["lr"]
     # Sums stay on the device: reading them (a sync) happens every print_frequency batches, not every batch.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -309,11 +321,15 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         raise InvalidDatasetError(f"train classes {train_dir.classes} differ from validation {val_dir.classes}")
     classes = train_dir.classes
     spec = read_model_spec(args.model_spec)
-    image_size = params.image_size or choose_image_size(train_dir.median_side())
+    image_size = input_size(spec.architecture, params.image_size, choose_image_size(train_dir.median_side()))
     trained_spec = TrainedModelSpec(**spec.model_dump(), num_classes=len(classes), image_size=image_size)
 
     torch.manual_seed(params.random_seed)
     model = build_network(spec, len(classes)).to(device, memory_format=memory_format(device))
+    # Before DistributedDataParallel: it all-reduces the gradients of the parameters that require one when built.
+    frozen = freeze_backbone(model, spec.architecture) if params.fine_tuning == "head" else []
+    if frozen and not spec.pretrained:
+        logger.warning("fine_tuning 'head' on a backbone that is not pretrained: the head learns from random features")
     ddp_model = (
         DistributedDataParallel(model, device_ids=[env.local_rank] if use_cuda else None)
         if dist.is_initialized()
@@ -344,7 +360,7 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     val_loader = DataLoader(val_shard, batch_size=params.batch_size * 2, **loader_options)
 
     criterion = nn.CrossEntropyLoss()
-    optimizer = make_optimizer(model, params.learning_rate * env.world_size, params)
+    optimizer = make_optimizer(model, params.learning_rate * env.world_size, params, spec.architecture)
     steps = len(train_loader)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_poly_schedule(params.warmup_epochs * steps, params.epochs * steps)
@@ -394,6 +410,15 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         val_set.cache_capacity,
         len(val_set),
     )
+    head, backbone = split_head_and_backbone(model, spec.architecture)
+    logger.info(
+        "fine-tuning %s: head %s (%d parameters) at the learning rate, backbone (%d parameters) %s",
+        params.fine_tuning,
+        family_of(spec.architecture).head,
+        sum(p.numel() for p in head),
+        sum(p.numel() for p in backbone),
+        "frozen, in eval mode" if frozen else f"at {params.backbone_lr_factor:g} x the learning rate",
+    )
 
     for epoch in range(start_epoch, params.epochs):
         if metrics.stopped_early:
@@ -404,7 +429,18 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         started = time.perf_counter()
         normalize = train_set.transform.normalize
         train_loss, train_error, images_per_s, lr = train_one_epoch(
-            ddp_model, train_loader, normalize, criterion, optimizer, scheduler, device, epoch, params, heartbeat, env
+            ddp_model,
+            train_loader,
+            normalize,
+            criterion,
+            optimizer,
+            scheduler,
+            device,
+            epoch,
+            params,
+            heartbeat,
+            env,
+            frozen,
         )
         if dist.is_initialized():
             # Each rank's last forward pass moved its own BatchNorm statistics: evaluate (and save)

@@ -1,4 +1,5 @@
-"""torchvision classifiers from a ModelSpec (DenseNet, ResNet); ImageNet weights come from local files only."""
+"""torchvision classifiers from a ModelSpec (any family of tasks/architectures.py); ImageNet weights come from local
+files only."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 import torchvision
 from torch import nn
 
+from tasks.architectures import family_of
 from tasks.errors import InvalidModelDirectoryError
 from tasks.model_directory import DENSENETS, ModelDirectory, ModelSpec
 
@@ -65,18 +67,37 @@ def build_network(spec: ModelSpec, num_classes: int) -> nn.Module:
 
     Pretrained ImageNet weights are loaded (from a local file) before the head is replaced.
     """
-    family_option = (
-        {"memory_efficient": spec.memory_efficient}
-        if spec.architecture in DENSENETS
-        else {"zero_init_residual": spec.zero_init_residual}
-    )
+    family_option = {option: getattr(spec, option) for option in family_of(spec.architecture).options}
     model = torchvision.models.get_model(spec.architecture, weights=None, **family_option)
     if spec.pretrained:
         load_pretrained(model, spec)
-    head_name = "classifier" if spec.architecture in DENSENETS else "fc"
-    head = getattr(model, head_name)
-    setattr(model, head_name, nn.Linear(head.in_features, num_classes))
+    head_path = family_of(spec.architecture).head
+    model.set_submodule(head_path, nn.Linear(model.get_submodule(head_path).in_features, num_classes))
     return model
+
+
+def head_module(model: nn.Module, architecture: str) -> nn.Module:
+    """The classifier head (the Linear layer build_network put in for the data's classes)."""
+    return model.get_submodule(family_of(architecture).head)
+
+
+def split_head_and_backbone(model: nn.Module, architecture: str) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(the head's parameters, every other parameter: the backbone's), each in ``model.parameters()`` order."""
+    head = {id(parameter) for parameter in head_module(model, architecture).parameters()}
+    parameters = list(model.parameters())
+    return [p for p in parameters if id(p) in head], [p for p in parameters if id(p) not in head]
+
+
+def backbone_modules(model: nn.Module, architecture: str) -> list[nn.Module]:
+    """The modules outside the head that hold no part of it: setting them to eval mode freezes the backbone's
+    behaviour (BatchNorm statistics, dropout, stochastic depth) while the head trains."""
+    head_path = family_of(architecture).head
+    on_the_way = {""} | {head_path.rsplit(".", i)[0] for i in range(1, head_path.count(".") + 1)}
+    return [
+        module
+        for name, module in model.named_modules()
+        if name not in on_the_way and name != head_path and not name.startswith(head_path + ".")
+    ]
 
 
 def load_trained_model(model_dir: ModelDirectory, device: torch.device | str = "cpu") -> nn.Module:
