@@ -79,7 +79,7 @@ def test_untrained_directory_is_not_a_trained_model(resnet_spec):
 
 
 def test_family_options_are_checked():
-    with pytest.raises(ValueError, match="memory_efficient applies to DenseNets"):
+    with pytest.raises(ValueError, match="memory_efficient applies to the DenseNet family"):
         ModelSpec(architecture="resnet18", memory_efficient=True)
     assert ModelSpec(architecture="wide_resnet50_2", zero_init_residual=True).zero_init_residual
 

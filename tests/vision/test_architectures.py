@@ -38,7 +38,9 @@ def test_an_unknown_architecture_is_refused_with_the_valid_names_by_family():
 
 
 def test_family_options_apply_to_their_families_only():
-    with pytest.raises(ValidationError, match=r"zero_init_residual applies to the ResNet family \(resnet18, .*convnext"):
+    with pytest.raises(
+        ValidationError, match=r"zero_init_residual applies to the ResNet family \(resnet18, .*convnext"
+    ):
         ModelSpec(architecture="convnext_tiny", zero_init_residual=True)
     with pytest.raises(ValidationError, match="memory_efficient applies to the DenseNet family"):
         ModelSpec(architecture="resnet18", memory_efficient=True)
@@ -94,7 +96,9 @@ def test_every_head_path_is_the_networks_last_linear_layer():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f.image_size or f.min_image_size > 16], ids=lambda family: family.name)
+@pytest.mark.parametrize(
+    "family", [f for f in FAMILIES if f.image_size or f.min_image_size > 16], ids=lambda family: family.name
+)
 def test_the_recorded_input_sizes_are_the_limits(family):
     """The fixed size runs and the next smaller one fails; the minimum runs and 8 px less fails (training mode)."""
     model = _built_on_meta(family.architectures[0]).train()
