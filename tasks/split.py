@@ -74,12 +74,13 @@ def plan_split(
         )
         raise ClassTooSmallToSplitError(
             f"cannot split {where} with at least one image of every class on each side: a class needs at least 2 "
-            f"distinct images (identical ones stay together), and {found} has fewer. Add images to these classes "
+            f"distinct images (identical ones stay together); too few: {found}. Add images to these classes "
             "or remove them, or give validation images separately (validation_data)"
         )
     # scikit-learn's stratified splits (train_test_split, StratifiedShuffleSplit) share out the rounding across
-    # classes by the overall size, so a class of two can land whole on one side: the counts are set per class
-    # here, and a seeded permutation picks which groups.
+    # classes by the overall size, so small classes can get no image on one side (5 classes of 100 and 5 of 3 at
+    # test_size=0.05: four of the small ones get none). The counts are set per class here; a seeded
+    # permutation picks which groups.
     rng = np.random.default_rng(seed)
     first: set[str] = set()
     for groups in by_class.values():
