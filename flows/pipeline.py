@@ -29,6 +29,7 @@ from tasks.onnx_export import export_and_check_onnx
 from tasks.registry import Registration
 from tasks.registry.prefect_tasks import register
 from tasks.score import score
+from tasks.split import split
 from tasks.train import train
 from tasks.training.config import TrainingParams
 from tasks.validate import validate_labels
@@ -83,6 +84,7 @@ class PipelineResult(BaseModel):
 def train_pipeline(
     train_data: str | None = None,
     validation_data: str | None = None,
+    validation_fraction: float | None = None,
     model: ModelSpec = ModelSpec(),
     training: TrainingParams = TrainingParams(),
     conversion: ConversionLimits = ConversionLimits(),
@@ -101,7 +103,8 @@ def train_pipeline(
 
     Args:
         train_data: Class-per-folder folder or .zip of training images (cat/1.jpg, dog/2.jpg, ...); empty: the bundled digits.
-        validation_data: Validation images with the same classes; empty: the bundled digits.
+        validation_data: Validation images with the same classes; empty: split off train_data by validation_fraction.
+        validation_fraction: Share of each class's images split off train_data for validation (e.g. 0.2), identical images on one side; with no data given, the digits' share.
         model: The torchvision architecture and its options (Azure's DenseNet / ResNet modules).
         training: Training parameters; defaults are Azure's "Train PyTorch Model" component's.
         conversion: Limits on what converting the images may unpack and decode (archive size, pixels per image, memory).
@@ -119,9 +122,21 @@ def train_pipeline(
     """
     run_dir = run_folder(work_dir)  # a retried run finds its checkpoints again
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
-    train_source, validation_source = resolve_sources(train_data, validation_data, str(local_folder(work_dir)))
-    train_dir = convert(train_source, str(here / "data" / "train"), "train", limits=conversion)
-    validation_dir = convert(validation_source, str(here / "data" / "validation"), "validation", limits=conversion)
+    train_source, validation_source = resolve_sources(
+        train_data, validation_data, str(local_folder(work_dir)), validation_fraction
+    )
+    if validation_source is None:  # one set given: split it, the first side for training
+        source_dir = convert(train_source, str(here / "data" / "source"), "source", limits=conversion)
+        train_dir, validation_dir = split(
+            source_dir,
+            str(here / "data" / "train"),
+            str(here / "data" / "validation"),
+            fraction=1 - validation_fraction,
+            seed=training.random_seed,
+        )
+    else:
+        train_dir = convert(train_source, str(here / "data" / "train"), "train", limits=conversion)
+        validation_dir = convert(validation_source, str(here / "data" / "validation"), "validation", limits=conversion)
     validate_labels(train_dir, validation_dir)
     spec_dir = untrained_model_directory(str(here / "model_spec"), model)
     # Where every training node reads them: the same folders, or their copies stored in the S3 run folder.
@@ -175,6 +190,9 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=train_pipeline.description)
     parser.add_argument("--train-data", help="class-per-folder folder or .zip (default: bundled digits)")
     parser.add_argument("--validation-data", help="validation images with the same classes")
+    parser.add_argument(
+        "--validation-fraction", type=float, help="without --validation-data: share of --train-data split off for it"
+    )
     parser.add_argument("--architecture", default=ModelSpec().architecture, help="torchvision model name")
     parser.add_argument("--model-name", help="registry name (default: <data set>-<architecture>)")
     parser.add_argument("--registry", default="registry")
@@ -197,6 +215,7 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     result = train_pipeline(
         train_data=args.train_data,
         validation_data=args.validation_data,
+        validation_fraction=args.validation_fraction,
         model=ModelSpec(architecture=args.architecture),
         training=params_from_flags(args),
         model_name=args.model_name,

@@ -20,6 +20,10 @@ class InvalidDatasetError(PipelineInputError):
     """A data set cannot be used as given (class sets differ, too few classes, no images...)."""
 
 
+class ClassTooSmallToSplitError(InvalidDatasetError):
+    """A class has fewer than two distinct images: splitting cannot put one on each side."""
+
+
 class InvalidModelDirectoryError(PipelineInputError):
     """A directory does not hold a usable model specification or trained model."""
 
