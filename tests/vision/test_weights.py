@@ -8,21 +8,35 @@ real sha256; torchvision's names appear where a file must be refused.
 
 import hashlib
 import http.server
+import shutil
 import threading
 from pathlib import Path
 
 import pytest
 import torch
 import torchvision
+from prefect import flow
 
 from deployments.local import free_port
+from flows.pipeline import train_pipeline
 from tasks.errors import PipelineInputError, PretrainedWeightsError, PretrainedWeightsUnavailableError
 from tasks.fileio import sha256_file
 from tasks.model import with_pretrained_default, write_untrained_model_directory
-from tasks.model_directory import STAGED_WEIGHTS_FILE, ModelSpec, PretrainedWeights, read_model_spec
+from tasks.model_directory import (
+    SPEC_FILE,
+    STAGED_WEIGHTS_FILE,
+    ModelSpec,
+    PretrainedWeights,
+    TrainedModelSpec,
+    read_model_spec,
+)
+from tasks.registry.card import model_card_markdown
+from tasks.registry.manage import model_versions
+from tasks.registry.prefect_tasks import register
 from tasks.storage import s3_client
 from tasks.vision.networks import build_network
 from tasks.vision.weights import MIRROR_VARIABLE, resolve_weights, staged_weights
+from tests.helpers import write_class_folders
 
 TORCHVISION_RESNET18 = "https://download.pytorch.org/models/resnet18-f37072fd.pth"
 CONTENT = b"not really weights, but bytes with a real sha256" * 100
@@ -200,3 +214,28 @@ def test_pretrained_by_default_for_own_images_not_for_the_bundled_digits():
     assert with_pretrained_default(ModelSpec(), own_data=False).pretrained is False
     assert with_pretrained_default(ModelSpec(weights_path="w.pth"), own_data=False).pretrained is True
     assert with_pretrained_default(ModelSpec(pretrained=False), own_data=True).pretrained is False
+
+
+def test_an_offline_host_fails_the_flow_on_the_weights_before_any_conversion(prefect_server, torch_home, tmp_path):
+    train, val = write_class_folders(tmp_path / "train", 2), write_class_folders(tmp_path / "val", 2, seed=1)
+    with pytest.raises(PretrainedWeightsUnavailableError, match="Provide it in one of three ways"):
+        train_pipeline(train_data=str(train), validation_data=str(val), work_dir=str(tmp_path / "runs"))
+    assert not list(tmp_path.glob("runs/*/data")), "nothing was converted"
+
+
+def test_the_registration_and_the_model_card_show_the_weights(prefect_server, trained_model, tmp_path):
+    model_dir = shutil.copytree(trained_model, tmp_path / "model")
+    origin = PretrainedWeights(name="resnet18-f37072fd.pth", sha256="f37072fd" + "0" * 56, source=TORCHVISION_RESNET18)
+    spec = TrainedModelSpec.model_validate_json((model_dir / SPEC_FILE).read_text())
+    (model_dir / SPEC_FILE).write_text(
+        spec.model_copy(update={"pretrained": True, "weights": origin}).model_dump_json()
+    )
+
+    @flow(name="register-pretrained")
+    def register_once():
+        return register(str(tmp_path / "registry"), "colours", str(model_dir), {}, {}, {"model": {}})
+
+    registered = register_once()
+    assert registered.registration.params["pretrained_weights"] == origin.model_dump()
+    card, _ = model_card_markdown("colours", "registry", model_versions(str(tmp_path / "registry"), "colours"), None)
+    assert "| pretrained weights |" in card and "| resnet18-f37072fd.pth `f37072fd0000` |" in card
