@@ -28,6 +28,16 @@ class InvalidModelDirectoryError(PipelineInputError):
     """A directory does not hold a usable model specification or trained model."""
 
 
+class PretrainedWeightsError(InvalidModelDirectoryError):
+    """Pretrained weights that cannot be used: a file whose sha256 is not the expected one (never loaded, never
+    cached), a URL or S3 location with no expected hash, a staged file that differs from the recorded one."""
+
+
+class PretrainedWeightsUnavailableError(PretrainedWeightsError):
+    """Pretrained weights are in no cache here and no source could be reached (an offline or air-gapped host): the
+    message names the three ways to provide the file."""
+
+
 class InvalidModelNameError(PipelineInputError):
     """A registry model name or reference is malformed."""
 

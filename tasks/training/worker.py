@@ -68,6 +68,7 @@ from tasks.training.checkpoint import (
 from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
 from tasks.vision.images import ImageFiles, choose_image_size, eval_transform, train_transform
 from tasks.vision.networks import build_network, memory_format
+from tasks.vision.weights import staged_weights
 
 logger = logging.getLogger("tasks.training.worker")
 
@@ -313,7 +314,8 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     trained_spec = TrainedModelSpec(**spec.model_dump(), num_classes=len(classes), image_size=image_size)
 
     torch.manual_seed(params.random_seed)
-    model = build_network(spec, len(classes)).to(device, memory_format=memory_format(device))
+    weights_file = staged_weights(args.model_spec, spec)  # staged and hash-checked by the model stage: no download
+    model = build_network(spec, len(classes), weights_file).to(device, memory_format=memory_format(device))
     ddp_model = (
         DistributedDataParallel(model, device_ids=[env.local_rank] if use_cuda else None)
         if dist.is_initialized()
