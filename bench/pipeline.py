@@ -68,6 +68,7 @@ def figures(repetitions: int = 2) -> list[Figure]:
                     lambda out: train_pipeline(
                         train_data=str(train_source),
                         validation_data=str(validation_source),
+                        model=ModelSpec(pretrained=False),
                         training=PARAMS,
                         registry=str(out / "registry"),
                         work_dir=str(out),

@@ -23,12 +23,13 @@ from tasks.convert import ConversionLimits, convert
 from tasks.datasets import resolve_sources
 from tasks.evaluate import Evaluation, evaluate
 from tasks.gallery import show_misclassified
-from tasks.model import untrained_model_directory
+from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
 from tasks.model_directory import ModelSpec
 from tasks.onnx_export import export_and_check_onnx
 from tasks.registry import Registration
 from tasks.registry.prefect_tasks import register
 from tasks.score import score
+from tasks.split import split
 from tasks.train import train
 from tasks.training.config import TrainingParams
 from tasks.validate import validate_labels
@@ -83,6 +84,7 @@ class PipelineResult(BaseModel):
 def train_pipeline(
     train_data: str | None = None,
     validation_data: str | None = None,
+    validation_fraction: float | None = None,
     model: ModelSpec = ModelSpec(),
     training: TrainingParams = TrainingParams(),
     conversion: ConversionLimits = ConversionLimits(),
@@ -101,8 +103,10 @@ def train_pipeline(
 
     Args:
         train_data: Class-per-folder folder or .zip of training images (cat/1.jpg, dog/2.jpg, ...); empty: the bundled digits.
-        validation_data: Validation images with the same classes; empty: the bundled digits.
-        model: The torchvision architecture and its options (Azure's DenseNet / ResNet modules).
+        validation_data: Validation images with the same classes; empty: split off train_data by validation_fraction.
+        validation_fraction: Share of each class's images split off train_data for validation (e.g. 0.2), identical images on one side; with no data given, the digits' share.
+        model: The torchvision architecture and its options (Azure's DenseNet / ResNet modules); pretrained
+            empty: ImageNet weights for your own images, none for the bundled digits.
         training: Training parameters; defaults are Azure's "Train PyTorch Model" component's.
         conversion: Limits on what converting the images may unpack and decode (archive size, pixels per image, memory).
         model_name: Registry name; empty: the training data's name, a dash and the architecture, e.g. digits-resnet18.
@@ -117,13 +121,27 @@ def train_pipeline(
         approval: With promote_to: a new version that beats the champion takes the alias only once a person approves it (the run pauses on a form).
         approval_timeout_s: How long the run waits for that answer; no answer in time: not promoted.
     """
+    spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
+    resolve_pretrained_weights(spec)  # in the cache (or the one offline error) before any conversion work
     run_dir = run_folder(work_dir)  # a retried run finds its checkpoints again
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
-    train_source, validation_source = resolve_sources(train_data, validation_data, str(local_folder(work_dir)))
-    train_dir = convert(train_source, str(here / "data" / "train"), "train", limits=conversion)
-    validation_dir = convert(validation_source, str(here / "data" / "validation"), "validation", limits=conversion)
+    train_source, validation_source = resolve_sources(
+        train_data, validation_data, str(local_folder(work_dir)), validation_fraction
+    )
+    if validation_source is None:  # one set given: split it, the first side for training
+        source_dir = convert(train_source, str(here / "data" / "source"), "source", limits=conversion)
+        train_dir, validation_dir = split(
+            source_dir,
+            str(here / "data" / "train"),
+            str(here / "data" / "validation"),
+            fraction=1 - validation_fraction,
+            seed=training.random_seed,
+        )
+    else:
+        train_dir = convert(train_source, str(here / "data" / "train"), "train", limits=conversion)
+        validation_dir = convert(validation_source, str(here / "data" / "validation"), "validation", limits=conversion)
     validate_labels(train_dir, validation_dir)
-    spec_dir = untrained_model_directory(str(here / "model_spec"), model)
+    spec_dir = untrained_model_directory(str(here / "model_spec"), spec)
     # Where every training node reads them: the same folders, or their copies stored in the S3 run folder.
     stored = [
         store(local, join(run_dir, *parts))
@@ -175,6 +193,9 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=train_pipeline.description)
     parser.add_argument("--train-data", help="class-per-folder folder or .zip (default: bundled digits)")
     parser.add_argument("--validation-data", help="validation images with the same classes")
+    parser.add_argument(
+        "--validation-fraction", type=float, help="without --validation-data: share of --train-data split off for it"
+    )
     parser.add_argument("--architecture", default=ModelSpec().architecture, help="torchvision model name")
     parser.add_argument("--model-name", help="registry name (default: <data set>-<architecture>)")
     parser.add_argument("--registry", default="registry")
@@ -192,12 +213,25 @@ def main(argv: list[str] | None = None) -> PipelineResult:
         "--approval", action="store_true", help="with --promote-to: a person approves the move in the UI"
     )
     parser.add_argument("--approval-timeout-s", type=int, default=3600, help="no answer in time: not promoted")
+    parser.add_argument(
+        "--pretrained",
+        action=argparse.BooleanOptionalAction,
+        help="start from ImageNet weights (default: yes for your own images, no for the bundled digits)",
+    )
+    parser.add_argument("--weights-path", help="pretrained weights: a local .pth, an https:// URL or an s3:// URI")
+    parser.add_argument("--weights-sha256", help="their sha256 (needed for a URL whose file name has no hash)")
     add_training_flags(parser)
     args = parser.parse_args(argv)
     result = train_pipeline(
         train_data=args.train_data,
         validation_data=args.validation_data,
-        model=ModelSpec(architecture=args.architecture),
+        validation_fraction=args.validation_fraction,
+        model=ModelSpec(
+            architecture=args.architecture,
+            pretrained=args.pretrained,
+            weights_path=args.weights_path,
+            weights_sha256=args.weights_sha256,
+        ),
         training=params_from_flags(args),
         model_name=args.model_name,
         registry=args.registry,

@@ -10,6 +10,7 @@ import importlib
 _EXPORTS = {
     "convert_to_image_directory": "tasks.convert",
     "check_training_data": "tasks.validate",
+    "split_image_directory": "tasks.split",
     "write_untrained_model_directory": "tasks.model",
     "build_torchrun_command": "tasks.launch",
     "launch_training": "tasks.launch",
@@ -26,6 +27,7 @@ _EXPORTS = {
     "PipelineInputError": "tasks.errors",
     "NotLabeledDatasetError": "tasks.errors",
     "InvalidDatasetError": "tasks.errors",
+    "ClassTooSmallToSplitError": "tasks.errors",
     "InvalidModelDirectoryError": "tasks.errors",
     "InvalidModelNameError": "tasks.errors",
     "TrainingFailedError": "tasks.errors",

@@ -16,6 +16,7 @@ from sklearn.model_selection import train_test_split
 
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import staged_directory
+from tasks.split import check_fraction
 
 DIGITS_SPLITS = ("train", "validation")
 _DONE_FILE = "digits.json"
@@ -51,15 +52,33 @@ def export_digits(output: str | Path, validation_fraction: float = 0.2, seed: in
     return output / "train", output / "validation"
 
 
-def given_or_default_sources(train: str | None, validation: str | None, default_root: str | Path) -> tuple[str, str]:
-    """The user's (train, validation) sources, or the digits export under ``default_root`` when neither is given."""
+def given_or_default_sources(
+    train: str | None, validation: str | None, default_root: str | Path, validation_fraction: float | None = None
+) -> tuple[str, str | None]:
+    """The user's (train, validation) sources, or the digits export under ``default_root`` when neither is given.
+
+    Validation is None when ``train`` alone is given with a ``validation_fraction``: the caller splits it.
+    """
+    if validation_fraction is not None:
+        check_fraction(validation_fraction, "validation_fraction")
+        if validation is not None:
+            raise InvalidDatasetError(
+                f"give validation_data or validation_fraction, not both: got validation_data={validation!r}, "
+                f"validation_fraction={validation_fraction!r}"
+            )
     if train is None and validation is None:
-        train_dir, validation_dir = export_digits(Path(default_root) / "digits")
+        share = {} if validation_fraction is None else {"validation_fraction": validation_fraction}
+        train_dir, validation_dir = export_digits(Path(default_root) / "digits", **share)
         return str(train_dir), str(validation_dir)
-    if train is None or validation is None:
+    if train is None:
         raise InvalidDatasetError(
-            "give both train_data and validation_data (or neither, to use the bundled digits); "
-            f"got train_data={train!r}, validation_data={validation!r}"
+            f"validation_data={validation!r} was given without train_data: give train_data too "
+            "(or neither, to use the bundled digits)"
+        )
+    if validation is None and validation_fraction is None:
+        raise InvalidDatasetError(
+            f"train_data={train!r} was given without validation images: give validation_data, or validation_fraction "
+            "(e.g. 0.2) to split train_data into training and validation images"
         )
     return train, validation
 
@@ -70,8 +89,10 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 
 @task(name="resolve-sources", cache_policy=NO_CACHE)
-def resolve_sources(train: str | None, validation: str | None, default_root: str) -> tuple[str, str]:
-    return given_or_default_sources(train, validation, default_root)
+def resolve_sources(
+    train: str | None, validation: str | None, default_root: str, validation_fraction: float | None = None
+) -> tuple[str, str | None]:
+    return given_or_default_sources(train, validation, default_root, validation_fraction)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,22 @@ class InvalidDatasetError(PipelineInputError):
     """A data set cannot be used as given (class sets differ, too few classes, no images...)."""
 
 
+class ClassTooSmallToSplitError(InvalidDatasetError):
+    """A class has fewer than two distinct images: splitting cannot put one on each side."""
+
+
 class InvalidModelDirectoryError(PipelineInputError):
     """A directory does not hold a usable model specification or trained model."""
+
+
+class PretrainedWeightsError(InvalidModelDirectoryError):
+    """Pretrained weights that cannot be used: a file whose sha256 is not the expected one (never loaded, never
+    cached), a URL or S3 location with no expected hash, a staged file that differs from the recorded one."""
+
+
+class PretrainedWeightsUnavailableError(PretrainedWeightsError):
+    """Pretrained weights are in no cache here and no source could be reached (an offline or air-gapped host): the
+    message names the three ways to provide the file."""
 
 
 class InvalidModelNameError(PipelineInputError):

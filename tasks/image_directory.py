@@ -105,6 +105,16 @@ class Normalisation(BaseModel):
     max_side: int | None = Field(None, ge=8, description="longer side in pixels; larger images are downscaled")
 
 
+class SplitRecord(BaseModel):
+    """Where a split ImageDirectory came from (tasks/split.py): enough to tell which images it holds."""
+
+    source: str = Field(description="the ImageDirectory that was split")
+    source_content_hash: str = Field(description="the source manifest's content_hash (files, labels, sha256s)")
+    fraction: float = Field(description="share of each class's distinct images that went to the first side")
+    seed: int
+    side: Literal["first", "second"]
+
+
 class ImageDirectoryManifest(BaseModel):
     format_version: int = FORMAT_VERSION
     labeled: bool
@@ -120,6 +130,7 @@ class ImageDirectoryManifest(BaseModel):
         None, description="sha256 of the source's content and the conversion settings; equal hash, equal output"
     )
     warnings: list[str] = Field([], description="problems worth a look that did not stop the conversion")
+    split: SplitRecord | None = Field(None, description="set when this directory is one side of a split")
 
     @property
     def content_hash(self) -> str:

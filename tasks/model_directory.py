@@ -2,7 +2,8 @@
 
 UntrainedModelDirectory (output of the model stage, input of training)::
 
-    <root>/model_spec.json        ModelSpec: architecture and its options
+    <root>/model_spec.json        ModelSpec: architecture and its options (and the pretrained weights' origin)
+    <root>/pretrained_weights.pth with pretrained weights: the checked file, staged with the run for every node
 
 ModelDirectory (output of training; enough to score with no other input)::
 
@@ -40,6 +41,7 @@ from tasks.errors import InvalidModelDirectoryError
 from tasks.fileio import write_text_atomic
 
 SPEC_FILE = "model_spec.json"
+STAGED_WEIGHTS_FILE = "pretrained_weights.pth"
 WEIGHTS_FILE = "model.pt"
 CLASSES_FILE = "classes.json"
 METRICS_FILE = "metrics.json"
@@ -59,6 +61,15 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+class PretrainedWeights(BaseModel):
+    """Where a model's starting weights came from, recorded by the model stage (and carried into the trained
+    model's spec and its registration)."""
+
+    name: str = Field(description="file name, e.g. torchvision's resnet18-f37072fd.pth")
+    sha256: str = Field(description="the file's full sha256, checked before it was loaded")
+    source: str = Field(description="where the model stage got it: torch's cache, a mirror, a URL, s3:// or a path")
+
+
 class ModelSpec(BaseModel):
     """An untrained torchvision classifier: what Azure's DenseNet / ResNet modules describe, for any family of
     tasks/architectures.py."""
@@ -66,9 +77,22 @@ class ModelSpec(BaseModel):
     architecture: Architecture = Field(
         "resnet18", description="torchvision classifier (families and their heads: docs/parameters.md)"
     )
-    pretrained: bool = Field(False, description="start from ImageNet weights (a local file; never downloaded)")
+    pretrained: bool | None = Field(
+        None,
+        description="start from ImageNet weights; empty: yes for your own images, no for the bundled digits",
+    )
     weights_path: str | None = Field(
-        None, description="local torchvision .pth state dict; empty: torchvision's file in torch's cache"
+        None,
+        description="a .pth state dict: local path, https:// URL or s3:// URI; empty: torchvision's ImageNet file",
+    )
+    weights_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the weights file's sha256 (64 hex digits); needed for a weights_path URL whose file name "
+        "does not end in -<hash prefix>.pth",
+    )
+    weights: PretrainedWeights | None = Field(
+        None, description="filled in by the model stage: the pretrained weights' file name, sha256 and source"
     )
     memory_efficient: bool = Field(False, description="DenseNet only: checkpointed, slower, less memory")
     zero_init_residual: bool = Field(False, description="ResNet family only: zero-init the last BN of each block")

@@ -71,6 +71,7 @@ def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(sta
             sys.executable,
             "-m",
             "flows.pipeline",
+            "--no-pretrained",
             "--train-data",
             str(train),
             "--validation-data",

@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from tasks import InvalidDatasetError, convert_to_image_directory
+from tasks import InvalidDatasetError, PipelineInputError, convert_to_image_directory
 from tasks.datasets import export_digits, given_or_default_sources
 
 
@@ -40,7 +40,14 @@ def test_export_is_reused_and_never_overwrites_other_folders(tmp_path):
         export_digits(tmp_path / "mine")
 
 
-def test_sources_need_both_sets_or_neither(tmp_path):
-    with pytest.raises(InvalidDatasetError, match="give both"):
+def test_sources_need_validation_data_or_a_fraction(tmp_path):
+    with pytest.raises(InvalidDatasetError, match="give validation_data, or validation_fraction"):
         given_or_default_sources("/data/train", None, tmp_path)
+    with pytest.raises(InvalidDatasetError, match="without train_data"):
+        given_or_default_sources(None, "/data/validation", tmp_path)
+    with pytest.raises(InvalidDatasetError, match="not both"):
+        given_or_default_sources("/a", "/b", tmp_path, validation_fraction=0.2)
+    with pytest.raises(PipelineInputError, match="validation_fraction 1.2 is not allowed"):
+        given_or_default_sources("/a", None, tmp_path, validation_fraction=1.2)
     assert given_or_default_sources("/a", "/b", tmp_path) == ("/a", "/b")
+    assert given_or_default_sources("/a", None, tmp_path, validation_fraction=0.2) == ("/a", None)

@@ -38,7 +38,7 @@ def test_digits_pipeline_trains_scores_and_registers_on_the_gpu(prefect_server, 
     result = train_pipeline(
         train_data=str(train),
         validation_data=str(val),
-        model=ModelSpec(architecture="resnet18"),
+        model=ModelSpec(architecture="resnet18", pretrained=False),
         training=TrainingParams(epochs=4, learning_rate=0.004),
         registry=str(tmp_path / "registry"),
         work_dir=str(tmp_path / "runs"),
@@ -77,7 +77,7 @@ def test_resnet50_at_224_from_jpegs_on_the_gpu(prefect_server, tmp_path):
     result = train_pipeline(
         train_data=str(train),
         validation_data=str(val),
-        model=ModelSpec(architecture="resnet50"),
+        model=ModelSpec(architecture="resnet50", pretrained=False),
         training=TrainingParams(epochs=2, batch_size=32, image_size=224, learning_rate=0.01),
         registry=str(tmp_path / "registry"),
         work_dir=str(tmp_path / "runs"),

@@ -6,19 +6,21 @@ import sys
 
 import pytest
 import torch
+import torchvision
 
-from tasks import InvalidModelDirectoryError, PipelineInputError, TrainingFailedError
-from tasks.errors import InvalidTrainingSetupError
+from tasks import PipelineInputError, TrainingFailedError
+from tasks.errors import InvalidTrainingSetupError, PretrainedWeightsError
 from tasks.launch import build_torchrun_command, launch_training, worker_environment
+from tasks.model import write_untrained_model_directory
 from tasks.model_directory import (
     CHECKPOINT_FILE,
     MODEL_FILES,
+    STAGED_WEIGHTS_FILE,
     EpochMetrics,
     ModelDirectory,
     ModelSpec,
     TrainingMetrics,
     driver_log_path,
-    write_model_spec,
 )
 from tasks.training.config import TrainingParams, params_from_flags
 from tasks.training.worker import get_args_parser, make_optimizer, warmup_poly_schedule
@@ -249,16 +251,20 @@ def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs
 
 
 @pytest.mark.integration
-def test_unreadable_weights_inside_the_worker_are_an_input_error_not_retried(tmp_path, colour_image_dirs):
+def test_staged_weights_changed_after_the_model_stage_are_refused_by_the_worker_not_retried(
+    tmp_path, colour_image_dirs
+):
     train, val = colour_image_dirs
     weights = tmp_path / "resnet18.pth"
-    weights.write_bytes(b"these bytes are not a state dict")
-    # Written straight through the contract: the model stage itself would refuse this file before launch.
-    spec_dir = write_model_spec(tmp_path / "spec", ModelSpec(pretrained=True, weights_path=str(weights)))
+    torch.save(torchvision.models.resnet18().state_dict(), weights)
+    spec_dir = write_untrained_model_directory(tmp_path / "spec", ModelSpec(pretrained=True, weights_path=str(weights)))
+    with open(spec_dir / STAGED_WEIGHTS_FILE, "ab") as staged:
+        staged.write(b"changed on its way to the node")
     params = TrainingParams(epochs=1, processes_per_node=2, device="cpu")
-    with pytest.raises(InvalidModelDirectoryError) as error:
+    with pytest.raises(PretrainedWeightsError) as error:
         launch_training(train, val, spec_dir, tmp_path / "model", params, log=lambda level, line: None)
-    assert str(error.value).startswith(f"{weights} is not a readable PyTorch state dict")
+    assert str(error.value).startswith(f"{spec_dir / STAGED_WEIGHTS_FILE} has sha256 ")
+    assert "the staged file changed after the model stage checked it" in str(error.value)
     assert isinstance(error.value, PipelineInputError) and not isinstance(error.value, TrainingFailedError)
 
 

@@ -62,7 +62,7 @@ def test_model_directory_without_spec_is_invalid(tmp_path):
 
 def test_model_spec_with_unknown_architecture_is_invalid(tmp_path):
     (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "model_spec.json").write_text(json.dumps({"architecture": "vgg16"}))
+    (tmp_path / "model" / "model_spec.json").write_text(json.dumps({"architecture": "lenet5"}))
     with pytest.raises(InvalidModelDirectoryError, match="architecture"):
         read_model_spec(tmp_path / "model")
 

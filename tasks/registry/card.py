@@ -37,6 +37,10 @@ def _approval(approval: Approval | None) -> str:
     return f"{approval.decision}{who}, {approval.answered_at:%Y-%m-%d %H:%M} UTC{comment}".replace("|", "/")
 
 
+def _weights(record: dict | None) -> str:
+    return f"{record['name']} `{record['sha256'][:HASH_SHOWN]}`" if record else ""
+
+
 def _row(view: VersionView, figures: list[str], ui_url: str | None) -> str:
     r = view.registration
     cells = [
@@ -46,6 +50,7 @@ def _row(view: VersionView, figures: list[str], ui_url: str | None) -> str:
         " ".join(f"`{a}`" for a in view.aliases),
         ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())),
         "<br>".join(f"{role} `{d.content_hash[:HASH_SHOWN]}` ({d.images} images)" for role, d in r.datasets.items()),
+        _weights(r.params.get("pretrained_weights")),
         _flow_run(r.flow_run_id, ui_url),
         _approval(view.approval),
         "archived" if view.archived else "",
@@ -65,6 +70,7 @@ def model_card_markdown(name: str, location: str, views: list[VersionView], ui_u
         "aliases",
         "tags",
         "datasets (content hash)",
+        "pretrained weights",
         "flow run",
         "approval",
         "status",

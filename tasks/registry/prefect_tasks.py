@@ -147,7 +147,8 @@ def register(
         name,
         trained,
         metrics=metrics,
-        params=params,
+        # The trained spec's record of its starting weights, so the model card shows them.
+        params={**params, "pretrained_weights": trained.spec.weights and trained.spec.weights.model_dump()},
         datasets=lineages,
         flow_run_id=flow_run.get_id(),
         task_run_id=task_run.get_id(),

@@ -70,6 +70,7 @@ from tasks.training.config import TrainingParams, add_training_flags, params_fro
 from tasks.training.fine_tuning import freeze_backbone, parameter_groups
 from tasks.vision.images import ImageFiles, choose_image_size, eval_transform, train_transform
 from tasks.vision.networks import build_network, memory_format, split_head_and_backbone
+from tasks.vision.weights import staged_weights
 
 logger = logging.getLogger("tasks.training.worker")
 
@@ -325,10 +326,11 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     trained_spec = TrainedModelSpec(**spec.model_dump(), num_classes=len(classes), image_size=image_size)
 
     torch.manual_seed(params.random_seed)
-    model = build_network(spec, len(classes)).to(device, memory_format=memory_format(device))
+    weights_file = staged_weights(args.model_spec, spec)  # staged and hash-checked by the model stage: no download
+    model = build_network(spec, len(classes), weights_file).to(device, memory_format=memory_format(device))
     # Before DistributedDataParallel: it all-reduces the gradients of the parameters that require one when built.
     frozen = freeze_backbone(model, spec.architecture) if params.fine_tuning == "head" else []
-    if frozen and not spec.pretrained:
+    if frozen and weights_file is None:
         logger.warning("fine_tuning 'head' on a backbone that is not pretrained: the head learns from random features")
     ddp_model = (
         DistributedDataParallel(model, device_ids=[env.local_rank] if use_cuda else None)

@@ -143,6 +143,7 @@ def pipeline_command(colour_image_dirs, work: str, name: str, *flags: str) -> li
         sys.executable,
         "-m",
         "flows.pipeline",
+        "--no-pretrained",
         "--train-data",
         str(train),
         "--validation-data",

@@ -50,7 +50,7 @@ def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset,
     result = train_pipeline(
         train_data=str(train),
         validation_data=str(val),
-        model=ModelSpec(architecture="resnet18"),
+        model=ModelSpec(architecture="resnet18", pretrained=False),
         training=training,
         registry=str(tmp_path / "registry"),
         work_dir=str(tmp_path / "runs"),
@@ -110,6 +110,7 @@ def test_mismatched_classes_fail_validation_without_retry_or_training(prefect_se
         train_pipeline(
             train_data=str(train),
             validation_data=str(val),
+            model=ModelSpec(pretrained=False),
             registry=str(tmp_path / "registry"),
             work_dir=str(tmp_path / "runs"),
         )
@@ -125,6 +126,7 @@ def test_conversion_limits_reach_the_convert_stage(prefect_server, tmp_path):
             train_data=str(train),
             validation_data=str(val),
             conversion=ConversionLimits(max_image_pixels=100),
+            model=ModelSpec(pretrained=False),
             registry=str(tmp_path / "registry"),
             work_dir=str(tmp_path / "runs"),
         )
@@ -153,6 +155,7 @@ def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_se
         result = train_pipeline(
             train_data=str(train),
             validation_data=str(val),
+            model=ModelSpec(pretrained=False),
             training=training,
             registry=str(tmp_path / "registry"),
             work_dir=str(tmp_path / "runs"),

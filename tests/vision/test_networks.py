@@ -1,4 +1,4 @@
-"""Model zoo and local pretrained weights (nothing is ever downloaded)."""
+"""Model zoo and loading pretrained weights from a file (where the file comes from: tests/vision/test_weights.py)."""
 
 import re
 
@@ -41,14 +41,13 @@ def test_pretrained_weights_from_a_local_file_then_a_new_head(tmp_path):
     imagenet = torchvision.models.resnet18()
     weights = tmp_path / "resnet18-imagenet.pth"
     torch.save(imagenet.state_dict(), weights)
-    model = build_network(ModelSpec(pretrained=True, weights_path=str(weights)), num_classes=4)
+    model = build_network(ModelSpec(pretrained=True), num_classes=4, weights_file=weights)
     assert torch.equal(model.conv1.weight, imagenet.conv1.weight)
     assert model.fc.out_features == 4
 
 
 @pytest.mark.slow
-def test_pretrained_densenet_from_torch_cache_in_torchvisions_old_key_format(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+def test_pretrained_densenet_in_torchvisions_old_key_format(tmp_path):
     imagenet = torchvision.models.densenet121()
     # The published file spells "norm1" as "norm.1" and predates BatchNorm's num_batches_tracked.
     old_keys = {
@@ -57,21 +56,12 @@ def test_pretrained_densenet_from_torch_cache_in_torchvisions_old_key_format(tmp
         if not k.endswith("num_batches_tracked")
     }
     assert any(".norm.1." in key for key in old_keys)
-    cache = tmp_path / "hub" / "checkpoints"
-    cache.mkdir(parents=True)
-    torch.save(old_keys, cache / "densenet121-a639ec97.pth")
-    model = build_network(ModelSpec(architecture="densenet121", pretrained=True), num_classes=3)
+    torch.save(old_keys, tmp_path / "densenet121.pth")
+    model = build_network(
+        ModelSpec(architecture="densenet121"), num_classes=3, weights_file=tmp_path / "densenet121.pth"
+    )
     assert torch.equal(model.features.conv0.weight, imagenet.features.conv0.weight)
     assert model.classifier.out_features == 3
-
-
-def test_missing_pretrained_weights_say_where_to_put_them(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    with pytest.raises(InvalidModelDirectoryError) as error:
-        write_untrained_model_directory(tmp_path / "model", ModelSpec(architecture="resnet50", pretrained=True))
-    assert str(tmp_path / "hub" / "checkpoints" / "resnet50-") in str(error.value)
-    assert "nothing is downloaded" in str(error.value)
-    assert not (tmp_path / "model").exists()
 
 
 @pytest.mark.slow
