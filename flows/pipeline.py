@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from flows import run_folder
 from tasks.approval import settle_promotion
+from tasks.architectures import check_image_size
 from tasks.convert import ConversionLimits, convert
 from tasks.datasets import resolve_sources
 from tasks.evaluate import Evaluation, evaluate
@@ -105,7 +106,7 @@ def train_pipeline(
         train_data: Class-per-folder folder or .zip of training images (cat/1.jpg, dog/2.jpg, ...); empty: the bundled digits.
         validation_data: Validation images with the same classes; empty: split off train_data by validation_fraction.
         validation_fraction: Share of each class's images split off train_data for validation (e.g. 0.2), identical images on one side; with no data given, the digits' share.
-        model: The torchvision architecture and its options (Azure's DenseNet / ResNet modules); pretrained
+        model: The torchvision architecture (Azure's DenseNet / ResNet modules, EfficientNet, ConvNeXt, ViT...) and its options; pretrained
             empty: ImageNet weights for your own images, none for the bundled digits.
         training: Training parameters; defaults are Azure's "Train PyTorch Model" component's.
         conversion: Limits on what converting the images may unpack and decode (archive size, pixels per image, memory).
@@ -122,6 +123,7 @@ def train_pipeline(
         approval_timeout_s: How long the run waits for that answer; no answer in time: not promoted.
     """
     spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
+    check_image_size(spec.architecture, training.image_size)  # a size the network cannot take: before any work
     resolve_pretrained_weights(spec)  # in the cache (or the one offline error) before any conversion work
     run_dir = run_folder(work_dir)  # a retried run finds its checkpoints again
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
@@ -196,7 +198,11 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument(
         "--validation-fraction", type=float, help="without --validation-data: share of --train-data split off for it"
     )
-    parser.add_argument("--architecture", default=ModelSpec().architecture, help="torchvision model name")
+    parser.add_argument(
+        "--architecture",
+        default=ModelSpec().architecture,
+        help="torchvision classifier, e.g. convnext_tiny (docs/parameters.md)",
+    )
     parser.add_argument("--model-name", help="registry name (default: <data set>-<architecture>)")
     parser.add_argument("--registry", default="registry")
     parser.add_argument("--work-dir", default="runs")

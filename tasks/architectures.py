@@ -139,23 +139,27 @@ def option_error(architecture: str, options: dict[str, bool]) -> str | None:
     return None
 
 
-def input_size(architecture: str, requested: int | None, automatic: int) -> int:
-    """The side images are resized to for ``architecture``: ``requested`` (the image_size parameter) when given,
-    else ``automatic`` (chosen from the data), bounded by what the family accepts. A requested size the network
-    cannot take is an error; an automatic one is raised to the family's minimum or replaced by its fixed size."""
+def check_image_size(architecture: str, image_size: int | None) -> None:
+    """Refuse an image_size parameter the network cannot take (None: chosen later, always one it can)."""
     family = family_of(architecture)
-    if family.image_size is not None:
-        if requested is not None and requested != family.image_size:
-            raise InvalidTrainingSetupError(
-                f"image_size is {requested} but {architecture} ({family.name}) takes {family.image_size} px images "
-                f"only: set image_size to {family.image_size} or leave it empty"
-            )
-        return family.image_size
-    if requested is not None:
-        if requested < family.min_image_size:
-            raise InvalidTrainingSetupError(
-                f"image_size is {requested} but {architecture} ({family.name}) needs at least "
-                f"{family.min_image_size} px: set image_size to {family.min_image_size} or more, or leave it empty"
-            )
-        return requested
-    return max(automatic, family.min_image_size)
+    if image_size is None:
+        return
+    if family.image_size is not None and image_size != family.image_size:
+        raise InvalidTrainingSetupError(
+            f"image_size is {image_size} but {architecture} ({family.name}) takes {family.image_size} px images "
+            f"only: set image_size to {family.image_size} or leave it empty"
+        )
+    if image_size < family.min_image_size:
+        raise InvalidTrainingSetupError(
+            f"image_size is {image_size} but {architecture} ({family.name}) needs at least "
+            f"{family.min_image_size} px: set image_size to {family.min_image_size} or more, or leave it empty"
+        )
+
+
+def input_size(architecture: str, requested: int | None, automatic: int) -> int:
+    """The side images are resized to for ``architecture``: ``requested`` (the image_size parameter) when given
+    (refused when the network cannot take it), else the family's fixed size, else ``automatic`` (chosen from the
+    data) raised to the family's minimum."""
+    check_image_size(architecture, requested)
+    family = family_of(architecture)
+    return requested or family.image_size or max(automatic, family.min_image_size)
