@@ -161,8 +161,7 @@ def make_optimizer(
 
     With ``architecture`` (which says where the head is) the parameters are grouped by ``params.fine_tuning``
     and ``backbone_lr_factor`` (tasks/training/fine_tuning.py); without, every parameter is one group."""
-    groups = parameter_groups(model, architecture, learning_rate, params) if architecture else model.parameters()
-    groups = list(groups)
+    groups = parameter_groups(model, architecture, learning_rate, params) if architecture else list(model.parameters())
     options = dict(lr=learning_rate, momentum=params.momentum, nesterov=True, weight_decay=params.weight_decay)
     try:
         return torch.optim.SGD(groups, fused=True, **options)
