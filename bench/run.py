@@ -1,6 +1,6 @@
 """Run every benchmark, print one table, and write bench/results/<date>-<host>.json (what `make bench` does).
 
-    python -m bench.run                  # everything, about 18 minutes on 2 CPU cores (fanout: 10)
+    python -m bench.run                  # everything, about 30 minutes on 2 CPU cores (fanout: 10, transfer: 12)
     python -m bench.run convert score    # some of them
 
 Each figure is measured side by side in this one run (alternating repetitions, median); nothing is compared
@@ -23,7 +23,7 @@ import torch
 
 from bench.harness import table
 
-BENCHMARKS = ("convert", "score", "train", "step", "pipeline", "fanout", "gpu")
+BENCHMARKS = ("convert", "score", "train", "step", "pipeline", "fanout", "gpu", "transfer")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

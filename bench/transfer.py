@@ -25,6 +25,7 @@ import contextlib
 import functools
 import hashlib
 import http.server
+import os
 import shutil
 import tempfile
 import threading
@@ -112,6 +113,8 @@ def results(per_class: list[int], epochs: int, pretrain_epochs: int, seed: int) 
     top1: dict[tuple[int, str], float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-transfer-") as scratch_name:
         scratch = Path(scratch_name)
+        # The fetched weights are cached in torch's cache like any others: this run's own, not the user's.
+        os.environ["TORCH_HOME"] = str(scratch / "torch")
         digits_train, digits_validation = export_digits(scratch / "digits")
         weights = pretrained_weights(scratch, digits_train, digits_validation, pretrain_epochs)
         sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()

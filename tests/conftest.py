@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -17,7 +18,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 import pytest  # noqa: E402
 
 from deployments.local import free_port  # noqa: E402
-from tests.helpers import run_worker, write_class_folders  # noqa: E402
+from tests.helpers import FileServer, run_worker, write_class_folders  # noqa: E402
 
 
 @pytest.fixture
@@ -179,3 +180,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def server():
+    """A loopback HTTP server for files a test puts in ``server.files`` (a weights mirror, a download)."""
+    with FileServer() as running:
+        thread = threading.Thread(target=running.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        yield running
+        running.shutdown()
+
+
+@pytest.fixture
+def torch_home(tmp_path, monkeypatch) -> Path:
+    """An empty torch cache; no mirror; the internet behind a proxy that is down."""
+    from tasks.vision.weights import MIRROR_VARIABLE
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.delenv(MIRROR_VARIABLE, raising=False)
+    for variable in ("no_proxy", "NO_PROXY", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{free_port()}")
+    return tmp_path / "torch" / "hub" / "checkpoints"

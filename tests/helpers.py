@@ -3,6 +3,7 @@ the registry command line. Fixtures live in conftest.py."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
 import sys
@@ -164,3 +165,29 @@ def register_test_model(registry, model, name=NAME, accuracy=0.9, **options):
         tags={"team": "vision"},
         **options,
     )
+
+
+class FileServer(http.server.ThreadingHTTPServer):
+    """Serves ``files`` (URL path -> bytes) on loopback and records every request's path."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.requests: list[str] = []
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_port}"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.server.requests.append(self.path)
+        body = self.server.files.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.send_header("Content-Length", str(len(body or b"")))
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def log_message(self, *args) -> None:
+        pass

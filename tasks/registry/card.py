@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from tasks.registry.layout import Approval
+from tasks.registry.layout import Approval, DatasetLineage
+from tasks.transformations import ImageTransformations
 from tasks.registry.manage import VersionView
 
 # The figures a reader compares versions by, in this order, when a version has them.
@@ -41,6 +42,21 @@ def _weights(record: dict | None) -> str:
     return f"{record['name']} `{record['sha256'][:HASH_SHOWN]}`" if record else ""
 
 
+def _dataset(role: str, lineage: DatasetLineage) -> str:
+    cell = f"{role} `{lineage.content_hash[:HASH_SHOWN]}` ({lineage.images} images)"
+    if split := lineage.split:
+        share = split.fraction if split.side == "first" else 1 - split.fraction
+        cell += f", {share:.0%} of `{split.source_content_hash[:HASH_SHOWN]}` split with seed {split.seed}"
+    return cell
+
+
+def _transformations(model: dict | None) -> str:
+    """The training transformations of the version's model spec, in words; empty for a record without a spec."""
+    if not model:
+        return ""
+    return ImageTransformations.model_validate(model.get("transformations") or {}).describe().replace("|", "/")
+
+
 def _row(view: VersionView, figures: list[str], ui_url: str | None) -> str:
     r = view.registration
     cells = [
@@ -49,7 +65,8 @@ def _row(view: VersionView, figures: list[str], ui_url: str | None) -> str:
         *(figure(r.metrics.get(f)) for f in figures),
         " ".join(f"`{a}`" for a in view.aliases),
         ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())),
-        "<br>".join(f"{role} `{d.content_hash[:HASH_SHOWN]}` ({d.images} images)" for role, d in r.datasets.items()),
+        "<br>".join(_dataset(role, d) for role, d in r.datasets.items()),
+        _transformations(r.params.get("model")),
         _weights(r.params.get("pretrained_weights")),
         _flow_run(r.flow_run_id, ui_url),
         _approval(view.approval),
@@ -70,6 +87,7 @@ def model_card_markdown(name: str, location: str, views: list[VersionView], ui_u
         "aliases",
         "tags",
         "datasets (content hash)",
+        "transformations",
         "pretrained weights",
         "flow run",
         "approval",

@@ -69,7 +69,9 @@ def _create_owned(backend: RegistryBackend, key: str, data: bytes) -> bool:
 def lineage(image_dir: str | os.PathLike[str]) -> DatasetLineage:
     """What a registration records of a data set: its source, content hash and size."""
     manifest = ImageDirectory(image_dir).manifest
-    return DatasetLineage(source=manifest.source, content_hash=manifest.content_hash, images=len(manifest.images))
+    return DatasetLineage(
+        source=manifest.source, content_hash=manifest.content_hash, images=len(manifest.images), split=manifest.split
+    )
 
 
 def _record(backend: RegistryBackend, name: str, version: int) -> Registration | None:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tasks.errors import InvalidModelNameError, PipelineInputError
+from tasks.image_directory import SplitRecord
 from tasks.model_directory import MODEL_FILES, ONNX_FILE
 
 CLAIM_FILE = "claim.json"
@@ -62,6 +63,7 @@ class DatasetLineage(BaseModel):
     source: str
     content_hash: str = Field(description="ImageDirectoryManifest.content_hash")
     images: int
+    split: SplitRecord | None = Field(None, description="the split this data set is one side of; None: not split")
 
 
 class PromotionRule(BaseModel):

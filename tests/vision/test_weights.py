@@ -7,9 +7,7 @@ real sha256; torchvision's names appear where a file must be refused.
 """
 
 import hashlib
-import http.server
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
@@ -42,52 +40,6 @@ TORCHVISION_RESNET18 = "https://download.pytorch.org/models/resnet18-f37072fd.pt
 CONTENT = b"not really weights, but bytes with a real sha256" * 100
 SHA256 = hashlib.sha256(CONTENT).hexdigest()
 HASHED_NAME = f"mine-{SHA256[:8]}.pth"
-
-
-class FileServer(http.server.ThreadingHTTPServer):
-    """Serves ``files`` (URL path -> bytes) on loopback and records every request's path."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.requests: list[str] = []
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_port}"
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.server.requests.append(self.path)
-        body = self.server.files.get(self.path)
-        self.send_response(200 if body is not None else 404)
-        self.send_header("Content-Length", str(len(body or b"")))
-        self.end_headers()
-        self.wfile.write(body or b"")
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-@pytest.fixture
-def server():
-    with FileServer() as running:
-        thread = threading.Thread(target=running.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        thread.start()
-        yield running
-        running.shutdown()
-
-
-@pytest.fixture
-def torch_home(tmp_path, monkeypatch) -> Path:
-    """An empty torch cache; no mirror; the internet behind a proxy that is down."""
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    monkeypatch.delenv(MIRROR_VARIABLE, raising=False)
-    for variable in ("no_proxy", "NO_PROXY", "http_proxy", "HTTP_PROXY"):
-        monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{free_port()}")
-    return tmp_path / "torch" / "hub" / "checkpoints"
 
 
 def test_weights_come_through_the_mirror_once_then_from_torchs_cache(server, torch_home, monkeypatch):
