@@ -169,6 +169,7 @@ def train_pipeline(
 def main(argv: list[str] | None = None) -> PipelineResult:
     """Command line: the flow's parameters as flags (training flags as the worker's)."""
     import argparse
+    import json
 
     from tasks.training.config import add_training_flags, params_from_flags
 
@@ -176,6 +177,9 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument("--train-data", help="class-per-folder folder or .zip (default: bundled digits)")
     parser.add_argument("--validation-data", help="validation images with the same classes")
     parser.add_argument("--architecture", default=ModelSpec().architecture, help="torchvision model name")
+    parser.add_argument(
+        "--transformations", type=json.loads, default={}, help="image transformations as JSON (see docs/training.md)"
+    )
     parser.add_argument("--model-name", help="registry name (default: <data set>-<architecture>)")
     parser.add_argument("--registry", default="registry")
     parser.add_argument("--work-dir", default="runs")
@@ -197,7 +201,7 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     result = train_pipeline(
         train_data=args.train_data,
         validation_data=args.validation_data,
-        model=ModelSpec(architecture=args.architecture),
+        model=ModelSpec(architecture=args.architecture, transformations=args.transformations),
         training=params_from_flags(args),
         model_name=args.model_name,
         registry=args.registry,

@@ -30,7 +30,8 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 def untrained_model_directory(output: str, spec: ModelSpec) -> str:
     """Artifact ``model-spec``."""
     root = write_untrained_model_directory(output, spec)
-    options = "\n".join(f"| {k} | {v} |" for k, v in spec.model_dump().items())
+    described = {**spec.model_dump(), "transformations": spec.transformations.describe()}
+    options = "\n".join(f"| {k} | {v} |" for k, v in described.items())
     create_markdown_artifact(
         key="model-spec",
         markdown=f"### Untrained model\n\n| option | value |\n|---|---|\n{options}\n",

@@ -132,6 +132,29 @@ def test_transforms_compute_what_the_usual_pil_pipeline_computes():
         torch.manual_seed(3)
         pixels = torch.stack([transform.augment(transform.decode(image)) for _ in range(4)])
         assert pixels.dtype == torch.uint8 and torch.equal(transform.normalize(pixels), torch.stack(expected))
+        # Other options too: the torchvision classes on PIL images, ours on uint8 tensors, the same bits.
+        options = ImageTransformations(
+            resize={"size": size + 8, "keep_aspect_ratio": True},
+            center_crop=True,
+            random_crop={"padding": 0.25, "padding_mode": "reflect"},
+            random_horizontal_flip=True,
+        )
+        usual_train = T.Compose(
+            [
+                T.Resize(size + 8),
+                T.CenterCrop(size),
+                T.RandomCrop(size, padding=size // 4, padding_mode="reflect"),
+                T.RandomHorizontalFlip(),
+                T.ToTensor(),
+                T.Normalize(mean, std),
+            ]
+        )
+        torch.manual_seed(3)
+        expected = [usual_train(image) for _ in range(4)]
+        torch.manual_seed(3)
+        assert all(torch.equal(a, train_transform(options, size, mean, std)(image)) for a in expected)
+        usual_eval = T.Compose([T.Resize(size + 8), T.CenterCrop(size), T.ToTensor(), T.Normalize(mean, std)])
+        assert torch.equal(usual_eval(image), eval_transform(options, size, mean, std)(image))
 
 
 def test_decoded_images_are_kept_in_memory_up_to_the_budget(tmp_path):
