@@ -32,8 +32,10 @@ from tasks.model import write_untrained_model_directory
 from tasks.model_directory import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
 from tasks.training.config import TrainingParams
 from tasks.training.worker import autocast, make_optimizer
-from tasks.vision.images import ImageFiles, train_transform
+from tasks.transformations import ImageTransformations
+from tasks.vision.images import ImageFiles
 from tasks.vision.networks import build_network, memory_format
+from tasks.vision.transforms import train_transform
 
 H100_GOAL = 3200.0  # the team goal for one H100 (the seed table's 16 x V100 figure)
 
@@ -52,7 +54,9 @@ def loader_ceiling(image_dir: Path, size: int, batch: int, workers: int, seconds
     """Images/s the DataLoader alone delivers as the worker uses it (decode, resize, crop; uint8, normalised on
     the GPU): the most training can get."""
     dataset = ImageFiles(
-        ImageDirectory(image_dir).samples(), train_transform(size, IMAGENET_MEAN, IMAGENET_STD), normalized=False
+        ImageDirectory(image_dir).samples(),
+        train_transform(ImageTransformations(), size, IMAGENET_MEAN, IMAGENET_STD),
+        normalized=False,
     )
     loader = DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
     seen, start, warm = 0, None, False

@@ -42,8 +42,9 @@ from tasks.model_directory import (
 from tasks.onnx_export import export_onnx
 from tasks.registry import load_model
 from tasks.score import BATCH_SIZE, score_images
-from tasks.vision.images import choose_image_size, eval_transform
+from tasks.vision.images import choose_image_size
 from tasks.vision.networks import build_network, load_trained_model
+from tasks.vision.transforms import eval_transform
 
 
 def random_model_directory(root: Path, architecture: str, classes: list[str], image_size: int) -> ModelDirectory:
@@ -62,7 +63,7 @@ def naive_scores(model_dir: ModelDirectory, images: ImageDirectory) -> list[list
     spec = model_dir.spec
     device = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU host a first script moves its model there
     model = load_trained_model(model_dir, device)
-    transform = eval_transform(spec.image_size, spec.mean, spec.std)
+    transform = eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std)
     rows = []
     with torch.no_grad():
         for path, _ in images.samples():

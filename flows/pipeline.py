@@ -189,6 +189,7 @@ def train_pipeline(
 def main(argv: list[str] | None = None) -> PipelineResult:
     """Command line: the flow's parameters as flags (training flags as the worker's)."""
     import argparse
+    import json
 
     from tasks.training.config import add_training_flags, params_from_flags
 
@@ -202,6 +203,9 @@ def main(argv: list[str] | None = None) -> PipelineResult:
         "--architecture",
         default=ModelSpec().architecture,
         help="torchvision classifier, e.g. convnext_tiny (docs/parameters.md)",
+    )
+    parser.add_argument(
+        "--transformations", type=json.loads, default={}, help="image transformations as JSON (see docs/training.md)"
     )
     parser.add_argument("--model-name", help="registry name (default: <data set>-<architecture>)")
     parser.add_argument("--registry", default="registry")
@@ -237,6 +241,7 @@ def main(argv: list[str] | None = None) -> PipelineResult:
             pretrained=args.pretrained,
             weights_path=args.weights_path,
             weights_sha256=args.weights_sha256,
+            transformations=args.transformations,
         ),
         training=params_from_flags(args),
         model_name=args.model_name,

@@ -96,3 +96,7 @@ class OutputInUseError(RuntimeError):
 
 class TrainingDivergedError(TrainingFailedError, PipelineInputError):
     """The loss became NaN or infinite: the same parameters would diverge again, so it is not retried."""
+
+
+class InvalidTransformationsError(PipelineInputError):
+    """The image transformations cannot run at the training size (e.g. a random crop larger than the padded image)."""

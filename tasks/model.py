@@ -76,7 +76,11 @@ def untrained_model_directory(output: str, spec: ModelSpec) -> str:
     """Artifact ``model-spec``."""
     root = write_untrained_model_directory(output, spec)
     written = read_model_spec(root)
-    options = "\n".join(f"| {k} | {v} |" for k, v in written.model_dump(exclude={"weights"}).items())
+    described = {
+        **written.model_dump(exclude={"weights"}),
+        "transformations": written.transformations.describe(),
+    }
+    options = "\n".join(f"| {k} | {v} |" for k, v in described.items())
     weights = (
         f"pretrained weights {written.weights.name} (sha256 {written.weights.sha256[:12]}…)"
         if written.weights

@@ -39,6 +39,7 @@ from tasks.architectures import (  # DENSENETS, RESNETS: still imported from her
 )
 from tasks.errors import InvalidModelDirectoryError
 from tasks.fileio import write_text_atomic
+from tasks.transformations import ImageTransformations
 
 SPEC_FILE = "model_spec.json"
 STAGED_WEIGHTS_FILE = "pretrained_weights.pth"
@@ -96,6 +97,12 @@ class ModelSpec(BaseModel):
     )
     memory_efficient: bool = Field(False, description="DenseNet only: checkpointed, slower, less memory")
     zero_init_residual: bool = Field(False, description="ResNet family only: zero-init the last BN of each block")
+    transformations: ImageTransformations = Field(
+        default_factory=ImageTransformations,
+        description="image transformations (Azure's Init Image Transformation): training applies them all, "
+        "scoring only the deterministic ones; the default resizes to the training size and crops at random from "
+        "the image padded by 1/8 (edge)",
+    )
 
     @field_validator("architecture", mode="before")
     @classmethod
@@ -115,7 +122,7 @@ class ModelSpec(BaseModel):
 
 class TrainedModelSpec(ModelSpec):
     num_classes: int
-    image_size: int = Field(description="images are resized to image_size x image_size")
+    image_size: int = Field(description="the training size: the side of the transformations' sizes left empty")
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
 

@@ -28,8 +28,9 @@ from tasks.errors import InvalidModelDirectoryError, OnnxMismatchError
 from tasks.fileio import atomic_write
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ONNX_FILE, ModelDirectory
-from tasks.vision.images import ImageFiles, eval_transform
+from tasks.vision.images import ImageFiles
 from tasks.vision.networks import load_trained_model
+from tasks.vision.transforms import eval_transform
 
 ONNX_TOLERANCE = 1e-4
 OPSET = 17
@@ -59,7 +60,7 @@ def onnx_contract(model_dir: ModelDirectory) -> dict[str, str]:
         "image_size": str(spec.image_size),
         "mean": json.dumps(list(spec.mean)),
         "std": json.dumps(list(spec.std)),
-        "preprocessing": f"RGB, resized to {spec.image_size}x{spec.image_size} (no crop), scaled to [0, 1], "
+        "preprocessing": f"RGB, {spec.transformations.for_inference().describe(spec.image_size)}, scaled to [0, 1], "
         "then (x - mean) / std per channel; N x 3 x H x W float32",
         "input": INPUT_NAME,
         "output": f"{OUTPUT_NAME} (softmax, one column per class)",
@@ -68,7 +69,7 @@ def onnx_contract(model_dir: ModelDirectory) -> dict[str, str]:
 
 def export_onnx(model_dir: ModelDirectory) -> ModelDirectory:
     """Write ``model.onnx`` into the ModelDirectory (atomically), its contract in its metadata."""
-    size = model_dir.spec.image_size
+    size = model_dir.spec.transformations.decoded_side(model_dir.spec.image_size)
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         # torch >= 2.9 warns that this exporter is legacy; it is chosen on purpose (see the module docstring).
@@ -107,8 +108,9 @@ def sample_inputs(model_dir: ModelDirectory, images: ImageDirectory | None, coun
     """``count`` real images from ``images`` (repeated if fewer), or seeded noise when none are given."""
     spec = model_dir.spec
     if images is None or len(images) == 0:
-        return torch.randn(count, 3, spec.image_size, spec.image_size, generator=torch.Generator().manual_seed(0))
-    dataset = ImageFiles(images.samples(), eval_transform(spec.image_size, spec.mean, spec.std))
+        side = spec.transformations.decoded_side(spec.image_size)
+        return torch.randn(count, 3, side, side, generator=torch.Generator().manual_seed(0))
+    dataset = ImageFiles(images.samples(), eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std))
     return torch.stack([dataset[i % len(dataset)][0] for i in range(count)])
 
 

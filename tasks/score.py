@@ -29,8 +29,9 @@ from tasks.scores_table import (
     top_k_columns,
     write_scores,
 )
-from tasks.vision.images import ImageFiles, eval_transform
+from tasks.vision.images import ImageFiles
 from tasks.vision.networks import load_trained_model, memory_format
+from tasks.vision.transforms import eval_transform
 
 BATCH_SIZE = 64
 Runtime = Literal["torch", "onnx"]
@@ -84,7 +85,9 @@ def score_images(
         )
     keep_freed_memory()  # batch after batch of the same shapes: reuse the blocks instead of faulting them in
     spec = model_dir.spec
-    dataset = ImageFiles(images.samples(), eval_transform(spec.image_size, spec.mean, spec.std), normalized=False)
+    dataset = ImageFiles(
+        images.samples(), eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std), normalized=False
+    )
     predict, pin = (onnx_predictor if runtime == "onnx" else torch_predictor)(model_dir, dataset.transform.normalize)
     batches = [predict(batch) for batch, _ in DataLoader(dataset, batch_size=batch_size, pin_memory=pin)]
     probabilities = np.concatenate(batches) if batches else np.empty((0, len(model_dir.classes)), dtype=np.float32)

@@ -24,7 +24,9 @@ from tasks.model_directory import (
 )
 from tasks.training.config import TrainingParams, params_from_flags
 from tasks.training.worker import get_args_parser, make_optimizer, warmup_poly_schedule
-from tasks.vision.images import ImageFiles, eval_transform, train_transform
+from tasks.transformations import ImageTransformations
+from tasks.vision.images import ImageFiles
+from tasks.vision.transforms import eval_transform, train_transform
 from tasks.workdir import TrainingFolders
 from tests.helpers import run_worker, write_class_folders
 
@@ -124,20 +126,43 @@ def test_transforms_compute_what_the_usual_pil_pipeline_computes():
         torch.manual_seed(3)
         expected = [usual_train(image) for _ in range(4)]
         torch.manual_seed(3)
-        ours = [train_transform(size, mean, std)(image) for _ in range(4)]
+        ours = [train_transform(ImageTransformations(), size, mean, std)(image) for _ in range(4)]
         assert all(torch.equal(a, b) for a, b in zip(expected, ours))
-        assert torch.equal(usual_eval(image), eval_transform(size, mean, std)(image))
+        assert torch.equal(usual_eval(image), eval_transform(ImageTransformations(), size, mean, std)(image))
         # The worker normalises whole uint8 batches (on the GPU there): the same bits as image by image.
-        transform = train_transform(size, mean, std)
+        transform = train_transform(ImageTransformations(), size, mean, std)
         torch.manual_seed(3)
         pixels = torch.stack([transform.augment(transform.decode(image)) for _ in range(4)])
         assert pixels.dtype == torch.uint8 and torch.equal(transform.normalize(pixels), torch.stack(expected))
+        # Other options too: the torchvision classes on PIL images, ours on uint8 tensors, the same bits.
+        options = ImageTransformations(
+            resize={"size": size + 8, "keep_aspect_ratio": True},
+            center_crop=True,
+            random_crop={"padding": 0.25, "padding_mode": "reflect"},
+            random_horizontal_flip=True,
+        )
+        usual_train = T.Compose(
+            [
+                T.Resize(size + 8),
+                T.CenterCrop(size),
+                T.RandomCrop(size, padding=size // 4, padding_mode="reflect"),
+                T.RandomHorizontalFlip(),
+                T.ToTensor(),
+                T.Normalize(mean, std),
+            ]
+        )
+        torch.manual_seed(3)
+        expected = [usual_train(image) for _ in range(4)]
+        torch.manual_seed(3)
+        assert all(torch.equal(a, train_transform(options, size, mean, std)(image)) for a in expected)
+        usual_eval = T.Compose([T.Resize(size + 8), T.CenterCrop(size), T.ToTensor(), T.Normalize(mean, std)])
+        assert torch.equal(usual_eval(image), eval_transform(options, size, mean, std)(image))
 
 
 def test_decoded_images_are_kept_in_memory_up_to_the_budget(tmp_path):
     source = write_class_folders(tmp_path / "images", per_class=3)
     samples = [(path, 0) for path in sorted(source.rglob("*.png"))]
-    transform = eval_transform(32, (0.5,) * 3, (0.5,) * 3)
+    transform = eval_transform(ImageTransformations(), 32, (0.5,) * 3, (0.5,) * 3)
     uncached = [image for image, _ in ImageFiles(samples, transform)]
     per_image = 3 * 32 * 32
     cached = ImageFiles(samples, transform, cache_bytes=5 * per_image + 7)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 from tasks.registry.layout import Approval, DatasetLineage
-from tasks.transformations import ImageTransformations
 from tasks.registry.manage import VersionView
+from tasks.transformations import ImageTransformations
 
 # The figures a reader compares versions by, in this order, when a version has them.
 KEY_FIGURES = {"accuracy": "accuracy", "f1_macro": "F1 (macro)", "auc_ovr": "AUC", "log_loss": "log loss"}

@@ -68,8 +68,9 @@ from tasks.training.checkpoint import (
 )
 from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
 from tasks.training.fine_tuning import freeze_backbone, parameter_groups
-from tasks.vision.images import ImageFiles, choose_image_size, eval_transform, train_transform
+from tasks.vision.images import ImageFiles, choose_image_size
 from tasks.vision.networks import build_network, memory_format, split_head_and_backbone
+from tasks.vision.transforms import eval_transform, train_transform
 from tasks.vision.weights import staged_weights
 
 logger = logging.getLogger("tasks.training.worker")
@@ -346,10 +347,10 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     # Loader processes would each fill a cache of their own: the decoded-image cache is for in-process loading.
     # The budget is per machine, shared out between its processes (each caches every image it is dealt).
     cache_bytes = params.image_cache_mb * 2**20 // env.local_world_size if workers == 0 else 0
-    mean, std = trained_spec.mean, trained_spec.std
-    train_set = ImageFiles(train_dir.samples(), train_transform(image_size, mean, std), cache_bytes, normalized=False)
+    transforms = (spec.transformations, image_size, trained_spec.mean, trained_spec.std)
+    train_set = ImageFiles(train_dir.samples(), train_transform(*transforms), cache_bytes, normalized=False)
     val_set = ImageFiles(
-        val_dir.samples(), eval_transform(image_size, mean, std), cache_bytes - train_set.cache_bytes, normalized=False
+        val_dir.samples(), eval_transform(*transforms), cache_bytes - train_set.cache_bytes, normalized=False
     )
     sampler = DistributedSampler(
         train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed

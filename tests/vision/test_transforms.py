@@ -1,0 +1,177 @@
+"""Image transformations: the typed options, the pipelines built from them, which of them inference applies."""
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+from pydantic import ValidationError
+from torchvision.transforms import v2
+
+from tasks.errors import InvalidTransformationsError
+from tasks.model_directory import SPEC_FILE, ModelDirectory, ModelSpec, TrainedModelSpec, read_model_spec
+from tasks.transformations import DETERMINISTIC, RANDOM, ImageTransformations
+from tasks.vision.transforms import EdgePaddedRandomCrop, eval_transform, train_transform
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+EVERY_OPTION = ImageTransformations(
+    resize={"size": 20, "keep_aspect_ratio": True},
+    center_crop={"size": 18},
+    pad={"padding": 1, "padding_mode": "reflect"},
+    grayscale=True,
+    **dict.fromkeys(RANDOM, True),
+)
+
+
+def photo(width: int = 27, height: int = 19, seed: int = 0) -> Image.Image:
+    pixels = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    return Image.fromarray(pixels.numpy())
+
+
+def draws(transform, image, seed: int, count: int = 3) -> list[torch.Tensor]:
+    torch.manual_seed(seed)
+    return [transform(image) for _ in range(count)]
+
+
+@pytest.mark.parametrize("size", [32, 64])
+def test_the_default_is_the_pipeline_training_always_had(size):
+    """Resize to size x size, random crop with 1/8 edge padding, normalise: torchvision's v2 classes, to the bit."""
+    reference = v2.Compose(
+        [
+            v2.Resize((size, size)),
+            v2.PILToTensor(),
+            v2.RandomCrop(size, padding=size // 8, padding_mode="edge"),
+            v2.Lambda(lambda pixels: pixels.float() / 255),  # as ToTensor (ToDtype multiplies by 1 / 255)
+            v2.Normalize(MEAN, STD),
+        ]
+    )
+    reference_eval = v2.Compose([step for step in reference.transforms if not isinstance(step, v2.RandomCrop)])
+    ours = train_transform(ImageTransformations(), size, MEAN, STD)
+    image = photo()
+    for seed in range(4):
+        assert all(torch.equal(a, b) for a, b in zip(draws(reference, image, seed), draws(ours, image, seed)))
+    assert torch.equal(eval_transform(ImageTransformations(), size, MEAN, STD)(image), reference_eval(image))
+
+
+@pytest.mark.parametrize(("side", "size", "padding"), [(32, 32, 4), (40, 32, 3), (30, 32, 1), (9, 8, 0), (96, 96, 12)])
+def test_edge_padded_crop_draws_like_torchvision(side, size, padding):
+    pixels = torch.randint(0, 256, (3, side, side), dtype=torch.uint8, generator=torch.Generator().manual_seed(side))
+    ours, theirs = EdgePaddedRandomCrop(size, padding), v2.RandomCrop(size, padding, padding_mode="edge")
+    for seed in range(3):
+        torch.manual_seed(seed)
+        expected, next_draw = [theirs(pixels) for _ in range(3)], torch.randint(0, 10**9, ())
+        torch.manual_seed(seed)
+        assert all(torch.equal(ours(pixels), a) for a in expected)
+        assert torch.randint(0, 10**9, ()) == next_draw  # as many draws as torchvision: the next option sees the same
+
+
+def test_training_applies_every_option_and_inference_only_the_deterministic_ones():
+    train = train_transform(EVERY_OPTION, 16, MEAN, STD)
+    inference = eval_transform(EVERY_OPTION, 16, MEAN, STD)
+    deterministic = ["resize", "center_crop", "pad", "rgb_to_grayscale", "pil_to_tensor"]
+    assert [getattr(step, "func", step).__name__ for step in train.decode.steps] == deterministic
+    assert [getattr(step, "func", step).__name__ for step in inference.decode.steps] == deterministic
+    assert [type(step).__name__ for step in train.augment.steps] == [
+        "RandomResizedCrop",
+        "EdgePaddedRandomCrop",
+        "RandomHorizontalFlip",
+        "RandomVerticalFlip",
+        "RandomRotation",
+        "RandomAffine",
+        "RandomPerspective",
+        "ColorJitter",
+        "RandomGrayscale",
+        "RandomErasing",
+    ]
+    image = photo()
+    first, second = draws(inference, image, 0, 1) + draws(inference, image, 1, 1)
+    assert torch.equal(first, second) and first.shape == (3, 20, 20)  # 18 px crop, 1 px padding
+    assert not all(torch.equal(a, b) for a, b in zip(draws(train, image, 0), draws(train, image, 1)))
+    deterministic_only = EVERY_OPTION.model_dump(include=set(DETERMINISTIC)) | dict.fromkeys(RANDOM)
+    assert EVERY_OPTION.for_inference() == ImageTransformations(**deterministic_only)
+    assert ImageTransformations().for_inference().random_options() == []
+
+
+@pytest.mark.parametrize("option", RANDOM + ("center_crop", "grayscale"))
+def test_each_option_builds_and_runs(option):
+    transformations = ImageTransformations(**{option: True})
+    transform = train_transform(transformations, 16, MEAN, STD)
+    pixels = transform.decode(photo(23, 14))
+    assert pixels.dtype == torch.uint8 and pixels.shape == (3, transform.size, transform.size) == (3, 16, 16)
+    torch.manual_seed(0)
+    out = transform.augment(pixels)
+    side = transformations.training_side(16)
+    assert out.dtype == torch.uint8 and out.shape == (3, side, side)
+    assert transform.normalize(out).dtype == torch.float32
+
+
+def test_sizes_left_empty_follow_the_training_size():
+    transformations = ImageTransformations(
+        resize={"size": 40, "keep_aspect_ratio": True}, center_crop=True, random_resized_crop={"size": 24}
+    )
+    assert transformations.decoded_side(32) == 32 and transformations.training_side(32) == 32
+    transform = train_transform(transformations, 32, MEAN, STD)
+    torch.manual_seed(0)
+    assert transform(photo(50, 40)).shape == (3, 32, 32)  # the default random crop takes 32 px of the 24 + 2 x 4
+    assert eval_transform(transformations, 32, MEAN, STD)(photo(50, 40)).shape == (3, 32, 32)
+
+
+def test_random_erasing_fills_with_the_mean_by_default():
+    transformations = ImageTransformations(random_crop=None, random_erasing={"p": 1.0, "scale": (0.2, 0.3)})
+    transform = train_transform(transformations, 16, MEAN, STD)
+    torch.manual_seed(0)
+    erased = transform.augment(transform.decode(Image.new("RGB", (16, 16), (255, 255, 255))))
+    mean_pixels = erased.flatten(1).T.tolist().count([124, 116, 104])
+    assert 0.2 * 256 * 0.8 <= mean_pixels <= 0.3 * 256 * 1.2
+    assert transform.normalize(torch.tensor([124, 116, 104], dtype=torch.uint8).view(3, 1, 1)).abs().max() < 0.01
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"random_flip": True}, "unknown transformations ['random_flip']: the options are resize, center_crop"),
+        ({"random_horizontal_flip": {"p": 1.5}}, "less than or equal to 1"),
+        ({"random_resized_crop": {"scale": (0.9, 0.2)}}, "scale (0.9, 0.2) is not allowed: give (min, max) with"),
+        ({"color_jitter": {"brightness": 0, "contrast": 0, "saturation": 0}}, "color_jitter changes nothing"),
+        ({"resize": {"keep_aspect_ratio": True}}, "keep resize (to size x size) or add center_crop"),
+        ({"resize": None}, "images of different shapes cannot be batched"),
+        ({"random_crop": {"padding_mode": "wrap"}}, "'constant', 'edge', 'reflect' or 'symmetric'"),
+        ({"pad": {"padding": 2, "fill": 300}}, "less than or equal to 255"),
+    ],
+)
+def test_bad_options_say_what_is_allowed(options, message):
+    with pytest.raises(ValidationError, match="transformations") as error:
+        ModelSpec(transformations=options)
+    assert message in str(error.value)
+
+
+def test_a_crop_larger_than_the_padded_image_is_refused_at_the_training_size():
+    transformations = ImageTransformations(random_crop={"size": 48, "padding": 0.125})
+    with pytest.raises(InvalidTransformationsError, match="random_crop of 48 px cannot fit the 32 px image padded"):
+        train_transform(transformations, 32, MEAN, STD)
+    assert eval_transform(transformations, 32, MEAN, STD).size == 32
+
+
+def test_the_spec_carries_them_through_json_and_old_specs_load_with_the_default(tmp_path):
+    spec = ModelSpec(
+        transformations={"random_horizontal_flip": True, "color_jitter": {"hue": 0.1}, "pad": {"padding": 2}}
+    )
+    assert ModelSpec.model_validate_json(spec.model_dump_json()) == spec
+    assert spec.transformations.random_horizontal_flip.p == 0.5 and spec.transformations.color_jitter.brightness == 0.4
+    old = {"architecture": "resnet18", "pretrained": False, "memory_efficient": False, "zero_init_residual": False}
+    (tmp_path / SPEC_FILE).write_text(json.dumps(old))
+    assert read_model_spec(tmp_path).transformations == ImageTransformations()
+    (tmp_path / SPEC_FILE).write_text(json.dumps({**old, "num_classes": 2, "image_size": 32}))
+    (tmp_path / "model.pt").write_bytes(b"")
+    (tmp_path / "classes.json").write_text('["a", "b"]')
+    assert ModelDirectory(tmp_path).spec.transformations == ImageTransformations()
+    assert TrainedModelSpec(**spec.model_dump(), num_classes=2, image_size=32).transformations == spec.transformations
+
+
+def test_describe_names_the_options_in_order():
+    assert ImageTransformations().describe(32) == "resize to 32x32, random crop 32x32, padding 4 px (edge)"
+    assert ImageTransformations().describe() == (
+        "resize to the training size, random crop the training size, padding 0.125 of the size (edge)"
+    )
+    assert ImageTransformations().for_inference().describe(224) == "resize to 224x224"
+    assert EVERY_OPTION.describe(16).endswith("perspective, color jitter, random grayscale, random erasing")
