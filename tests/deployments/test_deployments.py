@@ -271,6 +271,15 @@ def test_parameter_descriptions_read_as_plain_text_in_the_ui_form(stack):
     descriptions = {k: v.get("description", "") for k, v in deployment.parameter_openapi_schema["properties"].items()}
     assert not [k for k, text in descriptions.items() if "<" in text or ">" in text]
     assert "digits-resnet18" in descriptions["model_name"]
+    # Your own photos from the form: one folder split for validation, pretrained weights, transformations, the
+    # fine-tuning mode and any torchvision architecture.
+    assert "validation_fraction" in descriptions
+    schema = deployment.parameter_openapi_schema
+    definitions = schema.get("definitions") or schema.get("$defs")
+    model = definitions["ModelSpec"]["properties"]
+    assert {"pretrained", "weights_path", "weights_sha256", "transformations"} <= set(model)
+    assert "convnext_tiny" in model["architecture"]["enum"]
+    assert {"fine_tuning", "backbone_lr_factor"} <= set(definitions["TrainingParams"]["properties"])
 
 
 def test_the_ui_shows_the_deployment_and_the_finished_run_with_its_artifacts(stack, finished_run):
