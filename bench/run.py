@@ -23,7 +23,7 @@ import torch
 
 from bench.harness import table
 
-BENCHMARKS = ("convert", "score", "train", "step", "pipeline", "fanout", "gpu")
+BENCHMARKS = ("convert", "score", "train", "step", "pipeline", "fanout", "gpu", "transforms")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
