@@ -23,7 +23,7 @@ import torch
 
 from bench.harness import table
 
-BENCHMARKS = ("convert", "score", "train", "step", "pipeline", "fanout", "gpu", "transfer")
+BENCHMARKS = ("convert", "score", "train", "step", "pipeline", "fanout", "gpu", "transforms", "transfer")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

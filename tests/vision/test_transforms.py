@@ -175,3 +175,41 @@ def test_describe_names_the_options_in_order():
     )
     assert ImageTransformations().for_inference().describe(224) == "resize to 224x224"
     assert EVERY_OPTION.describe(16).endswith("perspective, color jitter, random grayscale, random erasing")
+
+
+@pytest.mark.integration
+def test_a_model_trained_with_transformations_scores_and_exports_with_their_deterministic_part(
+    tmp_path, colour_image_dirs
+):
+    """Through the real worker (torchrun, 1 process, 1 epoch): the spec carries the transformations to the model
+    directory; scoring and ONNX take the 20 px inputs (16 px crop + 2 px padding), not image_size x image_size."""
+    from tasks.image_directory import ImageDirectory
+    from tasks.model import write_untrained_model_directory
+    from tasks.onnx_export import check_onnx, export_onnx
+    from tasks.score import score_images
+    from tests.helpers import run_worker
+
+    transformations = ImageTransformations(
+        resize={"size": 20, "keep_aspect_ratio": True},
+        center_crop=True,
+        pad={"padding": 2},
+        random_horizontal_flip=True,
+        random_rotation=True,
+        random_erasing=True,
+    )
+    spec = write_untrained_model_directory(tmp_path / "spec", ModelSpec(transformations=transformations))
+    train, val = colour_image_dirs
+    output = tmp_path / "model"
+    result = run_worker(
+        *("--train", str(train), "--validation", str(val), "--model-spec", str(spec), "--output", str(output)),
+        *("--epochs", "1", "--batch-size", "4", "--image-size", "16"),
+        processes=1,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    model_dir = ModelDirectory(output)
+    assert model_dir.spec.transformations == transformations and model_dir.spec.image_size == 16
+    export_onnx(model_dir)
+    assert check_onnx(model_dir, ImageDirectory(val)) < 1e-4
+    by_torch = score_images(model_dir, ImageDirectory(val))
+    by_onnx = score_images(model_dir, ImageDirectory(val), runtime="onnx")
+    assert list(by_torch["Scored Labels"]) == list(by_onnx["Scored Labels"])
