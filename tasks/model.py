@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from tasks.fileio import atomic_write
-from tasks.model_directory import STAGED_WEIGHTS_FILE, ModelSpec, write_model_spec
+from tasks.model_directory import STAGED_WEIGHTS_FILE, ModelSpec, PretrainedWeights, read_model_spec, write_model_spec
 
 
 def with_pretrained_default(spec: ModelSpec, own_data: bool) -> ModelSpec:
@@ -47,7 +47,6 @@ from prefect import get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from tasks.model_directory import PretrainedWeights, read_model_spec  # noqa: E402
 from tasks.retrying import stage_task  # noqa: E402
 
 

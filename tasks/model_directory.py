@@ -29,14 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from tasks.architectures import (  # DENSENETS, RESNETS: still imported from here by older callers
-    ARCHITECTURES,
-    DENSENETS,  # noqa: F401
-    FAMILY_OPTIONS,
-    RESNETS,  # noqa: F401
-    option_error,
-    unknown_architecture_message,
-)
+from tasks.architectures import ARCHITECTURES, FAMILY_OPTIONS, option_error, unknown_architecture_message
 from tasks.errors import InvalidModelDirectoryError
 from tasks.fileio import write_text_atomic
 from tasks.transformations import ImageTransformations

@@ -7,8 +7,9 @@ import torch
 import torchvision
 
 from tasks import InvalidModelDirectoryError
+from tasks.architectures import DENSENETS, RESNETS
 from tasks.model import write_untrained_model_directory
-from tasks.model_directory import DENSENETS, RESNETS, ModelSpec
+from tasks.model_directory import ModelSpec
 from tasks.vision.networks import build_network
 
 
