@@ -37,7 +37,9 @@ class PromotionReview(RunInput):
     """The form on the paused run's page."""
 
     decision: Literal["approve", "reject"] = Field(description="approve: the alias moves to this version")
-    reviewer: str = Field(default="", description="Your name, recorded with the decision")
+    # Required, and not blank: the server checks an answer against this schema and refuses one without a name
+    # (the form cannot be submitted, ``resume_flow_run`` raises); the alias never moves on an anonymous answer.
+    reviewer: str = Field(min_length=1, pattern=r"\S", description="Your name, recorded with the decision")
     comment: str = Field(default="", description="Why; recorded with the decision and shown in the model card")
 
 

@@ -234,11 +234,10 @@ def stage_training(train_dir: str, validation_dir: str, model_spec_dir: str, out
 
 
 # --- Prefect task -------------------------------------------------------------------------------
-from prefect import task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
+from tasks.retrying import stage_task  # noqa: E402
 
 
-@task(name="store", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("store")  # retries a storage fault, never a mistake in the location (InvalidStorageURIError)
 def store(local: str, location: str) -> str:
     """``publish``: a folder written on this host, where the next stages (on any host) read it."""
     return publish(local, location)

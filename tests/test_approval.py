@@ -90,6 +90,9 @@ def answered(run_flow, registry: str, answer: dict | None, timeout_s: int = 120)
         result = pool.submit(run_flow, registry, timeout_s)
         run = paused_run()
         if answer is not None:
+            for nameless in ({k: v for k, v in answer.items() if k != "reviewer"}, {**answer, "reviewer": "  "}):
+                with pytest.raises(RuntimeError, match="Cannot resume this run.*reviewer"):
+                    resume_flow_run(run.id, run_input=nameless)  # refused: the run stays paused
             resume_flow_run(run.id, run_input=answer)
         return result.result(timeout=180), run
 

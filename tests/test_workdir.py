@@ -94,3 +94,23 @@ def test_the_host_ahead_uploads_its_epochs_and_a_host_behind_downloads_them(s3_b
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "c"))
     staged = stage_training(str(tmp_path), str(tmp_path), str(tmp_path), output)
     assert (staged.output_dir / "checkpoints" / "last.pt").read_bytes() == b"epoch 2"
+
+
+def test_store_does_not_retry_a_bad_location(prefect_server, tmp_path):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from tasks.workdir import store
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+
+    @flow
+    def store_once():
+        state = store(str(folder), "s3://", return_state=True)
+        with pytest.raises(InvalidStorageURIError, match="names no bucket"):
+            state.result()
+        return state.state_details.task_run_id
+
+    with get_client(sync_client=True) as client:
+        assert client.read_task_run(store_once()).run_count == 1, "a mistake in the location is not retried"

@@ -15,6 +15,7 @@ become paths; a corrupt version is left out of listings and of ``latest`` with a
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import socket
@@ -44,6 +45,7 @@ from tasks.registry.layout import (
     alias_key,
     check_alias,
     check_model_name,
+    is_model_name,
     numbered,
     parse_alias,
     parse_reference,
@@ -82,16 +84,22 @@ def _record(backend: RegistryBackend, name: str, version: int) -> Registration |
 
 
 def versions_with_status(
-    backend: RegistryBackend, name: str, newest_first: bool = False, include_archived: bool = True
+    backend: RegistryBackend,
+    name: str,
+    newest_first: bool = False,
+    include_archived: bool = True,
+    strict: bool = False,
 ) -> Iterator[tuple[Registration, VersionStatus | None]]:
     """Committed, undeleted versions of ``name`` with their status record (None: never changed); corrupt ones
-    are left out with a warning."""
+    are left out with a warning (``strict``: raise ``CorruptRegistryRecordError``, which names the file)."""
     versions = numbered(backend.list_keys(check_model_name(name)), name, REGISTRATION_FILE)
     for version in sorted(versions, reverse=newest_first):
         try:
             record = _record(backend, name, version)
             status = read_status(backend, name, version) if record else None
         except CorruptRegistryRecordError as error:
+            if strict:
+                raise
             logger.warning("%s: this version is left out", error)
             continue
         if record is not None and not (status and (status.deleted or (status.archived and not include_archived))):
@@ -115,10 +123,17 @@ def read_registration(registry: Registry, name: str, version: int) -> Registrati
     record = _record(backend, check_model_name(name), version)
     if record is None or is_deleted(backend, name, version):
         committed = list_versions(backend, name)
+        if not _holds_versions(backend, name):
+            raise ModelNotFoundError(no_model_message(backend, name))
         raise ModelNotFoundError(
             f"{name} has no version {version} in {backend.location}; committed versions: {committed or 'none'}"
         )
     return record
+
+
+def _holds_versions(backend: RegistryBackend, name: str) -> bool:
+    """Whether ``name`` has any version record at all (committed, archived or damaged)."""
+    return bool(numbered(backend.list_keys(check_model_name(name)), name, REGISTRATION_FILE))
 
 
 def _alias(backend: RegistryBackend, name: str, alias: str) -> AliasRecord | None:
@@ -151,6 +166,8 @@ def resolve(registry: Registry, reference: str | ModelReference) -> Registration
     if ref.alias:
         record = _alias(backend, ref.name, ref.alias)
         if record is None:
+            if not _holds_versions(backend, ref.name):
+                raise ModelNotFoundError(no_model_message(backend, ref.name))
             known = sorted(read_aliases(backend, ref.name))
             raise ModelNotFoundError(
                 f"{ref.name} has no alias {ref.alias!r} in {backend.location}; aliases: {known or 'none'}"
@@ -158,15 +175,38 @@ def resolve(registry: Registry, reference: str | ModelReference) -> Registration
         return read_registration(backend, ref.name, record.version)
     if ref.version is not None:
         return read_registration(backend, ref.name, ref.version)
-    latest = next(registrations(backend, ref.name, newest_first=True, include_archived=False), None)
+    # strict: a damaged newest record fails (naming its file) rather than quietly resolving an older version.
+    newest = versions_with_status(backend, ref.name, newest_first=True, include_archived=False, strict=True)
+    latest = next((record for record, _ in newest), None)
     if latest is None:
         archived = list_versions(backend, ref.name)
-        raise ModelNotFoundError(
-            f"{ref.name!r} has only archived versions in {backend.location} ({archived}): name one by number"
-            if archived
-            else f"no model named {ref.name!r} in {backend.location}"
-        )
+        if archived:
+            raise ModelNotFoundError(
+                f"{ref.name!r} has only archived versions in {backend.location} ({archived}): name one by number"
+            )
+        raise ModelNotFoundError(no_model_message(backend, ref.name))
     return latest
+
+
+def model_names(registry: Registry) -> list[str]:
+    """Names holding at least one version record (read from the listing alone: cheap)."""
+    backend = backend_of(registry)
+    keys = backend.list_keys("")
+    names = sorted({key.split("/", 1)[0] for key in keys if is_model_name(key.split("/", 1)[0])})
+    return [name for name in names if numbered(keys, name, REGISTRATION_FILE)]
+
+
+def no_model_message(registry: Registry, name: str) -> str:
+    """ "no model named X in R; models: ..." with the closest names first (difflib)."""
+    backend = backend_of(registry)
+    known = model_names(backend)
+    if not known:
+        return f"no model named {name!r} in {backend.location}: it holds no models yet (check --registry)"
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    ordered = close + [n for n in known if n not in close]
+    shown = ", ".join(ordered[:10]) + (f" and {len(ordered) - 10} more" if len(ordered) > 10 else "")
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"no model named {name!r} in {backend.location}{hint}; models: {shown}"
 
 
 def _move_alias(

@@ -61,8 +61,11 @@ def test_references_and_aliases_resolve_and_move(registry, trained_model, tmp_pa
         resolve(registry, f"{NAME}/9")
     with pytest.raises(ModelNotFoundError):
         set_alias(registry, NAME, "production", 9)
-    with pytest.raises(ModelNotFoundError, match="no model named 'other'"):
+    with pytest.raises(ModelNotFoundError, match=f"no model named 'other' in .*; models: {NAME}$"):
         resolve(registry, "other")
+    for typo in (f"{NAME}x", f"{NAME}x@production", f"{NAME}x/1"):  # not "has no alias": there is no such model
+        with pytest.raises(ModelNotFoundError, match=f"no model named '{NAME}x' .*did you mean '{NAME}'"):
+            resolve(registry, typo)
 
 
 def test_a_model_folder_missing_a_file_claims_no_version(registry, trained_model, tmp_path):
@@ -215,8 +218,11 @@ def test_corrupt_records_are_typed_errors_and_left_out_of_latest(registry, train
     backend.write(f"{NAME}/2/{REGISTRATION_FILE}", b'{"name": "colours-resnet18", "vers')
     backend.write(f"{NAME}/aliases/staging.json", b"\x00not json")
 
-    assert list_versions(registry, NAME) == [1] and resolve(registry, NAME).version == 1
+    assert list_versions(registry, NAME) == [1], "listing skips it"
     assert f"{backend.location}/{NAME}/2/{REGISTRATION_FILE} (model {NAME}, version 2)" in caplog.text
+    with pytest.raises(CorruptRegistryRecordError, match=rf"{NAME}/2/{REGISTRATION_FILE} \(model {NAME}, version 2"):
+        resolve(registry, NAME)  # not quietly the older version 1
+    assert resolve(registry, f"{NAME}/1").version == 1
     with pytest.raises(
         CorruptRegistryRecordError, match=r"registration.json \(model colours-resnet18, version 2\) is not a"
     ):
