@@ -1,6 +1,11 @@
 """Prefect flows: they compose the stages in tasks/ and hold no logic of their own."""
 
+import os
 from pathlib import Path
+
+# Every entry point (python -m flows.pipeline / flows.score, the deployments) imports this package first: no usage
+# reports from the Prefect server it may start, unless the user said otherwise.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from tasks.storage import is_s3_uri
 

@@ -13,13 +13,14 @@ gallery of misclassified images) -> register [-> a person approves the promotion
 
 from __future__ import annotations
 
+import argparse
+
 from prefect import flow
 from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
 from tasks.approval import settle_promotion
-from tasks.architectures import check_image_size
 from tasks.convert import ConversionLimits, convert
 from tasks.datasets import resolve_sources
 from tasks.evaluate import Evaluation, evaluate
@@ -27,6 +28,7 @@ from tasks.gallery import show_misclassified
 from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
 from tasks.model_directory import ModelSpec
 from tasks.onnx_export import export_and_check_onnx
+from tasks.preflight import check_training_inputs
 from tasks.registry import Registration
 from tasks.registry.prefect_tasks import register
 from tasks.score import score
@@ -122,8 +124,18 @@ def train_pipeline(
         approval: With promote_to: a new version that beats the champion takes the alias only once a person approves it (the run pauses on a form).
         approval_timeout_s: How long the run waits for that answer; no answer in time: not promoted.
     """
+    # Before any work: the data paths and their classes, the size the network takes, the names (tasks/preflight.py).
+    check_training_inputs(
+        train_data,
+        validation_data,
+        validation_fraction,
+        model.architecture,
+        training.image_size,
+        model_name,
+        registry,
+        promote_to,
+    )
     spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
-    check_image_size(spec.architecture, training.image_size)  # a size the network cannot take: before any work
     resolve_pretrained_weights(spec)  # in the cache (or the one offline error) before any conversion work
     run_dir = run_folder(work_dir)  # a retried run finds its checkpoints again
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
@@ -187,31 +199,34 @@ def train_pipeline(
 
 
 def main(argv: list[str] | None = None) -> PipelineResult:
-    """Command line: the flow's parameters as flags (training flags as the worker's)."""
-    import argparse
+    """Command line: the flow's parameters as flags, one per ModelSpec, TrainingParams and ConversionLimits field.
+
+    A user's mistake is one line on stderr and exit status 2, found before any work where it can be (see
+    tasks/preflight.py); the run's full log goes to <work-dir>/logs/pipeline-<time>-<pid>.log."""
     import json
 
-    from tasks.training.config import add_training_flags, params_from_flags
+    from flows.cli import (
+        INPUT_ERRORS,
+        CommandParser,
+        add_debug_flag,
+        add_model_flags,
+        fail,
+        log_file_for,
+        model_from_flags,
+        run_command,
+    )
 
-    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=train_pipeline.description)
+    parser = CommandParser(prog="python -m flows.pipeline", description=train_pipeline.description)
     parser.add_argument("--train-data", help="class-per-folder folder or .zip (default: bundled digits)")
     parser.add_argument("--validation-data", help="validation images with the same classes")
     parser.add_argument(
         "--validation-fraction", type=float, help="without --validation-data: share of --train-data split off for it"
     )
-    parser.add_argument(
-        "--architecture",
-        default=ModelSpec().architecture,
-        help="torchvision classifier, e.g. convnext_tiny (docs/parameters.md)",
-    )
-    parser.add_argument(
-        "--transformations", type=json.loads, default={}, help="image transformations as JSON (see docs/training.md)"
-    )
     parser.add_argument("--model-name", help="registry name (default: <data set>-<architecture>)")
-    parser.add_argument("--registry", default="registry")
-    parser.add_argument("--work-dir", default="runs")
+    parser.add_argument("--registry", default="registry", help="folder or s3://bucket/prefix (default: registry)")
+    parser.add_argument("--work-dir", default="runs", help="folder or s3://bucket/prefix for the runs (default: runs)")
     parser.add_argument("--promote-to", help="alias the new version takes if it beats the alias's current version")
-    parser.add_argument("--promotion-metric", default="accuracy")
+    parser.add_argument("--promotion-metric", default="accuracy", help="figure compared (default: accuracy)")
     parser.add_argument(
         "--lower-is-better",
         action=argparse.BooleanOptionalAction,
@@ -223,37 +238,52 @@ def main(argv: list[str] | None = None) -> PipelineResult:
         "--approval", action="store_true", help="with --promote-to: a person approves the move in the UI"
     )
     parser.add_argument("--approval-timeout-s", type=int, default=3600, help="no answer in time: not promoted")
+    model_flags = add_model_flags(parser, ModelSpec, skip=("weights", "transformations"), group="model (ModelSpec)")
     parser.add_argument(
-        "--pretrained",
-        action=argparse.BooleanOptionalAction,
-        help="start from ImageNet weights (default: yes for your own images, no for the bundled digits)",
+        "--transformations", type=json.loads, help="image transformations as JSON (see docs/training.md)"
     )
-    parser.add_argument("--weights-path", help="pretrained weights: a local .pth, an https:// URL or an s3:// URI")
-    parser.add_argument("--weights-sha256", help="their sha256 (needed for a URL whose file name has no hash)")
-    add_training_flags(parser)
+    training_flags = add_model_flags(parser, TrainingParams, group="training (TrainingParams)")
+    conversion_flags = add_model_flags(parser, ConversionLimits, group="conversion limits (ConversionLimits)")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
-    result = train_pipeline(
-        train_data=args.train_data,
-        validation_data=args.validation_data,
-        validation_fraction=args.validation_fraction,
-        model=ModelSpec(
-            architecture=args.architecture,
-            pretrained=args.pretrained,
-            weights_path=args.weights_path,
-            weights_sha256=args.weights_sha256,
-            transformations=args.transformations,
+    try:
+        extra = {} if args.transformations is None else {"transformations": args.transformations}
+        spec = model_from_flags(ModelSpec, args, model_flags, **extra)
+        training = model_from_flags(TrainingParams, args, training_flags)
+        conversion = model_from_flags(ConversionLimits, args, conversion_flags)
+        check_training_inputs(
+            args.train_data,
+            args.validation_data,
+            args.validation_fraction,
+            spec.architecture,
+            training.image_size,
+            args.model_name,
+            args.registry,
+            args.promote_to,
+        )
+    except INPUT_ERRORS as error:
+        fail(error, args.debug)
+    result = run_command(
+        lambda: train_pipeline(
+            train_data=args.train_data,
+            validation_data=args.validation_data,
+            validation_fraction=args.validation_fraction,
+            model=spec,
+            training=training,
+            conversion=conversion,
+            model_name=args.model_name,
+            registry=args.registry,
+            work_dir=args.work_dir,
+            promote_to=args.promote_to,
+            promotion_metric=args.promotion_metric,
+            lower_is_better=args.lower_is_better,
+            min_improvement=args.min_improvement,
+            export_onnx=args.export_onnx,
+            approval=args.approval,
+            approval_timeout_s=args.approval_timeout_s,
         ),
-        training=params_from_flags(args),
-        model_name=args.model_name,
-        registry=args.registry,
-        work_dir=args.work_dir,
-        promote_to=args.promote_to,
-        promotion_metric=args.promotion_metric,
-        lower_is_better=args.lower_is_better,
-        min_improvement=args.min_improvement,
-        export_onnx=args.export_onnx,
-        approval=args.approval,
-        approval_timeout_s=args.approval_timeout_s,
+        log_file=log_file_for(args.work_dir, "pipeline"),
+        debug=args.debug,
     )
     print(result.summary())
     return result

@@ -17,6 +17,7 @@ from flows import run_folder
 from tasks.comparison import compare
 from tasks.convert import ConversionLimits, convert
 from tasks.evaluate import Evaluation, evaluate
+from tasks.preflight import check_scoring_inputs
 from tasks.registry.prefect_tasks import resolve_model
 from tasks.score import BATCH_SIZE, Runtime, score
 from tasks.workdir import join, local_folder
@@ -64,12 +65,13 @@ def score_pipeline(
         conversion: Limits on what converting the images may unpack and decode (archive size, pixels per image, memory).
         top_k: Also list each image's k most probable labels and their probabilities (columns Top 1 Label, Top 1 Probability, ...); 0: none.
     """
+    check_scoring_inputs(images, model, registry)  # in seconds: the images exist, the model resolves
     run_dir = run_folder(work_dir, prefix="score-")
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
+    model_dir = resolve_model(model, registry, str(local_folder(work_dir).resolve() / "models"))  # before converting
     image_dir = convert(
         images, str(here / "images"), "score", labeled=labeled, single_class="unlabeled", limits=conversion
     )
-    model_dir = resolve_model(model, registry, str(local_folder(work_dir).resolve() / "models"))
     scored = score(model_dir, image_dir, output_csv or join(run_dir, "scores.csv"), runtime, batch_size, top_k)
     evaluation = evaluate(scored.table, str(here / "confusion_matrix.png")) if scored.labeled else None
     result = ScoreResult(model_dir=model_dir, scores=scored.table, images=scored.images, evaluation=evaluation)
@@ -89,30 +91,53 @@ def compare_models(left: str, right: str, registry: str = "registry") -> list[di
 
 
 def main(argv: list[str] | None = None) -> ScoreResult:
-    import argparse
+    """Command line. A user's mistake (no such images, no such model: the models that exist are listed) is one line
+    on stderr and exit status 2, in seconds; the run's full log goes to <work-dir>/logs/score-<time>-<pid>.log."""
+    from flows.cli import (
+        INPUT_ERRORS,
+        CommandParser,
+        add_debug_flag,
+        add_model_flags,
+        fail,
+        log_file_for,
+        model_from_flags,
+        run_command,
+    )
 
-    parser = argparse.ArgumentParser(prog="python -m flows.score", description=score_pipeline.description)
+    parser = CommandParser(prog="python -m flows.score", description=score_pipeline.description)
     parser.add_argument("images", help="folder or .zip of images")
-    parser.add_argument("model", help="registry reference or ModelDirectory")
+    parser.add_argument("model", help="registry reference (name, name/3, name@production) or ModelDirectory")
     parser.add_argument("--output", help="scores CSV (path or s3://)")
-    parser.add_argument("--registry", default="registry")
+    parser.add_argument("--registry", default="registry", help="folder or s3://bucket/prefix (default: registry)")
     parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
-    parser.add_argument("--work-dir", default="runs")
+    parser.add_argument("--work-dir", default="runs", help="folder or s3://bucket/prefix for the runs (default: runs)")
     parser.add_argument("--labeled", choices=("yes", "no"), help="default: inferred from the folders")
     parser.add_argument("--top-k", type=int, default=0, help="also list each image's k most probable labels")
+    conversion_flags = add_model_flags(parser, ConversionLimits, group="conversion limits (ConversionLimits)")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     labeled = {"yes": True, "no": False, None: None}[args.labeled]
-    result = score_pipeline(
-        args.images,
-        args.model,
-        args.output,
-        args.registry,
-        args.runtime,
-        args.batch_size,
-        args.work_dir,
-        labeled,
-        top_k=args.top_k,
+    try:
+        conversion = model_from_flags(ConversionLimits, args, conversion_flags)
+        check_scoring_inputs(args.images, args.model, args.registry)
+    except INPUT_ERRORS as error:
+        fail(error, args.debug)
+    result = run_command(
+        lambda: score_pipeline(
+            args.images,
+            args.model,
+            args.output,
+            args.registry,
+            args.runtime,
+            args.batch_size,
+            args.work_dir,
+            labeled,
+            conversion=conversion,
+            top_k=args.top_k,
+        ),
+        log_file=log_file_for(args.work_dir, "score"),
+        debug=args.debug,
     )
     print(f"{result.images} images scored -> {result.scores}")
     if result.evaluation:

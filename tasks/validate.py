@@ -39,6 +39,16 @@ class LabelReport(BaseModel):
         return sum(self.leaked_counts.values())
 
 
+def differing_classes_message(train_classes: set[str], validation_classes: set[str]) -> str:
+    only_train = sorted(train_classes - validation_classes)
+    only_val = sorted(validation_classes - train_classes)
+    return (
+        "training and validation classes differ: "
+        f"only in training {only_train or 'none'}, only in validation {only_val or 'none'}: "
+        "add the missing classes' images, or remove the extra classes, so both sets have the same classes"
+    )
+
+
 def find_leakage(train: ImageDirectory, validation: ImageDirectory) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Training images whose content (sha256) is also in validation: per-class counts and a few examples."""
     in_validation = {r.sha256: r.path for r in validation.manifest.images}
@@ -62,13 +72,7 @@ def check_training_data(
             )
     train_classes, val_classes = set(train.classes), set(validation.classes)
     if train_classes != val_classes:
-        only_train = sorted(train_classes - val_classes)
-        only_val = sorted(val_classes - train_classes)
-        raise InvalidDatasetError(
-            "training and validation classes differ: "
-            f"only in training {only_train or 'none'}, only in validation {only_val or 'none'}: "
-            "add the missing classes' images, or remove the extra classes, so both sets have the same classes"
-        )
+        raise InvalidDatasetError(differing_classes_message(train_classes, val_classes))
     if len(train_classes) < 2:
         raise InvalidDatasetError(
             f"the training data at {train.root} has {len(train_classes)} class {sorted(train_classes)}: "

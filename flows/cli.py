@@ -1,0 +1,201 @@
+"""What the command lines share (``python -m flows.pipeline``, ``python -m flows.score``): a user's mistake is one
+line on stderr and exit status 2, the full log (tracebacks included) goes to a file, and ``--debug`` shows the
+traceback instead.
+
+- ``CommandParser``: argparse whose errors are one line (no usage block; ``--help`` has it).
+- ``add_model_flags``: one ``--flag`` per field of a pydantic model (ModelSpec, TrainingParams,
+  ConversionLimits), typed, with ``choices`` for the fields that take a fixed set of values.
+- ``run_command``: runs the flow; Prefect's console lines about a run that failed on a user's mistake (its
+  task and flow run "Finished in state Failed" with the traceback) are kept off the console by a filter on
+  Prefect's own console handler; the log file, and the Prefect API (the run's logs in the UI), still get them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import logging
+import os
+import re
+import sys
+import time
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from tasks.errors import PipelineInputError
+
+T = TypeVar("T")
+INPUT_ERRORS = (PipelineInputError, ValidationError)
+logger = logging.getLogger("flows.cli")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argparse parser whose error is one line: ``prog: error: ... (--help lists the flags)``."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
+def describe(error: BaseException) -> str:
+    """A user's mistake as one line (a pydantic error: each bad field and why)."""
+    if isinstance(error, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(part) for part in e['loc']) or error.title}: {e['msg'].removeprefix('Value error, ')}"
+            for e in error.errors()
+        )
+    return str(error)
+
+
+def _flag_type(annotation: Any) -> tuple[Callable[[str], Any] | None, tuple | None]:
+    """The argparse type and choices of a field's annotation (``int | None`` -> int; Literal -> its values)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    if typing.get_origin(annotation) is Literal:
+        return None, typing.get_args(annotation)
+    if len(args) == 1 and typing.get_origin(args[0]) is Literal:
+        return None, typing.get_args(args[0])
+    if len(args) == 1 and args[0] in (int, float):
+        return args[0], None
+    return None, None  # str, or a union such as nodes' int | str: pydantic converts and checks it
+
+
+def _one_of(choices: tuple) -> Callable[[str], str]:
+    """An argparse type for a long list of names: a typo is told the closest names (difflib), not all of them."""
+
+    def check(value: str) -> str:
+        if value in choices:
+            return value
+        close = difflib.get_close_matches(value, choices, n=3, cutoff=0.5)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not one of the {len(choices)} choices{hint}"
+        )
+
+    check.__name__ = "choice"
+    return check
+
+
+def add_model_flags(
+    parser: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[str, ...] = (), group: str | None = None
+) -> list[str]:
+    """One ``--flag`` per field of ``model`` (defaults None: the model's own apply); the fields added."""
+    target = parser.add_argument_group(group) if group else parser
+    added = []
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        kind, choices = _flag_type(field.annotation)
+        default = field.get_default(call_default_factory=True)
+        shown = f" (default: {default})" if default is not None and not isinstance(default, BaseModel) else ""
+        if field.annotation in (bool, bool | None):
+            target.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=f"{field.description}{shown}"
+            )
+        elif choices and len(choices) > 12:  # many names (architectures): the closest first, not all of them
+            target.add_argument(
+                flag,
+                dest=name,
+                type=_one_of(choices),
+                choices=choices,
+                metavar=name.upper(),
+                default=None,
+                help=f"{field.description}{shown}; one of: {', '.join(choices)}",
+            )
+        else:
+            target.add_argument(
+                flag, dest=name, type=kind, choices=choices, default=None, help=f"{field.description}{shown}"
+            )
+        added.append(name)
+    return added
+
+
+def model_from_flags(model: type[T], args: argparse.Namespace, names: list[str], **extra: Any) -> T:
+    """``model`` from the flags given (those left out take the model's defaults); may raise ValidationError."""
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    return model(**given, **extra)
+
+
+def add_debug_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--debug", action="store_true", help="show tracebacks (and Prefect's failure lines) on the console"
+    )
+
+
+def _input_error_names() -> set[str]:
+    names, todo = {"ValidationError"}, [PipelineInputError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return names
+
+
+class HideInputErrorFailures(logging.Filter):
+    """Drops, from the console only, the records about a failure caused by a user's mistake: any record whose
+    exception is one, and Prefect's task/flow run failure lines naming one. The one line the command prints says
+    it; everything else (progress, warnings, failures of our own) still shows."""
+
+    _NAMED = re.compile(r"\b([A-Z]\w*Error)\b")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], INPUT_ERRORS):
+            return False
+        if record.name.startswith(("prefect.flow_runs", "prefect.task_runs")) and (
+            record.levelno >= logging.ERROR or "Finished in state Failed" in record.getMessage()
+        ):
+            return not set(self._NAMED.findall(record.getMessage())) & _input_error_names()
+        return True
+
+
+def _console_handlers() -> list[logging.Handler]:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    return [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
+
+
+def log_file_for(work_dir: str, prog: str) -> Path:
+    """``<work_dir>/logs/<prog>-<UTC time>-<pid>.log`` (with work_dir on S3: its copy in this host's cache)."""
+    from tasks.workdir import local_folder
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return Path(local_folder(work_dir)).resolve() / "logs" / f"{prog}-{stamp}-{os.getpid()}.log"
+
+
+def run_command(call: Callable[[], T], *, log_file: Path, debug: bool) -> T:
+    """Run ``call`` (a flow) with the log going to ``log_file``; a user's mistake: one line and exit 2."""
+    import prefect  # noqa: F401  (sets up Prefect's logging, whose console handler gets the filter)
+
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(log_file, encoding="utf-8")
+    to_file.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(to_file)
+    hide = HideInputErrorFailures()
+    consoles = [] if debug else _console_handlers()
+    for handler in consoles:
+        handler.addFilter(hide)
+    try:
+        return call()
+    except INPUT_ERRORS as error:
+        logger.error("%s", describe(error), exc_info=True)  # the file gets the traceback; the console does not
+        if debug:
+            raise
+        print(f"error: {describe(error)} (full log: {log_file})", file=sys.stderr)
+        raise SystemExit(2) from None
+    finally:
+        for handler in consoles:
+            handler.removeFilter(hide)
+        root.removeHandler(to_file)
+        to_file.close()
+
+
+def fail(error: BaseException, debug: bool) -> typing.NoReturn:
+    """A mistake found before any run started: one line, exit 2 (``--debug``: the traceback)."""
+    if debug:
+        raise error
+    print(f"error: {describe(error)}", file=sys.stderr)
+    raise SystemExit(2)

@@ -1,0 +1,125 @@
+"""The command lines as a user runs them (``python -m flows.pipeline`` / ``flows.score`` in a subprocess): a
+user's mistake is one line on stderr, exit status 2, no traceback, found before any work where it can be, and
+never retried; the full log goes to the run's log file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import NAME, register_test_model, write_class_folders
+
+pytestmark = pytest.mark.integration  # subprocesses
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def command(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        timeout=300,
+    )
+
+
+def one_line_mistake(done: subprocess.CompletedProcess, *expected: str) -> str:
+    """The mistake's line: the only line on stderr that says 'error:', with no traceback; exit status 2."""
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and len(errors) == 1, done.stderr
+    assert all(text in errors[0] for text in expected), errors[0]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def mistakes(tmp_path_factory) -> Path:
+    """A working folder with a training set and a validation set whose classes differ."""
+    folder = tmp_path_factory.mktemp("mistakes")
+    write_class_folders(folder / "train", 2, classes=("red", "green"))
+    write_class_folders(folder / "val", 2, classes=("red", "blue"), seed=1)
+    return folder
+
+
+def test_a_missing_training_folder_is_one_line_before_any_run(mistakes):
+    done = command("flows.pipeline", "--train-data", "nope", "--validation-fraction", "0.2", cwd=mistakes)
+    one_line_mistake(done, "error: the training data 'nope' does not exist", str(mistakes / "nope"))
+    assert done.stderr.count("\n") == 1, "no Prefect run was started"
+    assert not (mistakes / "runs").exists() and not (mistakes / "registry").exists(), "nothing written"
+
+
+def test_classes_that_differ_between_train_and_validation_are_one_line_before_any_run(mistakes):
+    done = command("flows.pipeline", "--train-data", "train", "--validation-data", "val", cwd=mistakes)
+    one_line_mistake(done, "only in training ['green'], only in validation ['blue']")
+    assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--architecture", "resnet1"],
+            "argument --architecture: 'resnet1' is not one of the 75 choices (did you mean",
+        ),
+        (["--device", "gpu"], "argument --device: invalid choice: 'gpu' (choose from"),
+        (["--epochs", "0"], "epochs: Input should be greater than 0"),
+        (["--architecture", "densenet121", "--zero-init-residual"], "zero_init_residual"),
+    ],
+)
+def test_a_misspelt_or_impossible_parameter_is_argparse_or_pydantic_in_one_line(mistakes, flags, expected):
+    done = command("flows.pipeline", *flags, cwd=mistakes)
+    one_line_mistake(done, expected)
+    assert done.stderr.count("\n") == 1
+
+
+def test_an_unknown_model_is_one_line_listing_the_models_before_converting(mistakes, trained_model, tmp_path):
+    registry = tmp_path / "registry"
+    register_test_model(registry, trained_model)
+    done = command("flows.score", "val", f"{NAME}x@production", "--registry", str(registry), cwd=tmp_path)
+    one_line_mistake(done, f"no model named '{NAME}x'", f"did you mean '{NAME}'", f"models: {NAME}")
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "runs").exists(), "nothing converted"
+
+
+def test_a_mistake_found_inside_the_run_is_one_line_not_retried_and_fully_logged(prefect_server, mistakes, tmp_path):
+    """Archives are checked by their stage: the flow runs, validation fails once, and Prefect's failure lines and
+    tracebacks go to the log file and the API, not the console."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.settings import PREFECT_API_URL
+
+    for name in ("train", "val"):
+        with zipfile.ZipFile(tmp_path / f"{name}.zip", "w") as archive:
+            for image in sorted((mistakes / name).rglob("*.png")):
+                archive.write(image, image.relative_to(mistakes / name))
+    done = command(
+        "flows.pipeline",
+        *("--train-data", "train.zip", "--validation-data", "val.zip", "--no-pretrained"),
+        cwd=tmp_path,
+        env={"PREFECT_API_URL": PREFECT_API_URL.value()},
+    )
+    line = one_line_mistake(done, "only in training ['green'], only in validation ['blue']", "(full log: ")
+    assert "Failed(" not in done.stderr and "ERROR" not in done.stderr, "Prefect's failure lines: in the log only"
+    assert done.stderr.count("\n") <= 12, done.stderr  # the run's progress (INFO), then the one line
+    log = Path(line.rsplit("(full log: ", 1)[1].rstrip(")"))
+    assert log.is_relative_to(tmp_path / "runs" / "logs")
+    assert "Traceback" in log.read_text() and "Finished in state Failed" in log.read_text()
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_runs(limit=1, sort=FlowRunSort.START_TIME_DESC)[0]
+        task_runs = client.read_task_runs(flow_run_filter=_runs_of(flow_run.id))
+    assert flow_run.state.is_failed() and flow_run.run_count == 1
+    failed = [t for t in task_runs if t.state.is_failed()]
+    assert [t.name.split("-")[:2] for t in failed] == [["validate", "labels"]] and failed[0].run_count == 1
+
+
+def _runs_of(flow_run_id):
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    return FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
