@@ -70,9 +70,7 @@ def _one_of(choices: tuple) -> Callable[[str], str]:
             return value
         close = difflib.get_close_matches(value, choices, n=3, cutoff=0.5)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not one of the {len(choices)} choices{hint}"
-        )
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of the {len(choices)} choices{hint}")
 
     check.__name__ = "choice"
     return check

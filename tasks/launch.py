@@ -373,7 +373,10 @@ def launch_training(
     output kept in step with its S3 folder while training runs (tasks/workdir.py)."""
     staged = stage_training(str(train_dir), str(validation_dir), str(model_spec_dir), str(output_dir))
     command = build_torchrun_command(staged, params, run_id=run_id, is_host=is_host)
-    log(logging.INFO, f"launching {shlex.join(command)}")
+    # One short line at INFO; the whole command (tens of flags and paths) at DEBUG, for whoever needs to rerun it.
+    nodes = f"{params.nodes} nodes x " if str(params.nodes) != "1" else ""
+    log(logging.INFO, f"launching torchrun: {nodes}{params.processes_per_node} process(es), {params.epochs} epochs")
+    log(logging.DEBUG, f"torchrun command: {shlex.join(command)}")
     model_dir = run_training(
         command,
         staged.output_dir,

@@ -11,18 +11,25 @@
     python -m tasks.registry archive digits-resnet18/1             # (unarchive to bring it back)
     python -m tasks.registry delete digits-resnet18/1
     python -m tasks.registry search --tag team=vision --where "accuracy>=0.9" --where "log_loss<0.3"
+    python -m tasks.registry fetch digits-resnet18@production models/digits   # a new folder, files checked
+    python -m tasks.registry --json list digits-resnet18             # any command's output as JSON, for scripts
 
-A refused request (unknown version, aliased version, malformed condition) prints the reason and exits 2.
+A refused request (unknown model, version or figure, aliased version, malformed condition) prints the reason in one
+line and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # noqa: E402 (before anything imports Prefect)
 
 from tasks.errors import InvalidModelNameError, PipelineInputError
 from tasks.registry.core import set_alias, unset_alias
+from tasks.registry.fetch import fetch_to
 from tasks.registry.layout import parse_reference
 from tasks.registry.manage import (
     VersionView,
@@ -66,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--registry", default="registry", help="folder or s3://bucket/prefix (default: registry)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (for scripts)")
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="the models, or one model's versions")
     listing.add_argument("name", nargs="?")
@@ -88,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("archive", help="hide a version from 'latest'").add_argument("reference")
     commands.add_parser("unarchive", help="undo archive").add_argument("reference")
     commands.add_parser("delete", help="delete a version no alias points at").add_argument("reference")
+    fetching = commands.add_parser("fetch", help="copy a version to a new folder, its files checked")
+    fetching.add_argument("reference", help="name, name/3 or name@production")
+    fetching.add_argument("folder", help="a new (or empty) folder")
     searching = commands.add_parser("search", help="versions by tag and figure")
     searching.add_argument("--name", action="append", help="only this model (repeatable)")
     searching.add_argument("--tag", action="append", default=[], help="key=value (repeatable)")
@@ -96,74 +107,90 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(args: argparse.Namespace) -> str | None:
-    """Carry out the command; the name of the model it changed (whose card to update), if any."""
-    registry = args.registry
+def _view_json(view: VersionView) -> dict:
+    return {
+        **view.registration.model_dump(mode="json"),
+        "tags": view.tags,
+        "archived": view.archived,
+        "aliases": view.aliases,
+    }
+
+
+def _run(args: argparse.Namespace) -> tuple[str | list | dict, str | None]:
+    """Carry out the command: what to print (text, or what ``--json`` prints) and the model it changed (whose card
+    to update), if any."""
+    registry, text = args.registry, not args.json
     if args.command == "list":
-        print(
-            "\n".join(_row(v) for v in model_versions(registry, args.name))
-            if args.name
-            else "\n".join(list_models(registry))
-        )
-    elif args.command == "show":
-        view = show_version(registry, args.reference)
-        print(
-            json.dumps(
-                {
-                    **view.registration.model_dump(mode="json"),
-                    "tags": view.tags,
-                    "archived": view.archived,
-                    "aliases": view.aliases,
-                },
-                indent=2,
-            )
-        )
-    elif args.command == "alias" and args.alias_command == "set":
-        record = set_alias(registry, args.name, args.alias, args.version)
-        moved = f" (was version {record.previous_version})" if record.previous_version else ""
-        print(f"{args.name}@{args.alias} -> version {record.version}{moved}")
-        return args.name
-    elif args.command == "alias":
-        record = unset_alias(registry, args.name, args.alias)
-        print(f"{args.name}@{args.alias} unset (was version {record.previous_version})")
-        return args.name
-    elif args.command in ("tag", "untag", "archive", "unarchive"):
+        if args.name:
+            views = model_versions(registry, args.name)
+            return ("\n".join(_row(v) for v in views) if text else [_view_json(v) for v in views]), None
+        models = list_models(registry)
+        return ("\n".join(models) if text else models), None
+    if args.command == "show":
+        shown = _view_json(show_version(registry, args.reference))
+        return (json.dumps(shown, indent=2) if text else shown), None
+    if args.command == "fetch":
+        registration = fetch_to(registry, args.reference, args.folder)
+        folder = os.path.abspath(args.folder)
+        done = {"name": registration.name, "version": registration.version, "folder": folder}
+        return (f"{registration.name}/{registration.version} -> {folder} (files checked)" if text else done), None
+    if args.command == "alias":
+        if args.alias_command == "set":
+            record = set_alias(registry, args.name, args.alias, args.version)
+            moved = f" (was version {record.previous_version})" if record.previous_version else ""
+            line = f"{args.name}@{args.alias} -> version {record.version}{moved}"
+        else:
+            record = unset_alias(registry, args.name, args.alias)
+            line = f"{args.name}@{args.alias} unset (was version {record.previous_version})"
+        return (line if text else record.model_dump(mode="json")), args.name
+    if args.command in ("tag", "untag", "archive", "unarchive"):
         if args.command == "tag":
             view = tag(registry, args.reference, parse_tags(args.tags))
         elif args.command == "untag":
             view = untag(registry, args.reference, args.keys)
         else:
             view = archive(registry, args.reference, archived=args.command == "archive")
-        print(_row(view))
-        return view.registration.name
-    elif args.command == "delete":
+        return (_row(view) if text else _view_json(view)), view.registration.name
+    if args.command == "delete":
         name, version = _version_reference(args.reference)
         delete_version(registry, name, version)
-        print(f"deleted {name}/{version}")
-        return name
-    else:
-        found = search(
-            registry,
-            tags=parse_tags(args.tag),
-            where=[parse_condition(w) for w in args.where],
-            names=args.name,
-            include_archived=args.archived,
-        )
-        print("\n".join(_row(v) for v in found))
-    return None
+        return (f"deleted {name}/{version}" if text else {"deleted": f"{name}/{version}"}), name
+    found = search(
+        registry,
+        tags=parse_tags(args.tag),
+        where=[parse_condition(w) for w in args.where],
+        names=args.name,
+        include_archived=args.archived,
+    )
+    return ("\n".join(_row(v) for v in found) if text else [_view_json(v) for v in found]), None
+
+
+def _print(output: str | list | dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(output, indent=2))
+    elif output:
+        print(output)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        changed = _run(args)
+        output, changed = _run(args)
+        _print(output, args.json)
+        if changed:
+            from tasks.registry.prefect_tasks import update_model_card_if_connected
+
+            note = update_model_card_if_connected(args.registry, changed)
+            print(note, file=sys.stderr if args.json else sys.stdout)
+        sys.stdout.flush()
     except PipelineInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if changed:
-        from tasks.registry.prefect_tasks import update_model_card_if_connected
-
-        print(update_model_card_if_connected(args.registry, changed))
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly, as other commands do. Point stdout at devnull so
+        # that Python's flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 0
 
 

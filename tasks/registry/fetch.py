@@ -13,7 +13,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from tasks.errors import InvalidModelNameError
+from tasks.errors import InvalidModelDirectoryError, InvalidModelNameError
 from tasks.fileio import sha256_file
 from tasks.model_directory import ModelDirectory
 from tasks.registry.backends import LocalBackend, RegistryBackend
@@ -97,3 +97,18 @@ def load_model(model: str, registry: Registry, cache_dir: str | os.PathLike[str]
             f"{model!r} is neither a model directory nor a registry reference: {error}"
         ) from error
     return fetch_model(registry, str(reference), cache_dir)
+
+
+def fetch_to(registry: Registry, reference: str, destination: str | os.PathLike[str]) -> Registration:
+    """Copy a version into the new folder ``destination`` (created; refused if it holds anything), every file
+    checked against the sha256 recorded at registration before the folder appears; with its registration.json."""
+    backend = backend_of(registry)
+    registration = resolve(backend, reference)
+    target = Path(destination).expanduser().resolve()
+    if target.exists():
+        if not target.is_dir() or any(target.iterdir()):
+            raise InvalidModelDirectoryError(f"{target} already exists and is not an empty folder: give a new folder")
+        target.rmdir()  # _download renames the checked copy into place
+    with tempfile.TemporaryDirectory(dir=target.parent if target.parent.is_dir() else None) as scratch:
+        _download(backend, registration, target, Path(scratch) / "sha256.json")
+    return registration

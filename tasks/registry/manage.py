@@ -9,6 +9,7 @@ deleted first and reads its aliases after; an alias move writes first and reads 
 
 from __future__ import annotations
 
+import difflib
 import operator
 import re
 from typing import Any
@@ -227,14 +228,26 @@ def search(
     names: list[str] | None = None,
     include_archived: bool = False,
 ) -> list[VersionView]:
-    """Versions (of ``names``, default every model) carrying all ``tags`` and meeting every ``where`` condition."""
-    found = []
+    """Versions (of ``names``, default every model) carrying all ``tags`` and meeting every ``where`` condition.
+
+    A condition on a figure no version records (``acc>=0.9``) is refused, naming the figures there are."""
+    found, figures = [], set()
     for name in names or list_models(registry):
         for view in model_versions(registry, name):
+            figures |= {k for k, v in view.registration.metrics.items() if isinstance(v, (int, float))}
             if view.archived and not include_archived:
                 continue
             if all(view.tags.get(k) == v for k, v in (tags or {}).items()) and all(
                 c.holds(view.registration.metrics) for c in where or []
             ):
                 found.append(view)
+    unknown = [c.metric for c in where or [] if c.metric not in figures]
+    if unknown and figures:
+        close = difflib.get_close_matches(unknown[0], sorted(figures), n=3, cutoff=0.4)
+        listed = close + sorted(figures - set(close))
+        raise InvalidQueryError(
+            f"no version records the figure {unknown[0]!r}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f"; figures: {', '.join(listed)}"
+        )
     return found

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import get_run_logger
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run, task_run
 from prefect.settings import get_current_settings
@@ -24,7 +24,7 @@ from tasks.registry import (
 )
 from tasks.registry.card import model_card_key, model_card_markdown
 from tasks.registry.manage import model_versions
-from tasks.retrying import stage_task
+from tasks.retrying import quiet_console, stage_task
 
 
 class RegisteredModel(BaseModel):
@@ -103,12 +103,20 @@ def publish_promotion(decision: Promotion) -> None:
     )
 
 
+@flow(name="update-model-card", log_prints=True)
+def update_model_card(registry: str, name: str) -> str:
+    """Publish the model card again after a change made outside any run (the command line): Prefect creates
+    artifacts inside a flow or task run (creating one outside is deprecated), so this small flow run does it."""
+    return publish_model_card(registry, name)
+
+
 def update_model_card_if_connected(registry: str, name: str) -> str:
     """For the command line: publish the card when a Prefect API is configured (never starting a server of
-    its own); what happened, in one line."""
+    its own); what happened, in one line. The flow run's own INFO lines stay off the console (the API has them)."""
     if not get_current_settings().api.url:
         return f"model card of {name} not updated: no Prefect API configured (set PREFECT_API_URL)"
-    return f"model card updated: artifact {publish_model_card(registry, name)}"
+    with quiet_console():
+        return f"model card updated: artifact {update_model_card(registry, name)}"
 
 
 @stage_task("register")

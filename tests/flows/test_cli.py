@@ -82,7 +82,9 @@ def test_a_misspelt_or_impossible_parameter_is_argparse_or_pydantic_in_one_line(
 def test_an_unknown_model_is_one_line_listing_the_models_before_converting(mistakes, trained_model, tmp_path):
     registry = tmp_path / "registry"
     register_test_model(registry, trained_model)
-    done = command("flows.score", "val", f"{NAME}x@production", "--registry", str(registry), cwd=tmp_path)
+    done = command(
+        "flows.score", str(mistakes / "val"), f"{NAME}x@production", "--registry", str(registry), cwd=tmp_path
+    )
     one_line_mistake(done, f"no model named '{NAME}x'", f"did you mean '{NAME}'", f"models: {NAME}")
     assert done.stderr.count("\n") == 1 and not (tmp_path / "runs").exists(), "nothing converted"
 

@@ -2,12 +2,26 @@
 runs them, on both backends: a local folder and the real HTTP S3 endpoint."""
 
 import json
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from tasks.errors import ModelNotFoundError
-from tasks.registry import list_versions, open_backend, read_aliases, resolve, set_alias, unset_alias
+from tasks.fileio import sha256_file
+from tasks.model_directory import ModelDirectory
+from tasks.registry import (
+    list_versions,
+    open_backend,
+    read_aliases,
+    read_registration,
+    resolve,
+    set_alias,
+    unset_alias,
+)
 from tasks.registry.layout import CLAIM_FILE, STATUS_FILE, AliasedVersionError
 from tasks.registry.manage import (
     InvalidQueryError,
@@ -175,6 +189,48 @@ def test_the_command_line(registry, trained_model):
     assert refused.returncode == 2 and "alias production points at it" in refused.stderr
     bad = registry_cli(registry, "search", "--where", "accuracy=>1")
     assert bad.returncode == 2 and "is not allowed: use <figure><op><number>" in bad.stderr
+    unknown = registry_cli(registry, "search", "--where", "acc>=0.9")
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1, unknown.stderr
+    assert "no version records the figure 'acc' (did you mean 'accuracy'?); figures: accuracy" in unknown.stderr
+    typo = registry_cli(registry, "show", f"{NAME}x@production")
+    assert typo.returncode == 2 and f"no model named '{NAME}x'" in typo.stderr and f"models: {NAME}" in typo.stderr
+
+    # For scripts: --json; and a reader that goes away (`show ... | head`) is no error.
+    listed = json.loads(registry_cli(registry, "--json", "list", NAME).stdout)
+    assert [(v["version"], v["archived"]) for v in listed] == [(1, True), (2, False)]
+    assert json.loads(registry_cli(registry, "--json", "search", "--where", "accuracy>=0.9").stdout)[0]["version"] == 2
+    assert json.loads(registry_cli(registry, "--json", "list").stdout) == [NAME]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before the command writes: its first write meets a broken pipe
+    closed = subprocess.run(
+        [sys.executable, "-m", "tasks.registry", "--registry", registry, "show", f"{NAME}/2"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+    os.close(write_end)
+    assert (closed.returncode, closed.stderr) == (0, "")
+    assert not ({"FutureWarning", "EventsWorker"} & set(typo.stderr.split())), "no Prefect noise without a run"
+
     assert registry_cli(registry, "alias", "unset", NAME, "production").returncode == 0
     assert registry_cli(registry, "delete", f"{NAME}/2").stdout.startswith(f"deleted {NAME}/2")
     assert list_versions(registry, NAME) == [1]
+
+
+def test_fetch_copies_a_version_to_a_new_folder_checked_against_its_hashes(registry, trained_model, tmp_path):
+    register_test_model(registry, trained_model)
+    folder = tmp_path / "fetched"
+    done = registry_cli(registry, "fetch", NAME, str(folder))
+    assert done.returncode == 0 and done.stdout.startswith(f"{NAME}/1 -> {folder}"), done.stderr
+    registered = read_registration(registry, NAME, 1)
+    assert {f: sha256_file(folder / f) for f in registered.files} == registered.files
+    assert ModelDirectory(folder).classes == ["blue", "green", "red"]
+
+    again = registry_cli(registry, "fetch", NAME, str(folder))
+    assert again.returncode == 2 and "already exists and is not an empty folder" in again.stderr
+    if not str(registry).startswith("s3://"):  # a local version whose weights changed is refused, nothing written
+        (Path(registry) / NAME / "1" / "model.pt").write_bytes(b"changed")
+        refused = registry_cli(registry, "fetch", NAME, str(tmp_path / "second"))
+        assert refused.returncode == 2 and "model.pt: sha256" in refused.stderr and "registered" in refused.stderr
+        assert not (tmp_path / "second").exists()
