@@ -20,13 +20,17 @@ never download.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import os
 import re
+import sys
 import tempfile
+import threading
 import urllib.error
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -128,16 +132,54 @@ def _sources(wanted: WantedWeights) -> list[str]:
     return ([f"{mirror}/{wanted.name}"] if mirror else []) + [wanted.location]
 
 
+def _run_logger() -> logging.Logger | logging.LoggerAdapter:
+    """The Prefect run's logger when called in a task or flow run (its lines reach the console and the UI), else
+    this module's; the training worker never imports Prefect, and this does not make it."""
+    if "prefect" in sys.modules:
+        from prefect import get_run_logger
+        from prefect.exceptions import MissingContextError
+
+        try:
+            return get_run_logger()
+        except MissingContextError:
+            pass
+    return logger
+
+
+PROGRESS_SECONDS = 10.0  # a line at least this often while a download runs, so a long one is seen to move
+
+
+@contextlib.contextmanager
+def report_progress(folder: Path, what: str, every: float | None = None) -> Iterator[None]:
+    """While the block runs, log ``what`` and the bytes written below ``folder`` so far, every ``every`` seconds
+    (default PROGRESS_SECONDS); the downloaders write their partial files there."""
+    done, log = threading.Event(), _run_logger()
+
+    def report() -> None:
+        while not done.wait(PROGRESS_SECONDS if every is None else every):
+            written = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            log.info("%s: %.1f MB so far", what, written / 1e6)
+
+    reporter = threading.Thread(target=report, name="download-progress", daemon=True)
+    reporter.start()
+    try:
+        yield
+    finally:
+        done.set()
+        reporter.join()
+
+
 def _download(wanted: WantedWeights, source: str, cached: Path) -> PretrainedWeights:
     cached.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cached.parent, prefix=".download-") as folder:
         temporary = Path(folder) / wanted.name
         logger.info("fetching %s", source)
-        if is_s3_uri(source):
-            where = parse_s3_uri(source)
-            download_s3_object(s3_client(max_attempts=3), where.bucket, where.prefix, temporary)
-        else:
-            torch.hub.download_url_to_file(source, str(temporary), progress=False)
+        with report_progress(Path(folder), f"fetching {wanted.name}"):
+            if is_s3_uri(source):
+                where = parse_s3_uri(source)
+                download_s3_object(s3_client(max_attempts=3), where.bucket, where.prefix, temporary)
+            else:
+                torch.hub.download_url_to_file(source, str(temporary), progress=False)
         origin = _checked(
             wanted, temporary, source, f"Nothing was cached: replace the file at {source} with the published one."
         )

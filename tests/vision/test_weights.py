@@ -191,3 +191,28 @@ def test_the_registration_and_the_model_card_show_the_weights(prefect_server, tr
     assert registered.registration.params["pretrained_weights"] == origin.model_dump()
     card, _ = model_card_markdown("colours", "registry", model_versions(str(tmp_path / "registry"), "colours"), None)
     assert "| pretrained weights |" in card and "| resnet18-f37072fd.pth `f37072fd0000` |" in card
+
+
+def test_a_download_reports_its_progress_while_it_runs(tmp_path, caplog):
+    import logging
+    import threading
+
+    from tasks.vision.weights import report_progress
+
+    reported = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            if "2.0 MB so far" in record.getMessage():  # once the file is written
+                reported.set()
+
+    seen = Seen()
+    logging.getLogger("tasks.vision.weights").addHandler(seen)
+    caplog.set_level(logging.INFO, logger="tasks.vision.weights")
+    try:
+        with report_progress(tmp_path, "fetching w.pth", every=0.01):
+            (tmp_path / "w.pth.partial").write_bytes(b"x" * 2_000_000)
+            assert reported.wait(60), "a progress line while the download runs"
+    finally:
+        logging.getLogger("tasks.vision.weights").removeHandler(seen)
+    assert "fetching w.pth: 2.0 MB so far" in caplog.text
