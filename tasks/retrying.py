@@ -10,10 +10,13 @@ from tasks.errors import PipelineInputError
 
 
 def retry_unless_input_error(task, task_run, state) -> bool:
-    """Prefect ``retry_condition_fn``: False when the run failed on a PipelineInputError."""
+    """Prefect ``retry_condition_fn``: False when the run failed on a PipelineInputError, or on a pydantic
+    ValidationError (parameters or a record that do not validate: the same input fails the same way)."""
+    from pydantic import ValidationError
+
     try:
         state.result()
-    except PipelineInputError:
+    except (PipelineInputError, ValidationError):
         return False
     except BaseException:
         return True

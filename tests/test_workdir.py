@@ -114,3 +114,28 @@ def test_store_does_not_retry_a_bad_location(prefect_server, tmp_path):
 
     with get_client(sync_client=True) as client:
         assert client.read_task_run(store_once()).run_count == 1, "a mistake in the location is not retried"
+
+
+def test_the_stage_retry_rule_retries_a_fault_and_never_a_mistake(prefect_server):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from pydantic import BaseModel, PositiveInt
+
+    from tasks.retrying import stage_task
+
+    class Limits(BaseModel):
+        n: PositiveInt
+
+    @stage_task("flaky", retry_delay_seconds=0)
+    def fails_with(kind: str) -> None:
+        if kind == "mistake":
+            Limits(n=0)  # a pydantic ValidationError: the same input fails the same way
+        raise ConnectionError("lost")
+
+    @flow
+    def both():
+        return [fails_with(kind, return_state=True).state_details.task_run_id for kind in ("mistake", "fault")]
+
+    with get_client(sync_client=True) as client:
+        counts = [client.read_task_run(run_id).run_count for run_id in both()]
+    assert counts == [1, 3], "the mistake ran once; the fault was retried twice"
