@@ -134,6 +134,7 @@ def train_pipeline(
         model_name,
         registry,
         promote_to,
+        model.weights_path,
     )
     spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
     resolve_pretrained_weights(spec)  # in the cache (or the one offline error) before any conversion work
@@ -260,6 +261,7 @@ def main(argv: list[str] | None = None) -> PipelineResult:
             args.model_name,
             args.registry,
             args.promote_to,
+            spec.weights_path,
         )
     except INPUT_ERRORS as error:
         fail(error, args.debug)

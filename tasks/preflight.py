@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.errors import InvalidDatasetError
+from tasks.errors import InvalidDatasetError, PretrainedWeightsError
 from tasks.storage import is_s3_uri
 
 
@@ -73,8 +73,9 @@ def check_training_inputs(
     model_name: str | None,
     registry: str,
     promote_to: str | None,
+    weights_path: str | None = None,
 ) -> None:
-    """Everything the training pipeline can check before it converts an image."""
+    """Everything the training pipeline can check before it converts an image (or fetches weights)."""
     from tasks.architectures import check_image_size
     from tasks.registry.backends import open_backend
     from tasks.registry.layout import check_alias, check_model_name
@@ -87,6 +88,11 @@ def check_training_inputs(
     if is_s3_uri(registry):
         open_backend(registry)  # a malformed s3:// location
     check_training_data(train, validation, validation_fraction)
+    if weights_path and not _is_remote(weights_path) and not Path(weights_path).expanduser().is_file():
+        raise PretrainedWeightsError(
+            f"weights_path {weights_path} for {architecture} does not exist (looked for "
+            f"{Path(weights_path).expanduser().resolve()}): give a .pth file, an https:// URL or an s3:// URI"
+        )
 
 
 def check_scoring_inputs(images: str, model: str, registry: str) -> None:
