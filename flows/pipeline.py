@@ -199,7 +199,7 @@ def train_pipeline(
     return Completed(message=result.headline(), data=result)
 
 
-def main(argv: list[str] | None = None) -> PipelineResult:
+def main(argv: list[str] | None = None) -> int:
     """Command line: the flow's parameters as flags, one per ModelSpec, TrainingParams and ConversionLimits field.
 
     A user's mistake is one line on stderr and exit status 2, found before any work where it can be (see
@@ -288,8 +288,8 @@ def main(argv: list[str] | None = None) -> PipelineResult:
         debug=args.debug,
     )
     print(result.summary())
-    return result
+    return 0  # an exit status: console scripts call sys.exit(main())
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -90,7 +90,7 @@ def compare_models(left: str, right: str, registry: str = "registry") -> list[di
     return compare(left, right, registry)
 
 
-def main(argv: list[str] | None = None) -> ScoreResult:
+def main(argv: list[str] | None = None) -> int:
     """Command line. A user's mistake (no such images, no such model: the models that exist are listed) is one line
     on stderr and exit status 2, in seconds; the run's full log goes to <work-dir>/logs/score-<time>-<pid>.log."""
     from flows.cli import (
@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> ScoreResult:
     print(f"{result.images} images scored -> {result.scores}")
     if result.evaluation:
         print(f"accuracy {result.evaluation.accuracy:.4f}, F1 (macro) {result.evaluation.f1_macro:.4f}")
-    return result
+    return 0  # an exit status: console scripts call sys.exit(main())
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--registry", default="registry", help="folder or s3://bucket/prefix (default: registry)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (for scripts)")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a refused request")
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="the models, or one model's versions")
     listing.add_argument("name", nargs="?")
@@ -184,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             print(note, file=sys.stderr if args.json else sys.stdout)
         sys.stdout.flush()
     except PipelineInputError as error:
+        if args.debug:
+            raise
         print(f"error: {error}", file=sys.stderr)
         return 2
     except BrokenPipeError:
