@@ -10,8 +10,9 @@ there, else from files only their owner may read (mode 0600) in ``${XDG_CONFIG_H
 
 - ``prefect-auth``: ``user:password`` for Prefect's basic auth (``PREFECT_SERVER_API_AUTH_STRING`` on the
   server, ``PREFECT_API_AUTH_STRING`` on clients and workers). ``server`` on an address other than loopback
-  creates it with a random password on first use and prints its path; ``INSECURE=1`` starts an open API instead,
-  with a warning. On loopback the server stays open, as Prefect starts it.
+  (or behind a proxy: ``PREFECT_UI_API_URL`` not on loopback) creates it with a random password on first use
+  and prints its path; ``INSECURE=1`` starts an open API instead, with a warning. On loopback the server stays
+  open, as Prefect starts it.
 - ``database-url``: ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` with its password (PostgreSQL), for ``server``.
 
 A file that its group or others may read is refused with one line: the secret in it may already be known.
@@ -27,6 +28,7 @@ import secrets
 import stat
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 SERVER_AUTH = "PREFECT_SERVER_API_AUTH_STRING"
 CLIENT_AUTH = "PREFECT_API_AUTH_STRING"
@@ -90,11 +92,13 @@ def server_environment(host: str, environ: dict[str, str], insecure: bool) -> tu
         database_url = read_secret(folder / DATABASE_FILE)
         if database_url:
             env[DATABASE_URLS[0]] = database_url
-    if env.get(SERVER_AUTH) or is_loopback(host):
+    # Behind a proxy the server listens on loopback, but its UI's API address says it is reached from elsewhere.
+    public_host = urlsplit(env.get("PREFECT_UI_API_URL", "")).hostname or host
+    if env.get(SERVER_AUTH) or (is_loopback(host) and is_loopback(public_host)):
         return env, None
     if insecure:
         return env, (
-            f"WARNING: INSECURE=1: the Prefect API on {host} is open. Anyone who reaches it can read every run and "
+            f"WARNING: INSECURE=1: the Prefect API on {public_host} is open. Anyone who reaches it can read every run and "
             "run any shell command on every host with a worker (a deployment's pull step or command)."
         )
     path = folder / AUTH_FILE

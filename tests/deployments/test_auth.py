@@ -40,6 +40,7 @@ def config(tmp_path, monkeypatch) -> Path:
 
 def test_a_server_on_loopback_stays_open_and_one_on_the_network_creates_its_secret_once(config):
     assert server_environment("127.0.0.1", {}, insecure=False) == ({}, None)
+    assert not config.exists()
     env, told = server_environment("0.0.0.0", {}, insecure=False)
     path = config / AUTH_FILE
     assert f"created {path} (mode 0600)" in told
@@ -48,6 +49,8 @@ def test_a_server_on_loopback_stays_open_and_one_on_the_network_creates_its_secr
     assert user == "prefect" and len(password) >= 32
     again, told = server_environment("10.0.0.5", {}, insecure=False)
     assert again[SERVER_AUTH] == env[SERVER_AUTH] and str(path) in told and "created" not in told
+    behind_a_proxy = {"PREFECT_UI_API_URL": "https://prefect.example.org/api"}
+    assert server_environment("127.0.0.1", behind_a_proxy, insecure=False)[0][SERVER_AUTH] == env[SERVER_AUTH]
     # A client of a remote server takes it from the file; one of the temporary local server needs none.
     assert client_environment({"PREFECT_API_URL": "http://gpu-server:4200/api"})[CLIENT_AUTH] == env[SERVER_AUTH]
     assert CLIENT_AUTH not in client_environment({})
@@ -94,7 +97,6 @@ def secured(tmp_path_factory):
     home = tmp_path_factory.mktemp("secured-home")
     settings = {"XDG_CONFIG_HOME": str(home / "config")}
     with PrefectStack(home=home, settings=settings, make_server=True, server_variables={"HOST": "0.0.0.0"}) as stack:
-        # As docs/operations.md says: the server listens on every address, clients use the name they reach.
         planted = {
             "AWS_SECRET_ACCESS_KEY": f"planted-s3-{uuid.uuid4().hex}",
             "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://prefect:planted-db-{uuid.uuid4().hex}@db/p",
