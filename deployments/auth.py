@@ -27,6 +27,8 @@ import os
 import secrets
 import stat
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -119,7 +121,24 @@ def client_environment(environ: dict[str, str]) -> dict[str, str]:
     auth = env.get(SERVER_AUTH) or read_secret(config_dir() / AUTH_FILE)
     if auth:
         env[CLIENT_AUTH] = auth
+    elif asks_for_auth(env["PREFECT_API_URL"]):
+        raise SecretFileError(
+            f"the Prefect server at {env['PREFECT_API_URL']} asks for basic auth and {config_dir() / AUTH_FILE} "
+            f"is missing: copy the server's file there (mode 0600), or set {CLIENT_AUTH}"
+        )
     return env
+
+
+def asks_for_auth(api_url: str) -> bool:
+    """True when the server answers 401 to a request without credentials (False when it cannot be reached:
+    the command itself then says so)."""
+    try:
+        urllib.request.urlopen(f"{api_url.rstrip('/')}/admin/version", timeout=10).close()
+    except urllib.error.HTTPError as error:
+        return error.code == 401
+    except (OSError, ValueError):
+        return False
+    return False
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ from deployments.auth import (
     server_environment,
 )
 from deployments.local import PROJECT_ROOT, PrefectStack
+from tasks.storage import s3_client
 
 MAKE = ["make", "--no-print-directory", "-o", f"{sys.prefix}/.installed", f"VENV={sys.prefix}"]
 
@@ -91,13 +92,17 @@ def test_make_refuses_a_secret_given_on_its_command_line():
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory):
+def secured(tmp_path_factory, s3_endpoint):
     """`make server HOST=0.0.0.0` with no secret anywhere (the file is created), `make deploy` and a `make
-    worker` that find it in that file, and the worker's environment holding planted S3 and database secrets."""
+    worker` that find it in that file, and the worker's environment holding planted S3 credentials (for the
+    loopback S3 endpoint, which takes any) and database password."""
     home = tmp_path_factory.mktemp("secured-home")
     settings = {"XDG_CONFIG_HOME": str(home / "config")}
     with PrefectStack(home=home, settings=settings, make_server=True, server_variables={"HOST": "0.0.0.0"}) as stack:
         planted = {
+            "AWS_ENDPOINT_URL": s3_endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "planted",
             "AWS_SECRET_ACCESS_KEY": f"planted-s3-{uuid.uuid4().hex}",
             "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://prefect:planted-db-{uuid.uuid4().hex}@db/p",
         }
@@ -139,9 +144,15 @@ def test_a_server_on_every_address_turns_auth_on_and_refuses_the_shell_step_atta
     assert post(f"{secured.api_url}/deployments/", attack) == 401
     assert post(f"{secured.api_url}/flows/", {"name": "with-the-secret"}, auth=auth) == 201
 
+    # A worker host without the file is told so in one line, before anything starts.
+    elsewhere = {**secured.env, "XDG_CONFIG_HOME": str(path.parent.parent / "elsewhere")}
+    command = [sys.executable, "-m", "deployments.auth", "client", "--", "true"]
+    told = subprocess.run(command, cwd=PROJECT_ROOT, env=elsewhere, capture_output=True, text=True)
+    assert told.returncode != 0 and told.stderr.count("\n") == 1 and "asks for basic auth" in told.stderr
+
 
 def processes_showing(texts: list[str]) -> list[str]:
-    lines = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout.splitlines()
+    lines = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True).stdout.splitlines()
     return [line for line in lines if any(text in line for text in texts)]
 
 
@@ -163,12 +174,15 @@ async def everything_the_run_left(api_url: str, auth: str, run_id: str) -> tuple
 
 
 @pytest.mark.integration
-def test_a_deployment_run_through_the_secured_server_leaves_no_secret_anywhere(secured, colour_image_dirs, tmp_path):
+def test_a_deployment_run_through_the_secured_server_leaves_no_secret_anywhere(
+    secured, colour_image_dirs, s3_bucket, tmp_path
+):
     """make deploy + make worker with the secret from the file run a training end to end; the auth string and
     the planted S3 key and database password appear in no process's arguments, and nowhere in the run's Prefect
     logs, parameters, artifacts, registration record, run folder or the stack's own logs."""
     auth = secured.auth_file.read_text().strip()
-    secrets = [auth.split(":")[1], *(value.split(":")[-1].split("@")[0] for value in secured.planted.values())]
+    database_password = secured.planted["PREFECT_SERVER_DATABASE_CONNECTION_URL"].split(":")[-1].split("@")[0]
+    secrets = [auth.split(":")[1], secured.planted["AWS_SECRET_ACCESS_KEY"], database_password]
     train, val = colour_image_dirs
     parameters = {
         "train_data": str(train),
@@ -176,7 +190,7 @@ def test_a_deployment_run_through_the_secured_server_leaves_no_secret_anywhere(s
         "model_name": "secured",
         "model": {"pretrained": False},
         "training": {"epochs": 1, "batch_size": 4, "processes_per_node": 2},
-        "registry": str(tmp_path / "registry"),
+        "registry": f"s3://{s3_bucket}/registry",  # registered by the worker with the planted S3 credentials
         "work_dir": str(tmp_path / "runs"),
     }
     started = secured.cli(
@@ -201,10 +215,14 @@ def test_a_deployment_run_through_the_secured_server_leaves_no_secret_anywhere(s
     assert looked_at_the_worker and not shown
 
     run, prefect_records = asyncio.run(everything_the_run_left(secured.api_url, auth, run_id))
-    files = [p for p in (tmp_path / "registry").rglob("*") if p.is_file()]
-    files += [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and p.suffix in {".json", ".csv", ".txt"}]
-    assert any(p.name == "registration.json" for p in files)
-    written = "\n".join(p.read_text(errors="replace") for p in files)
+    s3 = s3_client()
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket, Prefix="registry/")["Contents"]]
+    assert "registry/secured/1/registration.json" in keys
+    records = [s3.get_object(Bucket=s3_bucket, Key=k)["Body"].read() for k in keys if not k.endswith((".pt", ".onnx"))]
+    files = [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and p.suffix in {".json", ".csv", ".txt"}]
+    written = "\n".join(
+        [*(r.decode(errors="replace") for r in records), *(p.read_text(errors="replace") for p in files)]
+    )
     for secret in secrets:
         assert secret not in prefect_records and secret not in written and secret not in secured.log_text()
 
