@@ -23,6 +23,16 @@ POOL ?= gpu
 WORKER_LIMIT ?= 1
 WORKER_NAME ?= $(POOL)-$(shell hostname)
 
+# Secrets reach commands through their environment, never their arguments (`ps` shows those to every user):
+# deployments/auth.py reads them from the environment or from 0600 files in ~/.config/image-classifier/, and a
+# non-loopback `make server` turns basic auth on (INSECURE=1 opts out, with a warning). See docs/operations.md.
+SECRET_VARIABLES := PREFECT_SERVER_API_AUTH_STRING PREFECT_API_AUTH_STRING PREFECT_SERVER_DATABASE_CONNECTION_URL \
+	PREFECT_API_DATABASE_CONNECTION_URL AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN
+$(foreach variable,$(SECRET_VARIABLES),$(if $(filter command line,$(origin $(variable))),$(error $(variable) \
+	given to make shows in `ps` to every user of this host: export it or put it in a 0600 file (docs/operations.md))))
+SERVER_SECRETS = $(BIN)/python -m deployments.auth server --host $(HOST) --
+WITH_AUTH = $(BIN)/python -m deployments.auth client --
+
 .PHONY: run test test-fast lint browser bench data server worker deploy serve clean torch-check
 
 $(BIN)/python:
@@ -45,7 +55,7 @@ torch-check:
 		exit 1; }
 
 run: $(VENV)/.installed
-	$(BIN)/python -m flows.pipeline $(RUN_ARGS)
+	$(WITH_AUTH) $(BIN)/python -m flows.pipeline $(RUN_ARGS)
 
 test: $(VENV)/.installed browser lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -77,26 +87,26 @@ server: export PREFECT_UI_API_URL ?= $(PREFECT_SERVER_URL)
 server: export PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED ?= true
 server: export PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED ?= true
 server: $(VENV)/.installed
-	$(BIN)/prefect server start --host $(HOST) --port $(PORT)
+	INSECURE=$(INSECURE) $(SERVER_SECRETS) $(BIN)/prefect server start --host $(HOST) --port $(PORT)
 
 # One worker per GPU host, named after it, taking WORKER_LIMIT runs at a time; creates the pool on first use.
 worker: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
 worker: $(VENV)/.installed
-	$(BIN)/prefect work-pool inspect $(POOL) >/dev/null 2>&1 || $(BIN)/prefect work-pool create $(POOL) --type process
-	$(BIN)/prefect worker start --pool $(POOL) --name $(WORKER_NAME) --limit $(WORKER_LIMIT)
+	$(WITH_AUTH) $(BIN)/prefect work-pool inspect $(POOL) >/dev/null 2>&1 || $(WITH_AUTH) $(BIN)/prefect work-pool create $(POOL) --type process
+	$(WITH_AUTH) $(BIN)/prefect worker start --pool $(POOL) --name $(WORKER_NAME) --limit $(WORKER_LIMIT)
 
 # Keeps each schedule switched on or off as it is on the server (deployments/deploy.py).
 deploy: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
 deploy: $(VENV)/.installed
 	for pool in gpu default; do \
-		$(BIN)/prefect work-pool inspect $$pool >/dev/null 2>&1 || $(BIN)/prefect work-pool create $$pool --type process; \
+		$(WITH_AUTH) $(BIN)/prefect work-pool inspect $$pool >/dev/null 2>&1 || $(WITH_AUTH) $(BIN)/prefect work-pool create $$pool --type process; \
 	done
-	$(BIN)/python -m deployments.deploy
+	$(WITH_AUTH) $(BIN)/python -m deployments.deploy
 
 # Single-process alternative to worker + deploy (flow.serve).
 serve: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
 serve: $(VENV)/.installed
-	$(BIN)/python -m deployments.serve
+	$(WITH_AUTH) $(BIN)/python -m deployments.serve
 
 clean:
 	rm -rf runs registry data .pytest_cache

@@ -8,8 +8,8 @@
 Every process started here is stopped on exit. ``stack.env`` is the environment that points a
 client (CLI, worker, flow run) at this server; ``settings`` adds Prefect settings to it (and so to the
 server), e.g. ``{"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1"}``. With ``make_server`` the server
-is the project's ``make server`` (its settings, and none of the client's), and ``stack.make`` runs the
-Makefile's other commands against it.
+is the project's ``make server`` (its settings, and none of the client's; ``server_variables`` such as
+``HOST`` are given to it), and ``stack.make`` runs the Makefile's other commands against it.
 """
 
 from __future__ import annotations
@@ -42,9 +42,11 @@ class PrefectStack:
         port: int | None = None,
         settings: dict[str, str] | None = None,
         make_server: bool = False,
+        server_variables: dict[str, str] | None = None,
     ):
         self.home = Path(home)
         self.make_server = make_server
+        self.server_variables = server_variables or {}
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_url = f"{self.url}/api"
@@ -86,7 +88,7 @@ class PrefectStack:
         if self.make_server:
             # As a person starts it: the server finds its own URLs from HOST and PORT, not from a client's.
             env = {k: v for k, v in self.env.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL")}
-            server = self.make("server", "server", env=env, PORT=str(self.port))
+            server = self.make("server", "server", env=env, PORT=str(self.port), **self.server_variables)
         else:
             server = self._spawn("server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port))
         deadline = time.monotonic() + timeout

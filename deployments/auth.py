@@ -1,0 +1,174 @@
+"""The Prefect server's secrets, kept out of command lines: the API's basic-auth string and the database URL.
+
+    python -m deployments.auth server --host 0.0.0.0 -- prefect server start --host 0.0.0.0 --port 4200
+    python -m deployments.auth client -- prefect worker start --pool gpu
+
+Each runs the command after ``--`` (``exec``: it takes this process's place) with the secrets in its
+*environment*, never in its arguments, so ``ps`` shows none of them. They come from the environment when set
+there, else from files only their owner may read (mode 0600) in ``${XDG_CONFIG_HOME:-~/.config}/image-classifier/``
+(``IMAGE_CLASSIFIER_CONFIG`` names another folder):
+
+- ``prefect-auth``: ``user:password`` for Prefect's basic auth (``PREFECT_SERVER_API_AUTH_STRING`` on the
+  server, ``PREFECT_API_AUTH_STRING`` on clients and workers). ``server`` on an address other than loopback
+  (or behind a proxy: ``PREFECT_UI_API_URL`` not on loopback) creates it with a random password on first use
+  and prints its path; ``INSECURE=1`` starts an open API instead, with a warning. On loopback the server stays
+  open, as Prefect starts it.
+- ``database-url``: ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` with its password (PostgreSQL), for ``server``.
+
+A file that its group or others may read is refused with one line: the secret in it may already be known.
+Imports nothing but the standard library, so that it adds little to each command's start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import secrets
+import stat
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+SERVER_AUTH = "PREFECT_SERVER_API_AUTH_STRING"
+CLIENT_AUTH = "PREFECT_API_AUTH_STRING"
+DATABASE_URLS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
+AUTH_FILE = "prefect-auth"
+DATABASE_FILE = "database-url"
+
+
+class SecretFileError(Exception):
+    """A secret's file that cannot be trusted or read: a user's mistake, told in one line."""
+
+
+def config_dir() -> Path:
+    configured = os.environ.get("IMAGE_CLASSIFIER_CONFIG")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "image-classifier"
+
+
+def read_secret(path: Path) -> str | None:
+    """The secret in ``path`` (None when there is no such file), refused unless only its owner may read it."""
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    if status.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise SecretFileError(
+            f"{path} may be read by others (mode {stat.S_IMODE(status.st_mode):04o}): "
+            f"run `chmod 600 {path}`, and change the secret in it if others could have read it"
+        )
+    text = path.read_text(encoding="utf-8").strip()
+    if not text:
+        raise SecretFileError(f"{path} is empty: write the secret in it, or remove it")
+    return text
+
+
+def create_auth_string(path: Path) -> str:
+    """A random ``prefect:<password>`` written to ``path``, created with mode 0600 (never opened wider)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    auth = f"prefect:{secrets.token_urlsafe(32)}"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        file.write(auth + "\n")
+    return auth
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_environment(host: str, environ: dict[str, str], insecure: bool) -> tuple[dict[str, str], str | None]:
+    """The server's environment with its secrets, and what to tell the user (None: nothing)."""
+    env = dict(environ)
+    folder = config_dir()
+    if not any(env.get(name) for name in DATABASE_URLS):
+        database_url = read_secret(folder / DATABASE_FILE)
+        if database_url:
+            env[DATABASE_URLS[0]] = database_url
+    # Behind a proxy the server listens on loopback, but its UI's API address says it is reached from elsewhere.
+    public_host = urlsplit(env.get("PREFECT_UI_API_URL", "")).hostname or host
+    if env.get(SERVER_AUTH) or (is_loopback(host) and is_loopback(public_host)):
+        return env, None
+    if insecure:
+        return env, (
+            f"WARNING: INSECURE=1: the Prefect API on {public_host} is open. Anyone who reaches it can read every run and "
+            "run any shell command on every host with a worker (a deployment's pull step or command)."
+        )
+    path = folder / AUTH_FILE
+    auth = read_secret(path)
+    told = f"Prefect API basic auth: the string in {path}; workers and clients read it there or from {CLIENT_AUTH}"
+    if auth is None:
+        auth = create_auth_string(path)
+        told = f"Prefect API basic auth: created {path} (mode 0600); copy it to each worker and client host"
+    env[SERVER_AUTH] = auth
+    return env, told
+
+
+def client_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The environment of a client or worker, with the auth string of a remote server (PREFECT_API_URL set)."""
+    env = dict(environ)
+    if env.get(CLIENT_AUTH) or not env.get("PREFECT_API_URL"):
+        return env
+    auth = env.get(SERVER_AUTH) or read_secret(config_dir() / AUTH_FILE)
+    if auth:
+        env[CLIENT_AUTH] = auth
+    elif asks_for_auth(env["PREFECT_API_URL"]):
+        raise SecretFileError(
+            f"the Prefect server at {env['PREFECT_API_URL']} asks for basic auth and {config_dir() / AUTH_FILE} "
+            f"is missing: copy the server's file there (mode 0600), or set {CLIENT_AUTH}"
+        )
+    return env
+
+
+def asks_for_auth(api_url: str) -> bool:
+    """True when the server answers 401 to a request without credentials (False when it cannot be reached:
+    the command itself then says so)."""
+    try:
+        urllib.request.urlopen(f"{api_url.rstrip('/')}/admin/version", timeout=10).close()
+    except urllib.error.HTTPError as error:
+        return error.code == 401
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    options, command = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(
+        prog="python -m deployments.auth",
+        usage="%(prog)s {server,client} [--host HOST] -- COMMAND...",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("role", choices=("server", "client"))
+    parser.add_argument("--host", default="127.0.0.1", help="the address the server listens on")
+    args = parser.parse_args(options)
+    if not command:
+        parser.error("give the command to run after --")
+    try:
+        if args.role == "server":
+            insecure = os.environ.get("INSECURE", "") not in ("", "0")
+            env, told = server_environment(args.host, dict(os.environ), insecure)
+            if told:
+                print(told, file=sys.stderr, flush=True)
+        else:
+            env = client_environment(dict(os.environ))
+    except (SecretFileError, OSError) as error:
+        raise SystemExit(str(error)) from None
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as error:
+        raise SystemExit(f"cannot run {command[0]}: {error.strerror}") from None
+
+
+if __name__ == "__main__":
+    main()
