@@ -55,7 +55,7 @@ torch-check:
 		exit 1; }
 
 run: $(VENV)/.installed
-	$(WITH_AUTH) $(BIN)/python -m flows.pipeline $(RUN_ARGS)
+	$(WITH_AUTH) $(BIN)/python -m flows.pipeline $(RUN_ARGS) $(if $(DEBUG),--debug)
 
 test: $(VENV)/.installed browser lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -98,10 +98,11 @@ worker: $(VENV)/.installed
 # Keeps each schedule switched on or off as it is on the server (deployments/deploy.py).
 deploy: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
 deploy: $(VENV)/.installed
-	for pool in gpu default; do \
-		$(WITH_AUTH) $(BIN)/prefect work-pool inspect $$pool >/dev/null 2>&1 || $(WITH_AUTH) $(BIN)/prefect work-pool create $$pool --type process; \
+	@for pool in gpu default; do \
+		$(WITH_AUTH) $(BIN)/prefect work-pool inspect $$pool >/dev/null 2>&1 || \
+		$(WITH_AUTH) $(BIN)/prefect work-pool create $$pool --type process >/dev/null || exit 1; \
 	done
-	$(WITH_AUTH) $(BIN)/python -m deployments.deploy
+	@$(WITH_AUTH) $(BIN)/python -m deployments.deploy
 
 # Single-process alternative to worker + deploy (flow.serve).
 serve: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)

@@ -79,7 +79,35 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
         # Entrypoints and the pull step's {{ $PWD }} are the project root's, wherever the file lies.
         command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", deployment_file]
         environment = {**os.environ, "PWD": str(PROJECT_ROOT)}
-        return subprocess.run(command, cwd=PROJECT_ROOT, env=environment, check=False).returncode
+        result = subprocess.run(command, cwd=PROJECT_ROOT, env=environment, check=False, capture_output=True, text=True)
+    if result.returncode != 0:  # Prefect's own account of what went wrong, whole
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        return result.returncode
+    print(next_steps(config, names))
+    return 0
+
+
+def next_steps(config: dict, names: list[str]) -> str:
+    """What ``make deploy`` tells a user once the deployments are on the server: what was deployed and what to
+    do next. Prefect's own hints are left out: they suggest starting runs of ``train-node``, which only the
+    train stage starts, and a worker command without the project's settings (``make worker`` has them)."""
+    api_url = os.environ.get("PREFECT_API_URL", "")
+    by_hand = [(name, entry) for name, entry in zip(names, config["deployments"]) if not name.startswith("train-node/")]
+    pools = sorted({entry["work_pool"]["name"] for entry in config["deployments"]})
+    lines = [f"Deployed {len(names)} deployments to {api_url or 'the Prefect API'}:"]
+    lines += [
+        f"  {name}  (work pool {entry['work_pool']['name']})" for name, entry in zip(names, config["deployments"])
+    ]
+    lines += [
+        "train-node/* runs are started by the train stage of a multi-node training, never by hand.",
+        "Next:",
+        f"  on each host that runs flows: make worker POOL=<{'|'.join(pools)}>",
+        f"  start a run: the Run button in the UI{' at ' + api_url.removesuffix('/api') if api_url else ''}, or",
+        f"    PREFECT_API_URL={api_url or '<server>/api'} .venv/bin/python -m deployments.auth client -- "
+        f".venv/bin/prefect deployment run '{by_hand[0][0]}' --watch",
+    ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -232,6 +232,14 @@ def test_make_worker_names_the_worker_after_its_host_and_takes_one_run_by_defaul
     assert f"worker start --pool gpu --name gpu-{socket.gethostname()} --limit 1" in dry_run
 
 
+def test_make_deploy_prints_what_was_deployed_and_what_to_do_next(stack):
+    printed = (stack.logs / "deploy.log").read_text()
+    assert "Deployed 3 deployments" in printed and "make worker POOL=" in printed
+    assert "deployment run 'train-pipeline/retrain-digits'" in printed
+    # Prefect's own hints would have a user start train-node runs, which only the train stage starts.
+    assert "deployment run 'train-node" not in printed and "prefect worker start" not in printed
+
+
 def test_serve_offers_the_deployments_of_the_file_under_their_own_names(stack):
     from deployments.serve import runner_deployments
 
