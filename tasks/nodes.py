@@ -143,10 +143,18 @@ def nodes_outcome(states: Sequence, elastic: bool, now: datetime.datetime | None
     if not elastic:
         return all(state.is_completed() for state in states), failed[0] if failed else None
     if going:
-        now = now or datetime.datetime.now(datetime.timezone.utc)
-        settled = bool(completed) and (now - min(completed)).total_seconds() > ELASTIC_FINISH_GRACE_SECONDS
-        return settled, None
+        return bool(lost_nodes(states, now)), None
     return bool(completed), None if completed or not failed else failed[0]
+
+
+def lost_nodes(states: Sequence, now: datetime.datetime | None = None) -> list[int]:
+    """The node runs of an elastic group still going ``ELASTIC_FINISH_GRACE_SECONDS`` after one completed: their
+    host was lost with its worker (the nodes of a group finish together), so no one is left to end them."""
+    completed = [state.timestamp for state in states if state.is_completed()]
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    if not completed or (now - min(completed)).total_seconds() <= ELASTIC_FINISH_GRACE_SECONDS:
+        return []
+    return [rank for rank, state in enumerate(states) if started(state) and not state.is_final()]
 
 
 # --- Prefect ------------------------------------------------------------------------------------
@@ -158,7 +166,7 @@ from prefect.deployments import run_deployment  # noqa: E402
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 from prefect.settings import PREFECT_API_URL  # noqa: E402
-from prefect.states import Cancelled, Cancelling  # noqa: E402
+from prefect.states import Cancelled, Cancelling, Crashed  # noqa: E402
 from prefect.variables import Variable  # noqa: E402
 
 
@@ -198,9 +206,29 @@ def cancel_unfinished(client, runs: Sequence, message: str, wait_seconds: float 
     deadline = time.monotonic() + wait_seconds
     while True:
         current = [client.read_flow_run(run.id) for run in runs]
-        if all(r.state is not None and r.state.is_final() for r in current) or time.monotonic() > deadline:
+        if all(r.state is not None and r.state.is_final() for r in current):
             return current
+        if time.monotonic() > deadline:
+            break
         time.sleep(1.0)
+    # A run still "Cancelling" has no worker left to end it (its host was lost): it would stay so for good.
+    for run in current:
+        if run.state is not None and not run.state.is_final():
+            ended = Cancelled(message=f"{message}; no worker ended it within {wait_seconds:g} s (its host lost?)")
+            client.set_flow_run_state(run.id, ended, force=True)
+    return [client.read_flow_run(run.id) for run in runs]
+
+
+def end_lost_nodes(client, runs: Sequence, log) -> None:
+    """Set the runs of hosts lost with their worker (``lost_nodes``) to Crashed through the API: no worker can,
+    and a Cancelling state would wait for one."""
+    for rank in lost_nodes([run.state for run in runs]):
+        message = (
+            f"node {rank}: still {runs[rank].state.name} {ELASTIC_FINISH_GRACE_SECONDS:g} s after another node of "
+            "its group completed: its host was lost with its worker; ended by the train stage"
+        )
+        client.set_flow_run_state(runs[rank].id, Crashed(message=message), force=True)
+        log(logging.WARNING, message)
 
 
 def submit_node(deployment: str, rank: int, parameters: dict, log):
@@ -274,8 +302,10 @@ def run_nodes(
                     return
                 time.sleep(poll_seconds)
         finally:
+            if params.min_nodes < params.max_nodes:
+                end_lost_nodes(client, [client.read_flow_run(run.id) for run in runs], log)
             ended = cancel_unfinished(client, runs, "cancelled with the other nodes of its training")
-            if any(not r.state.is_final() for r in ended):
-                still = [f"{r.name}: {r.state.name}" for r in ended if not r.state.is_final()]
-                log(logging.WARNING, f"node runs not ended {CANCEL_WAIT_SECONDS:g} s after cancelling: {still}")
+            forced = [f"{r.name}" for r in ended if "no worker ended it" in (r.state.message or "")]
+            if forced:
+                log(logging.WARNING, f"node runs set Cancelled through the API, no worker having ended them: {forced}")
             Variable.unset(key)
