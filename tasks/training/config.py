@@ -19,7 +19,9 @@ class TrainingParams(BaseModel):
     learning_rate: float = Field(0.001, gt=0, description="base learning rate (multiplied by the world size)")
     random_seed: int = Field(1, description="seed for weights, sampling and augmentation")
     patience: int = Field(3, gt=0, description="stop after this many epochs without lower validation loss")
-    print_frequency: int = Field(10, gt=0, description="log training progress every N batches")
+    print_frequency: int = Field(
+        10, gt=0, description="log training progress every N batches (and at least every 10 s)"
+    )
     nodes: int | str = Field(
         1,
         description="machines taking part (torchrun --nnodes): a number, or min:max (e.g. 1:4) to start with at "

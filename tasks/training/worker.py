@@ -186,6 +186,10 @@ def model_input(pixels: torch.Tensor, normalize, device: torch.device) -> torch.
     return normalize(pixels.to(device, non_blocking=True, memory_format=memory_format(device)))
 
 
+# Slow batches (a large model on CPU) still log a progress line this often, whatever print_frequency says.
+PROGRESS_SECONDS = 10.0
+
+
 def train_one_epoch(
     model, loader, normalize, criterion, optimizer, scheduler, device, epoch, params, heartbeat, env, frozen=()
 ) -> tuple[float, float, float, float]:
@@ -200,7 +204,7 @@ def train_one_epoch(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
     seen = 0
-    started = time.perf_counter()
+    started = last_line = time.perf_counter()
     for step, (images, labels) in enumerate(loader, start=1):
         images = model_input(images, normalize, device)
         labels = labels.to(device, non_blocking=True)
@@ -215,7 +219,8 @@ def train_one_epoch(
         correct += (logits.detach().argmax(dim=1) == labels).sum()
         seen += labels.size(0)
         heartbeat.at("train", epoch, step)
-        if step % params.print_frequency == 0:
+        if step % params.print_frequency == 0 or time.perf_counter() - last_line >= PROGRESS_SECONDS:
+            last_line = time.perf_counter()
             check_finite(loss_sum, epoch, step, params, env.world_size)
             logger.info(
                 "epoch %d/%d batch %d/%d loss %.4f lr %.6f",
