@@ -50,6 +50,13 @@ class InvalidStorageURIError(PipelineInputError):
     """A storage location that is not a usable ``s3://bucket/prefix``."""
 
 
+class OutputStorageError(PipelineInputError):
+    """The output cannot be written: a full disk (ENOSPC), a quota (EDQUOT), a read-only filesystem (EROFS), an I/O
+    error (EIO) or no permission (EACCES, EPERM) there. A fault of the storage, never of the images: the
+    message names the location, the free space and the space still needed; a retry cannot help until it is
+    fixed, so none is made."""
+
+
 class InvalidTrainingSetupError(PipelineInputError):
     """The training parameters ask for what this host cannot give (e.g. more CUDA processes than GPUs)."""
 

@@ -17,9 +17,11 @@ with the same settings (``conversion_hash``) is returned as it is.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import shutil
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -33,7 +35,7 @@ from pydantic import BaseModel, Field
 from tasks.convert.labelling import SingleClass, SourceFile, plan_source, read_labels_file, some
 from tasks.convert.listing import list_folder
 from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
-from tasks.errors import InvalidDatasetError
+from tasks.errors import InvalidDatasetError, OutputStorageError
 from tasks.fileio import sha256_file, staged_directory
 from tasks.image_directory import (
     FORMAT_VERSION,
@@ -113,6 +115,56 @@ class _Refused(Exception):
     """An image that is quarantined, with the reason."""
 
 
+# Errors of the storage, not of an image: writing them stops the conversion; reading a source, it is unreadable.
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM}
+_UNREADABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EIO}
+
+
+class _WriteFailed(Exception):
+    """Writing the output failed (``error``: the OSError): the whole conversion stops."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@contextlib.contextmanager
+def _writing() -> Iterator[None]:
+    """Around a write to the output: a storage fault there is the storage's, never the image's."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in _STORAGE_ERRNOS:
+            raise _WriteFailed(error) from error
+        raise
+
+
+def _human(size: int) -> str:
+    return f"{size / 2**20:,.1f} MB"
+
+
+def space_needed(files: list[SourceFile], normalisation: Normalisation | None) -> int:
+    """About how many bytes the stored images take: the sources' (copied byte for byte), capped when normalising
+    to a longest side at 4 bytes a pixel of the largest image that side allows."""
+    total = 0
+    for file in files:
+        size = file.path.stat().st_size
+        if normalisation is not None and normalisation.max_side:
+            size = min(size, normalisation.max_side**2 * 4)
+        total += size
+    return total
+
+
+def _check_free_space(output: Path, needed: int) -> None:
+    """Refuse before any work when the output's filesystem cannot hold what the conversion will write."""
+    free = shutil.disk_usage(output).free
+    if needed > free:
+        raise OutputStorageError(
+            f"not enough space for the conversion at {output}: about {_human(needed)} needed (the images' size), "
+            f"{_human(free)} free; free space there or choose another output"
+        )
+
+
 def _check_pixels(image: Image.Image, max_pixels: int) -> None:
     if image.width * image.height > max_pixels:
         raise _Refused(
@@ -123,9 +175,16 @@ def _check_pixels(image: Image.Image, max_pixels: int) -> None:
 
 def _copy_exclusively(source: Path, destination: Path) -> None:
     """Stream ``source`` to a new file: FileExistsError rather than overwrite what another image stored."""
-    with open(source, "rb") as reader, open(destination, "xb") as writer:
-        while chunk := reader.read(_CHUNK):
-            writer.write(chunk)
+    with open(source, "rb") as reader:  # a fault reading the source is the source's (quarantined as unreadable)
+        with _writing():
+            writer = open(destination, "xb")  # noqa: SIM115 (closed below, a fault closing it being the output's)
+        try:
+            while chunk := reader.read(_CHUNK):
+                with _writing():
+                    writer.write(chunk)
+        finally:
+            with _writing():
+                writer.close()
 
 
 def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tuple[int, int, str]:
@@ -140,7 +199,7 @@ def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tupl
                 result = ImageOps.exif_transpose(image).convert(normalisation.mode)
                 if normalisation.max_side and max(result.size) > normalisation.max_side:
                     result.thumbnail((normalisation.max_side, normalisation.max_side), Image.Resampling.LANCZOS)
-                with open(destination, "xb") as writer:
+                with _writing(), open(destination, "xb") as writer:
                     result.save(writer, format=fmt, **_SAVE_OPTIONS.get(fmt, {}))
                 return result.width, result.height, result.mode
     # The copy is what gets decoded and hashed: those are the very bytes stored, whatever the source does.
@@ -164,18 +223,27 @@ def store_image(
     if file.path.stat().st_size == 0:
         return QuarantinedFile(path=where, reason="empty file (0 bytes)")
     destination = root / target
-    destination.parent.mkdir(parents=True, exist_ok=True)
+    with _writing():
+        destination.parent.mkdir(parents=True, exist_ok=True)
     try:
         width, height, mode = _store(file, destination, settings)
     except FileExistsError:
         raise  # two images planned to one path: a bug to surface, never a file to overwrite or quarantine
+    except _WriteFailed:
+        destination.unlink(missing_ok=True)
+        raise  # the storage's fault: the conversion stops (convert_to_image_directory says where and how much)
     except _Refused as refused:
         reason = str(refused)
     except Image.DecompressionBombError as error:
         reason = f"over Pillow's decompression-bomb guard: {error}"
     except UnidentifiedImageError:
         reason = "not an image: Pillow cannot identify the file's format"
-    except (OSError, SyntaxError, ValueError, EOFError) as error:
+    except OSError as error:
+        if error.errno in _UNREADABLE_ERRNOS and getattr(error, "filename", None) not in (None, str(destination)):
+            reason = f"unreadable file: [Errno {error.errno}] {error.strerror}"
+        else:
+            reason = f"damaged or truncated image: {error}"
+    except (SyntaxError, ValueError, EOFError) as error:
         reason = f"damaged or truncated image: {error}"
     else:
         return ImageRecord(
@@ -190,6 +258,20 @@ def store_image(
         )
     destination.unlink(missing_ok=True)  # this call created it (exclusively), or nothing is there
     return QuarantinedFile(path=where, reason=reason)
+
+
+def _storage_error(
+    output: Path, error: OSError, files: list[SourceFile], normalisation: Normalisation | None, staging: Path
+) -> OutputStorageError:
+    """The conversion's one error when the output could not be written (nothing of it is kept)."""
+    stored = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
+    needed = space_needed(files, normalisation)
+    free = shutil.disk_usage(staging).free
+    return OutputStorageError(
+        f"cannot write the converted images to {output}: [Errno {error.errno}] {error.strerror}; "
+        f"{_human(free)} free there, about {_human(max(needed - stored, 0))} more needed (of {_human(needed)}); "
+        "nothing was kept and no image was quarantined for it: fix the storage and convert again"
+    )
 
 
 def stored_paths(
@@ -294,9 +376,24 @@ def convert_to_image_directory(
         classes = sorted({f.label for f in plan.files if f.label is not None})
         folders = class_folders(classes)
         targets, renamed = stored_paths(plan.files, folders, by_class_folder=plan.labeled and labels_source is None)
+        _check_free_space(staging, space_needed(plan.files, normalisation))
+        stopped = threading.Event()
+
+        def one(file: SourceFile, target: PurePosixPath) -> ImageRecord | QuarantinedFile | None:
+            if stopped.is_set():
+                return None  # another image could not be written: the conversion is stopping
+            try:
+                return store_image(file, target, staging, store)
+            except _WriteFailed:
+                stopped.set()
+                raise
+
         # Decoding, hashing and file I/O run in C and release the GIL: threads overlap them.
-        with ThreadPoolExecutor(max_workers=threads or min(16, 2 * (os.cpu_count() or 1))) as pool:
-            results = list(pool.map(lambda f, t: store_image(f, t, staging, store), plan.files, targets))
+        try:
+            with ThreadPoolExecutor(max_workers=threads or min(16, 2 * (os.cpu_count() or 1))) as pool:
+                results = list(pool.map(one, plan.files, targets))
+        except _WriteFailed as failed:
+            raise _storage_error(output, failed.error, plan.files, normalisation, staging) from None
         images = [r for r in results if isinstance(r, ImageRecord)]
         quarantined = opened.skipped + plan.refused + [r for r in results if isinstance(r, QuarantinedFile)]
         if not images:

@@ -72,6 +72,14 @@ class _LocalSource(Source):
         return output.is_relative_to(self.path) or (self.path.is_dir() and self.path.is_relative_to(output))
 
 
+def _hash_or_unreadable(path: Path) -> str:
+    """A file's sha256; one this process may not read stands in as such (the conversion quarantines it)."""
+    try:
+        return sha256_file(path)
+    except PermissionError as error:
+        return f"unreadable: [Errno {error.errno}]"
+
+
 class FolderSource(_LocalSource):
     """A folder, read in place."""
 
@@ -79,7 +87,7 @@ class FolderSource(_LocalSource):
         files = [f.as_posix() for f in list_folder(self.path).files]
         # Hashing runs in C and releases the GIL, so threads overlap it with reading.
         with ThreadPoolExecutor(max_workers=4) as pool:
-            hashes = pool.map(lambda name: sha256_file(self.path / name), files)
+            hashes = pool.map(lambda name: _hash_or_unreadable(self.path / name), files)
             return _digest(f"{name}\0{h}" for name, h in zip(files, hashes))
 
     @contextlib.contextmanager
