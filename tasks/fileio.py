@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -10,6 +11,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from tasks.errors import OutputStorageError
 
 _CHUNK = 1 << 20
 
@@ -68,3 +71,22 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+# Errors of the storage itself (full, over quota, read-only, failing, forbidden): a retry cannot help.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM})
+
+
+def storage_fault(what: str, error: OSError, needed: int) -> OutputStorageError | None:
+    """``error`` writing ``what`` as one OutputStorageError naming the free space and what was needed (None
+    when it is not a fault of the storage)."""
+    if error.errno not in STORAGE_ERRNOS:
+        return None
+    where = Path(error.filename) if error.filename else Path.cwd()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    return OutputStorageError(
+        f"cannot write {what}: [Errno {error.errno}] {error.strerror}; about {needed / 2**20:,.1f} MB needed, "
+        f"{free / 2**20:,.1f} MB free there: fix the storage and run again"
+    )

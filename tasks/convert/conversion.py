@@ -36,7 +36,7 @@ from tasks.convert.labelling import SingleClass, SourceFile, plan_source, read_l
 from tasks.convert.listing import list_folder
 from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
 from tasks.errors import InvalidDatasetError, OutputStorageError
-from tasks.fileio import sha256_file, staged_directory
+from tasks.fileio import STORAGE_ERRNOS, sha256_file, staged_directory
 from tasks.image_directory import (
     FORMAT_VERSION,
     IMAGE_EXTENSIONS,
@@ -116,7 +116,6 @@ class _Refused(Exception):
 
 
 # Errors of the storage, not of an image: writing them stops the conversion; reading a source, it is unreadable.
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM}
 _UNREADABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EIO}
 
 
@@ -134,7 +133,7 @@ def _writing() -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        if error.errno in _STORAGE_ERRNOS:
+        if error.errno in STORAGE_ERRNOS:
             raise _WriteFailed(error) from error
         raise
 

@@ -2,14 +2,64 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from tasks.errors import InvalidDatasetError
-from tasks.fileio import atomic_write
+from tasks.errors import InvalidDatasetError, OutputStorageError
+from tasks.fileio import STORAGE_ERRNOS, atomic_write, storage_fault
 from tasks.model_directory import TrainingMetrics
+
+
+def tensor_bytes(state) -> int:
+    """The bytes of every tensor in a (nested) state dict: about what ``torch.save`` writes."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(value) for value in state)
+    return 0
+
+
+def storage_cause(error: BaseException) -> OSError | None:
+    """The OSError of a full or failing disk behind ``error`` (torch.save reports one as a RuntimeError
+    "[enforce fail at inline_container.cc] unexpected pos", the OSError only in its context)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def saved_or_storage_fault(path: Path, state, what: str) -> None:
+    """``torch.save(state)`` to ``path`` atomically; a full or failing disk raises OutputStorageError whose first
+    line says so (needed and free space): a retry cannot help until space is freed."""
+    try:
+        with atomic_write(path, "wb") as handle:
+            torch.save(state, handle)
+    except (OSError, RuntimeError) as error:
+        cause = storage_cause(error)
+        if cause is None:
+            raise
+        raise storage_fault(f"{what} to {path}", cause, tensor_bytes(state)) from error
+
+
+def check_space_for_checkpoints(output: Path, model) -> None:
+    """Refuse before the first epoch when ``output`` cannot hold what training writes: two checkpoints (the new
+    one is written beside the old, then replaces it), each the weights and SGD's momentum of the same size, and the
+    best weights (model.pt)."""
+    weights = tensor_bytes(model.state_dict())
+    needed = 2 * (2 * weights) + weights
+    free = shutil.disk_usage(output).free
+    if needed > free:
+        raise OutputStorageError(
+            f"not enough space for training's checkpoints at {output}: about {needed / 2**20:,.1f} MB needed (two "
+            f"checkpoints of weights and optimizer state, and the best weights), {free / 2**20:,.1f} MB free; "
+            "free space there or choose another work_dir"
+        )
 
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, metrics: TrainingMetrics, classes, config) -> None:
@@ -23,8 +73,7 @@ def save_checkpoint(path: Path, model, optimizer, scheduler, metrics: TrainingMe
         "classes": classes,
         "config": config,
     }
-    with atomic_write(path, "wb") as handle:
-        torch.save(state, handle)
+    saved_or_storage_fault(path, state, f"the epoch {state['epoch']} checkpoint")
 
 
 def read_checkpoint(path: Path) -> dict | None:

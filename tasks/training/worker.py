@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from tasks.architectures import family_of, input_size
 from tasks.errors import InvalidDatasetError, InvalidTrainingSetupError
-from tasks.fileio import atomic_write, write_text_atomic
+from tasks.fileio import write_text_atomic
 from tasks.image_directory import ImageDirectory
 from tasks.lifeline import Heartbeat, die_with_parent, output_lock, write_failure
 from tasks.memory import peak_rss_mb
@@ -60,11 +60,13 @@ from tasks.model_directory import (
 )
 from tasks.training.batches import BatchesOfTwoOrMore
 from tasks.training.checkpoint import (
+    check_space_for_checkpoints,
     newest_checkpoint,
     read_checkpoint,
     rescale_schedule,
     restore_checkpoint,
     save_checkpoint,
+    saved_or_storage_fault,
 )
 from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
 from tasks.training.fine_tuning import freeze_backbone, parameter_groups
@@ -374,6 +376,8 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     )
 
     checkpoint_path = output / CHECKPOINT_FILE
+    if env.is_main:
+        check_space_for_checkpoints(output, model)
     state = newest_checkpoint(read_checkpoint(checkpoint_path))
     metrics = restore_checkpoint(state, checkpoint_path, model, optimizer, scheduler, classes)
     if metrics is None:
@@ -487,8 +491,7 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         if env.is_main:
             # Order matters: whoever sees epoch N in metrics.json can rely on its checkpoint being there.
             if is_best:
-                with atomic_write(output / WEIGHTS_FILE, "wb") as handle:
-                    torch.save(model.state_dict(), handle)
+                saved_or_storage_fault(output / WEIGHTS_FILE, model.state_dict(), f"the epoch {epoch + 1} best weights")
             save_checkpoint(
                 checkpoint_path,
                 model,

@@ -1,5 +1,5 @@
-"""Storage faults are never taken for bad images: a real small filesystem (a tmpfs mounted in a private mount
-namespace with `unshare`) that fills up mid-way, and a source file this process may not read."""
+"""Storage faults are never taken for bad images or half results: a real small filesystem (a tmpfs mounted in a
+private mount namespace with `unshare`) that fills up mid-way, and a source file this process may not read."""
 
 import json
 import os
@@ -20,7 +20,7 @@ from pathlib import Path
 from tasks import convert_to_image_directory
 from tasks.errors import OutputStorageError
 from tasks.image_directory import Normalisation
-source, output, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+output, source, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 try:
     folder = convert_to_image_directory(source, output / "images", normalisation=Normalisation(mode=mode) if mode else None)
     print(json.dumps({"images": len(folder.manifest.images), "quarantined": [q.model_dump() for q in folder.manifest.quarantined]}))
@@ -39,12 +39,30 @@ def can_mount_tmpfs() -> str | None:
     return None if probe.returncode == 0 else f"cannot mount a tmpfs in a private namespace: {probe.stderr.strip()}"
 
 
-def convert_on_tmpfs(source: Path, mount: Path, size: str, mode: str = "") -> dict:
-    """The conversion of ``source`` into a tmpfs of ``size`` mounted at ``mount`` (in a namespace of its own)."""
+WRITE_SCORES = """
+import json, os, sys
+from pathlib import Path
+import pandas as pd
+from tasks.errors import OutputStorageError
+from tasks.scores_table import write_scores
+output, rows = Path(sys.argv[1]), int(sys.argv[2])
+(output / "scores.csv").write_text("an older, complete table")
+table = pd.DataFrame({"image": [f"img-{i:07d}.png" for i in range(rows)], "Scored Labels": "cat"})
+try:
+    write_scores(table, str(output / "scores.csv"))
+    print(json.dumps({"written": True}))
+except OutputStorageError as error:
+    print(json.dumps({"error": str(error), "left": sorted(os.listdir(output)), "old": (output / "scores.csv").read_text()}))
+"""
+
+
+def on_tmpfs(mount: Path, size: str, code: str, *args: str) -> dict:
+    """Run ``code`` with ``mount`` then ``args`` as its arguments, on a tmpfs of ``size`` mounted at ``mount`` (in
+    a mount namespace of its own); what it printed last, as JSON."""
     mount.mkdir()
-    script = f'mount -t tmpfs -o size={size} tmpfs "$1" && exec "$2" -c "$3" "$4" "$1" "$5"'
+    script = 'mount -t tmpfs -o size="$0" tmpfs "$1" && m="$1" && py="$2" && code="$3" && shift 3 && exec "$py" -c "$code" "$m" "$@"'
     result = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script, "sh", str(mount), sys.executable, CONVERT, str(source), mode],
+        ["unshare", "-rm", "sh", "-c", script, size, str(mount), sys.executable, code, *args],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
@@ -53,6 +71,11 @@ def convert_on_tmpfs(source: Path, mount: Path, size: str, mode: str = "") -> di
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def convert_on_tmpfs(source: Path, mount: Path, size: str, mode: str = "") -> dict:
+    """The conversion of ``source`` into a tmpfs of ``size`` mounted at ``mount``."""
+    return on_tmpfs(mount, size, CONVERT, str(source), mode)
 
 
 def write_noise(folder: Path, per_class: int, side: int) -> Path:
@@ -107,7 +130,7 @@ def test_a_source_file_this_process_may_not_read_is_unreadable_not_damaged(tmp_p
     if drop and not shutil.which("setpriv"):
         pytest.skip("running as root without setpriv: no way to make a file unreadable to the conversion")
     result = subprocess.run(
-        [*drop, sys.executable, "-c", CONVERT, str(source), str(tmp_path), ""],
+        [*drop, sys.executable, "-c", CONVERT, str(tmp_path), str(source), ""],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
@@ -118,3 +141,48 @@ def test_a_source_file_this_process_may_not_read_is_unreadable_not_damaged(tmp_p
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome["images"] == 3
     assert outcome["quarantined"] == [{"path": "cat/0.png", "reason": "unreadable file: [Errno 13] Permission denied"}]
+
+
+def test_a_scores_table_that_does_not_fit_fails_clearly_and_leaves_the_complete_one_in_place(tmp_path, tmpfs):
+    outcome = on_tmpfs(tmpfs, "256k", WRITE_SCORES, "50000")  # about 1 MB of CSV
+    assert outcome["error"].startswith(f"cannot write the scores table {tmpfs / 'scores.csv'}: [Errno 28]")
+    assert "MB needed" in outcome["error"] and "MB free there" in outcome["error"]
+    assert outcome["left"] == ["scores.csv"] and outcome["old"] == "an older, complete table"
+
+
+SAVE_CHECKPOINT = """
+import json, sys
+from pathlib import Path
+import torch
+from torch import nn
+from tasks.errors import OutputStorageError
+from tasks.model_directory import TrainingMetrics
+from tasks.training.checkpoint import check_space_for_checkpoints, save_checkpoint
+output, step = Path(sys.argv[1]), sys.argv[2]
+model = nn.Linear(256, 256)  # 257 KB of weights
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model(torch.ones(1, 256)).sum().backward()
+optimizer.step()  # the momentum buffers: as much again
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+try:
+    if step == "check":
+        check_space_for_checkpoints(output, model)
+    else:
+        save_checkpoint(output / "checkpoint.pt", model, optimizer, scheduler, TrainingMetrics(), ["a", "b"], {})
+    print(json.dumps({"saved": True}))
+except OutputStorageError as error:
+    print(json.dumps({"error": str(error), "left": sorted(p.name for p in output.iterdir())}))
+"""
+
+
+def test_a_checkpoint_that_does_not_fit_says_so_in_its_first_line(tmpfs):
+    outcome = on_tmpfs(tmpfs, "256k", SAVE_CHECKPOINT, "save")
+    first = outcome["error"].splitlines()[0]
+    assert first.startswith(f"cannot write the epoch 0 checkpoint to {tmpfs / 'checkpoint.pt'}: [Errno 28] No space")
+    assert "about 0.5 MB needed" in first and "MB free there" in first
+    assert outcome["left"] == []  # no half-written checkpoint for a resumed run to trip on
+
+
+def test_training_refuses_before_the_first_epoch_where_two_checkpoints_cannot_fit(tmpfs):
+    outcome = on_tmpfs(tmpfs, "1m", SAVE_CHECKPOINT, "check")
+    assert outcome["error"].startswith(f"not enough space for training's checkpoints at {tmpfs}: about 1.3 MB needed")
