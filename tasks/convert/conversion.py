@@ -7,7 +7,10 @@ Wrapper folders (``export/photos/<class>/...``) are skipped down to the real bas
 skipped and reported. Every image is identified from its header first (nothing is read whole), refused
 above ``max_image_pixels``, then decoded in full (truncation and damage only show then) while the threads
 together hold at most ``decode_memory_bytes`` of decoded pixels. One that cannot be read is quarantined
-with the reason in the manifest. Images are copied byte for byte unless a ``Normalisation`` is given.
+with the reason in the manifest ("unreadable file: [Errno 13] …" when the source itself cannot be read).
+Images are copied byte for byte unless a ``Normalisation`` is given. A fault writing the output (full disk,
+quota, read-only, I/O, permission) stops the conversion with ``OutputStorageError`` (where, free, needed),
+after a check of the free space before any work; nothing of it is kept.
 
 The source is only read, and nothing is written outside ``output``; no stored file is ever overwritten
 (names that collide once made safe get ``~2``, ``~3``). An output already converted from the same content
@@ -115,7 +118,8 @@ class _Refused(Exception):
     """An image that is quarantined, with the reason."""
 
 
-# Errors of the storage, not of an image: writing them stops the conversion; reading a source, it is unreadable.
+# Reading a source, these make it unreadable (quarantined as such); writing the output, any of STORAGE_ERRNOS
+# stops the whole conversion (OutputStorageError): a fault of the storage is never taken for a damaged image.
 _UNREADABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EIO}
 
 
