@@ -61,8 +61,13 @@ def on_tmpfs(mount: Path, size: str, code: str, *args: str) -> dict:
     a mount namespace of its own); what it printed last, as JSON."""
     mount.mkdir()
     script = 'mount -t tmpfs -o size="$0" tmpfs "$1" && m="$1" && py="$2" && code="$3" && shift 3 && exec "$py" -c "$code" "$m" "$@"'
+    return run_script(["unshare", "-rm", "sh", "-c", script, size, str(mount), sys.executable], code, *args)
+
+
+def run_script(launcher: list[str], code: str, *args: str) -> dict:
+    """``launcher`` then ``-c code args`` (launcher ending in a Python); what the script printed last, as JSON."""
     result = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script, size, str(mount), sys.executable, code, *args],
+        [*launcher, code, *args],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
@@ -129,16 +134,7 @@ def test_a_source_file_this_process_may_not_read_is_unreadable_not_damaged(tmp_p
     drop = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
     if drop and not shutil.which("setpriv"):
         pytest.skip("running as root without setpriv: no way to make a file unreadable to the conversion")
-    result = subprocess.run(
-        [*drop, sys.executable, "-c", CONVERT, str(tmp_path), str(source), ""],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT_ROOT,
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome = run_script([*drop, sys.executable, "-c"], CONVERT, str(tmp_path), str(source), "")
     assert outcome["images"] == 3
     assert outcome["quarantined"] == [{"path": "cat/0.png", "reason": "unreadable file: [Errno 13] Permission denied"}]
 
