@@ -113,11 +113,11 @@ def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(sta
                 f"Promote {NAME} version 1 to production?",
                 "challenger: version 1",
                 "Decision",
-                "Reviewer (Optional)",
+                "Reviewer",  # required: the record names who decided
                 "Comment (Optional)",
             ],
         )
-        assert "accuracy (decides)" in form
+        assert "accuracy (decides)" in form and "Reviewer (Optional)" not in form
         field(driver, "Decision", "div[contains(@class, 'p-select')]").click()
         click_text(driver, "approve")
         field(driver, "Reviewer", "textarea").send_keys("ada")

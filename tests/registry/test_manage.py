@@ -160,7 +160,8 @@ def test_search_by_tag_and_figure(registry, trained_model):
     found = search(registry, where=[parse_condition("accuracy >= 0.9")], include_archived=True, names=[NAME])
     assert [v.reference for v in found] == [f"{NAME}/2", f"{NAME}/3"]
     assert [v.reference for v in search(registry, tags={"data": "v2"})] == [f"{NAME}/3"]
-    assert search(registry, where=[parse_condition("log_loss<0.1")]) == [], "no such figure: no match"
+    with pytest.raises(InvalidQueryError, match=r"no version records the figure 'log_loss'; figures: accuracy$"):
+        search(registry, where=[parse_condition("log_loss<0.1")])  # a misspelt figure is told, not an empty result
     for bad in ("accuracy=>0.9", "accuracy>=high", "accuracy"):
         with pytest.raises(InvalidQueryError, match=rf"condition {bad!r} is not allowed: use <figure><op><number>"):
             parse_condition(bad)
