@@ -93,19 +93,17 @@ def next_steps(config: dict, names: list[str]) -> str:
     do next. Prefect's own hints are left out: they suggest starting runs of ``train-node``, which only the
     train stage starts, and a worker command without the project's settings (``make worker`` has them)."""
     api_url = os.environ.get("PREFECT_API_URL", "")
-    by_hand = [(name, entry) for name, entry in zip(names, config["deployments"]) if not name.startswith("train-node/")]
-    pools = sorted({entry["work_pool"]["name"] for entry in config["deployments"]})
+    pools = [entry["work_pool"]["name"] for entry in config["deployments"]]
+    by_hand = next(name for name in names if not name.startswith("train-node/"))
     lines = [f"Deployed {len(names)} deployments to {api_url or 'the Prefect API'}:"]
-    lines += [
-        f"  {name}  (work pool {entry['work_pool']['name']})" for name, entry in zip(names, config["deployments"])
-    ]
+    lines += [f"  {name}  (work pool {pool})" for name, pool in zip(names, pools)]
     lines += [
         "train-node/* runs are started by the train stage of a multi-node training, never by hand.",
         "Next:",
-        f"  on each host that runs flows: make worker POOL=<{'|'.join(pools)}>",
+        f"  on each host that runs flows: make worker POOL=<{'|'.join(sorted(set(pools)))}>",
         f"  start a run: the Run button in the UI{' at ' + api_url.removesuffix('/api') if api_url else ''}, or",
         f"    PREFECT_API_URL={api_url or '<server>/api'} .venv/bin/python -m deployments.auth client -- "
-        f".venv/bin/prefect deployment run '{by_hand[0][0]}' --watch",
+        f".venv/bin/prefect deployment run '{by_hand}' --watch",
     ]
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@ traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import logging
 import os
@@ -149,12 +150,6 @@ class HideInputErrorFailures(logging.Filter):
         return True
 
 
-def _console_handlers() -> list[logging.Handler]:
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    return [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
-
-
 def log_file_for(work_dir: str, prog: str) -> Path:
     """``<work_dir>/logs/<prog>-<UTC time>-<pid>.log`` (with work_dir on S3: its copy in this host's cache)."""
     from tasks.workdir import local_folder
@@ -167,17 +162,16 @@ def run_command(call: Callable[[], T], *, log_file: Path, debug: bool) -> T:
     """Run ``call`` (a flow) with the log going to ``log_file``; a user's mistake: one line and exit 2."""
     import prefect  # noqa: F401  (sets up Prefect's logging, whose console handler gets the filter)
 
+    from tasks.console import console_filter
+
     log_file.parent.mkdir(parents=True, exist_ok=True)
     to_file = logging.FileHandler(log_file, encoding="utf-8")
     to_file.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
     root = logging.getLogger()
     root.addHandler(to_file)
-    hide = HideInputErrorFailures()
-    consoles = [] if debug else _console_handlers()
-    for handler in consoles:
-        handler.addFilter(hide)
     try:
-        return call()
+        with contextlib.nullcontext() if debug else console_filter(HideInputErrorFailures()):
+            return call()
     except INPUT_ERRORS as error:
         logger.error("%s", describe(error), exc_info=True)  # the file gets the traceback; the console does not
         if debug:
@@ -185,8 +179,6 @@ def run_command(call: Callable[[], T], *, log_file: Path, debug: bool) -> T:
         print(f"error: {describe(error)} (full log: {log_file})", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
-        for handler in consoles:
-            handler.removeFilter(hide)
         root.removeHandler(to_file)
         to_file.close()
 

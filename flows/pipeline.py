@@ -206,18 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     tasks/preflight.py); the run's full log goes to <work-dir>/logs/pipeline-<time>-<pid>.log."""
     import json
 
-    from flows.cli import (
-        INPUT_ERRORS,
-        CommandParser,
-        add_debug_flag,
-        add_model_flags,
-        fail,
-        log_file_for,
-        model_from_flags,
-        run_command,
-    )
+    from flows import cli
 
-    parser = CommandParser(prog="python -m flows.pipeline", description=train_pipeline.description)
+    parser = cli.CommandParser(prog="python -m flows.pipeline", description=train_pipeline.description)
     parser.add_argument("--train-data", help="class-per-folder folder or .zip (default: bundled digits)")
     parser.add_argument("--validation-data", help="validation images with the same classes")
     parser.add_argument(
@@ -239,19 +230,19 @@ def main(argv: list[str] | None = None) -> int:
         "--approval", action="store_true", help="with --promote-to: a person approves the move in the UI"
     )
     parser.add_argument("--approval-timeout-s", type=int, default=3600, help="no answer in time: not promoted")
-    model_flags = add_model_flags(parser, ModelSpec, skip=("weights", "transformations"), group="model (ModelSpec)")
+    model_flags = cli.add_model_flags(parser, ModelSpec, skip=("weights", "transformations"), group="model (ModelSpec)")
     parser.add_argument(
         "--transformations", type=json.loads, help="image transformations as JSON (see docs/training.md)"
     )
-    training_flags = add_model_flags(parser, TrainingParams, group="training (TrainingParams)")
-    conversion_flags = add_model_flags(parser, ConversionLimits, group="conversion limits (ConversionLimits)")
-    add_debug_flag(parser)
+    training_flags = cli.add_model_flags(parser, TrainingParams, group="training (TrainingParams)")
+    conversion_flags = cli.add_model_flags(parser, ConversionLimits, group="conversion limits (ConversionLimits)")
+    cli.add_debug_flag(parser)
     args = parser.parse_args(argv)
     try:
         extra = {} if args.transformations is None else {"transformations": args.transformations}
-        spec = model_from_flags(ModelSpec, args, model_flags, **extra)
-        training = model_from_flags(TrainingParams, args, training_flags)
-        conversion = model_from_flags(ConversionLimits, args, conversion_flags)
+        spec = cli.model_from_flags(ModelSpec, args, model_flags, **extra)
+        training = cli.model_from_flags(TrainingParams, args, training_flags)
+        conversion = cli.model_from_flags(ConversionLimits, args, conversion_flags)
         check_training_inputs(
             args.train_data,
             args.validation_data,
@@ -263,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
             args.promote_to,
             spec.weights_path,
         )
-    except INPUT_ERRORS as error:
-        fail(error, args.debug)
-    result = run_command(
+    except cli.INPUT_ERRORS as error:
+        cli.fail(error, args.debug)
+    result = cli.run_command(
         lambda: train_pipeline(
             train_data=args.train_data,
             validation_data=args.validation_data,
@@ -284,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             approval=args.approval,
             approval_timeout_s=args.approval_timeout_s,
         ),
-        log_file=log_file_for(args.work_dir, "pipeline"),
+        log_file=cli.log_file_for(args.work_dir, "pipeline"),
         debug=args.debug,
     )
     print(result.summary())

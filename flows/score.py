@@ -93,18 +93,9 @@ def compare_models(left: str, right: str, registry: str = "registry") -> list[di
 def main(argv: list[str] | None = None) -> int:
     """Command line. A user's mistake (no such images, no such model: the models that exist are listed) is one line
     on stderr and exit status 2, in seconds; the run's full log goes to <work-dir>/logs/score-<time>-<pid>.log."""
-    from flows.cli import (
-        INPUT_ERRORS,
-        CommandParser,
-        add_debug_flag,
-        add_model_flags,
-        fail,
-        log_file_for,
-        model_from_flags,
-        run_command,
-    )
+    from flows import cli
 
-    parser = CommandParser(prog="python -m flows.score", description=score_pipeline.description)
+    parser = cli.CommandParser(prog="python -m flows.score", description=score_pipeline.description)
     parser.add_argument("images", help="folder or .zip of images")
     parser.add_argument("model", help="registry reference (name, name/3, name@production) or ModelDirectory")
     parser.add_argument("--output", help="scores CSV (path or s3://)")
@@ -114,16 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", default="runs", help="folder or s3://bucket/prefix for the runs (default: runs)")
     parser.add_argument("--labeled", choices=("yes", "no"), help="default: inferred from the folders")
     parser.add_argument("--top-k", type=int, default=0, help="also list each image's k most probable labels")
-    conversion_flags = add_model_flags(parser, ConversionLimits, group="conversion limits (ConversionLimits)")
-    add_debug_flag(parser)
+    conversion_flags = cli.add_model_flags(parser, ConversionLimits, group="conversion limits (ConversionLimits)")
+    cli.add_debug_flag(parser)
     args = parser.parse_args(argv)
     labeled = {"yes": True, "no": False, None: None}[args.labeled]
     try:
-        conversion = model_from_flags(ConversionLimits, args, conversion_flags)
+        conversion = cli.model_from_flags(ConversionLimits, args, conversion_flags)
         check_scoring_inputs(args.images, args.model, args.registry)
-    except INPUT_ERRORS as error:
-        fail(error, args.debug)
-    result = run_command(
+    except cli.INPUT_ERRORS as error:
+        cli.fail(error, args.debug)
+    result = cli.run_command(
         lambda: score_pipeline(
             args.images,
             args.model,
@@ -136,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             conversion=conversion,
             top_k=args.top_k,
         ),
-        log_file=log_file_for(args.work_dir, "score"),
+        log_file=cli.log_file_for(args.work_dir, "score"),
         debug=args.debug,
     )
     print(f"{result.images} images scored -> {result.scores}")

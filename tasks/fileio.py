@@ -77,6 +77,21 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM})
 
 
+def megabytes(size: int) -> str:
+    return f"{size / 2**20:,.1f} MB"
+
+
+def require_space(where: Path, needed: int, what: str, why: str, instead: str) -> None:
+    """Refuse before any work when the filesystem of ``where`` has less than ``needed`` bytes free, with the
+    arithmetic (``why``: what the figure counts; ``instead``: what else the user may choose)."""
+    free = shutil.disk_usage(where).free
+    if needed > free:
+        raise OutputStorageError(
+            f"not enough space for {what} at {where}: about {megabytes(needed)} needed ({why}), {megabytes(free)} "
+            f"free; free space there or choose another {instead}"
+        )
+
+
 def storage_fault(what: str, error: OSError, needed: int) -> OutputStorageError | None:
     """``error`` writing ``what`` as one OutputStorageError naming the free space and what was needed (None
     when it is not a fault of the storage)."""
@@ -87,6 +102,6 @@ def storage_fault(what: str, error: OSError, needed: int) -> OutputStorageError 
         where = where.parent
     free = shutil.disk_usage(where).free
     return OutputStorageError(
-        f"cannot write {what}: [Errno {error.errno}] {error.strerror}; about {needed / 2**20:,.1f} MB needed, "
-        f"{free / 2**20:,.1f} MB free there: fix the storage and run again"
+        f"cannot write {what}: [Errno {error.errno}] {error.strerror}; about {megabytes(needed)} needed, "
+        f"{megabytes(free)} free there: fix the storage and run again"
     )

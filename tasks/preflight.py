@@ -48,7 +48,7 @@ def folder_classes(location: str) -> set[str] | None:
     return {f.label for f in plan.files if f.label is not None}
 
 
-def check_training_data(train: str | None, validation: str | None, validation_fraction: float | None) -> None:
+def check_training_sources(train: str | None, validation: str | None, validation_fraction: float | None) -> None:
     """The combination given, each local source exists, and two local class-folder sets have the same classes."""
     from tasks.datasets import given_or_default_sources
     from tasks.validate import differing_classes_message
@@ -87,7 +87,7 @@ def check_training_inputs(
         check_alias(promote_to)
     if is_s3_uri(registry):
         open_backend(registry)  # a malformed s3:// location
-    check_training_data(train, validation, validation_fraction)
+    check_training_sources(train, validation, validation_fraction)
     if weights_path and not _is_remote(weights_path) and not Path(weights_path).expanduser().is_file():
         raise PretrainedWeightsError(
             f"weights_path {weights_path} for {architecture} does not exist (looked for "

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
-
 from tasks.errors import PipelineInputError
 
 
@@ -36,23 +32,3 @@ def stage_task(name: str, retries: int = 2, retry_delay_seconds: float = 2):
         retry_condition_fn=retry_unless_input_error,
         cache_policy=NO_CACHE,
     )
-
-
-@contextlib.contextmanager
-def quiet_console(level: int = logging.WARNING) -> Iterator[None]:
-    """Within the block, Prefect's console handler shows only records of ``level`` and above (its API handler,
-    which sends the run's logs to the UI, still gets everything): for a small bookkeeping flow run that a command
-    makes on the side."""
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    def loud_enough(record: logging.LogRecord) -> bool:
-        return record.levelno >= level
-
-    consoles = [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
-    for handler in consoles:
-        handler.addFilter(loud_enough)
-    try:
-        yield
-    finally:
-        for handler in consoles:
-            handler.removeFilter(loud_enough)

@@ -39,7 +39,7 @@ from tasks.convert.labelling import SingleClass, SourceFile, plan_source, read_l
 from tasks.convert.listing import list_folder
 from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
 from tasks.errors import InvalidDatasetError, OutputStorageError
-from tasks.fileio import STORAGE_ERRNOS, sha256_file, staged_directory
+from tasks.fileio import STORAGE_ERRNOS, megabytes, require_space, sha256_file, staged_directory
 from tasks.image_directory import (
     FORMAT_VERSION,
     IMAGE_EXTENSIONS,
@@ -142,10 +142,6 @@ def _writing() -> Iterator[None]:
         raise
 
 
-def _human(size: int) -> str:
-    return f"{size / 2**20:,.1f} MB"
-
-
 def space_needed(files: list[SourceFile], normalisation: Normalisation | None) -> int:
     """About how many bytes the stored images take: the sources' (copied byte for byte), capped when normalising
     to a longest side at 4 bytes a pixel of the largest image that side allows."""
@@ -156,16 +152,6 @@ def space_needed(files: list[SourceFile], normalisation: Normalisation | None) -
             size = min(size, normalisation.max_side**2 * 4)
         total += size
     return total
-
-
-def _check_free_space(output: Path, needed: int) -> None:
-    """Refuse before any work when the output's filesystem cannot hold what the conversion will write."""
-    free = shutil.disk_usage(output).free
-    if needed > free:
-        raise OutputStorageError(
-            f"not enough space for the conversion at {output}: about {_human(needed)} needed (the images' size), "
-            f"{_human(free)} free; free space there or choose another output"
-        )
 
 
 def _check_pixels(image: Image.Image, max_pixels: int) -> None:
@@ -263,16 +249,14 @@ def store_image(
     return QuarantinedFile(path=where, reason=reason)
 
 
-def _storage_error(
-    output: Path, error: OSError, files: list[SourceFile], normalisation: Normalisation | None, staging: Path
-) -> OutputStorageError:
+def _storage_error(output: Path, error: OSError, needed: int, staging: Path) -> OutputStorageError:
     """The conversion's one error when the output could not be written (nothing of it is kept)."""
     stored = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
-    needed = space_needed(files, normalisation)
     free = shutil.disk_usage(staging).free
+    more = megabytes(max(needed - stored, 0))
     return OutputStorageError(
         f"cannot write the converted images to {output}: [Errno {error.errno}] {error.strerror}; "
-        f"{_human(free)} free there, about {_human(max(needed - stored, 0))} more needed (of {_human(needed)}); "
+        f"{megabytes(free)} free there, about {more} more needed (of {megabytes(needed)}); "
         "nothing was kept and no image was quarantined for it: fix the storage and convert again"
     )
 
@@ -379,7 +363,8 @@ def convert_to_image_directory(
         classes = sorted({f.label for f in plan.files if f.label is not None})
         folders = class_folders(classes)
         targets, renamed = stored_paths(plan.files, folders, by_class_folder=plan.labeled and labels_source is None)
-        _check_free_space(staging, space_needed(plan.files, normalisation))
+        needed = space_needed(plan.files, normalisation)
+        require_space(staging, needed, "the conversion", "the images' size", "output")
         stopped = threading.Event()
 
         def one(file: SourceFile, target: PurePosixPath) -> ImageRecord | QuarantinedFile | None:
@@ -396,7 +381,7 @@ def convert_to_image_directory(
             with ThreadPoolExecutor(max_workers=threads or min(16, 2 * (os.cpu_count() or 1))) as pool:
                 results = list(pool.map(one, plan.files, targets))
         except _WriteFailed as failed:
-            raise _storage_error(output, failed.error, plan.files, normalisation, staging) from None
+            raise _storage_error(output, failed.error, needed, staging) from None
         images = [r for r in results if isinstance(r, ImageRecord)]
         quarantined = opened.skipped + plan.refused + [r for r in results if isinstance(r, QuarantinedFile)]
         if not images:

@@ -15,7 +15,6 @@ become paths; a corrupt version is left out of listings and of ``latest`` with a
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import socket
@@ -45,6 +44,7 @@ from tasks.registry.layout import (
     alias_key,
     check_alias,
     check_model_name,
+    closest_first,
     is_model_name,
     numbered,
     parse_alias,
@@ -122,9 +122,9 @@ def read_registration(registry: Registry, name: str, version: int) -> Registrati
     backend = backend_of(registry)
     record = _record(backend, check_model_name(name), version)
     if record is None or is_deleted(backend, name, version):
-        committed = list_versions(backend, name)
         if not _holds_versions(backend, name):
             raise ModelNotFoundError(no_model_message(backend, name))
+        committed = list_versions(backend, name)
         raise ModelNotFoundError(
             f"{name} has no version {version} in {backend.location}; committed versions: {committed or 'none'}"
         )
@@ -202,8 +202,7 @@ def no_model_message(registry: Registry, name: str) -> str:
     known = model_names(backend)
     if not known:
         return f"no model named {name!r} in {backend.location}: it holds no models yet (check --registry)"
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-    ordered = close + [n for n in known if n not in close]
+    close, ordered = closest_first(name, known)
     shown = ", ".join(ordered[:10]) + (f" and {len(ordered) - 10} more" if len(ordered) > 10 else "")
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"no model named {name!r} in {backend.location}{hint}; models: {shown}"

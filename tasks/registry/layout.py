@@ -21,6 +21,7 @@ References, accepted everywhere a model is taken: ``name`` (latest version), ``n
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -290,3 +291,9 @@ def numbered(keys: list[str], name: str, file_name: str | None = None) -> set[in
         ):
             found.add(int(parts[1]))
     return found
+
+
+def closest_first(word: str, known: list[str], cutoff: float = 0.5) -> tuple[list[str], list[str]]:
+    """For a name not found: the known names close to ``word`` (difflib), and every known name with those first."""
+    close = difflib.get_close_matches(word, known, n=3, cutoff=cutoff)
+    return close, close + [name for name in known if name not in close]

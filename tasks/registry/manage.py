@@ -9,7 +9,6 @@ deleted first and reads its aliases after; an alias move writes first and reads 
 
 from __future__ import annotations
 
-import difflib
 import operator
 import re
 from typing import Any
@@ -20,6 +19,7 @@ from tasks.errors import PipelineInputError
 from tasks.registry.core import (
     Registry,
     backend_of,
+    model_names,
     promote,
     read_aliases,
     read_registration,
@@ -37,8 +37,7 @@ from tasks.registry.layout import (
     PromotionRule,
     Registration,
     VersionStatus,
-    is_model_name,
-    numbered,
+    closest_first,
     version_key,
 )
 from tasks.registry.status import change_status, read_status
@@ -119,11 +118,7 @@ def parse_tags(pairs: list[str]) -> dict[str, str]:
 def list_models(registry: Registry) -> list[str]:
     """Names with at least one committed, undeleted version."""
     backend = backend_of(registry)
-    keys = backend.list_keys("")
-    names = sorted({key.split("/", 1)[0] for key in keys if is_model_name(key.split("/", 1)[0])})
-    return [
-        name for name in names if numbered(keys, name, REGISTRATION_FILE) and next(registrations(backend, name), None)
-    ]
+    return [name for name in model_names(backend) if next(registrations(backend, name), None)]
 
 
 def _view(registration: Registration, status: VersionStatus | None, aliases: dict[str, int]) -> VersionView:
@@ -243,8 +238,7 @@ def search(
                 found.append(view)
     unknown = [c.metric for c in where or [] if c.metric not in figures]
     if unknown and figures:
-        close = difflib.get_close_matches(unknown[0], sorted(figures), n=3, cutoff=0.4)
-        listed = close + sorted(figures - set(close))
+        close, listed = closest_first(unknown[0], sorted(figures), cutoff=0.4)
         raise InvalidQueryError(
             f"no version records the figure {unknown[0]!r}"
             + (f" (did you mean {close[0]!r}?)" if close else "")

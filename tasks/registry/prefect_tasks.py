@@ -12,6 +12,7 @@ from prefect.runtime import flow_run, task_run
 from prefect.settings import get_current_settings
 from pydantic import BaseModel
 
+from tasks.console import quiet_console
 from tasks.model_directory import ModelDirectory
 from tasks.registry import (
     Promotion,
@@ -24,7 +25,7 @@ from tasks.registry import (
 )
 from tasks.registry.card import model_card_key, model_card_markdown
 from tasks.registry.manage import model_versions
-from tasks.retrying import quiet_console, stage_task
+from tasks.retrying import stage_task
 
 
 class RegisteredModel(BaseModel):

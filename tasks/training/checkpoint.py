@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from tasks.errors import InvalidDatasetError, OutputStorageError
-from tasks.fileio import STORAGE_ERRNOS, atomic_write, storage_fault
+from tasks.errors import InvalidDatasetError
+from tasks.fileio import STORAGE_ERRNOS, atomic_write, require_space, storage_fault
 from tasks.model_directory import TrainingMetrics
 
 
@@ -52,14 +51,8 @@ def check_space_for_checkpoints(output: Path, model) -> None:
     one is written beside the old, then replaces it), each the weights and SGD's momentum of the same size, and the
     best weights (model.pt)."""
     weights = tensor_bytes(model.state_dict())
-    needed = 2 * (2 * weights) + weights
-    free = shutil.disk_usage(output).free
-    if needed > free:
-        raise OutputStorageError(
-            f"not enough space for training's checkpoints at {output}: about {needed / 2**20:,.1f} MB needed (two "
-            f"checkpoints of weights and optimizer state, and the best weights), {free / 2**20:,.1f} MB free; "
-            "free space there or choose another work_dir"
-        )
+    why = "two checkpoints of weights and optimizer state, and the best weights"
+    require_space(output, 2 * (2 * weights) + weights, "training's checkpoints", why, "work_dir")
 
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, metrics: TrainingMetrics, classes, config) -> None:
