@@ -169,18 +169,19 @@ def run_command(call: Callable[[], T], *, log_file: Path, debug: bool) -> T:
     to_file.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
     root = logging.getLogger()
     root.addHandler(to_file)
-    try:
-        with contextlib.nullcontext() if debug else console_filter(HideInputErrorFailures()):
+    # The filter stays on while the mistake itself is logged below (the file gets its traceback, the console not).
+    with contextlib.nullcontext() if debug else console_filter(HideInputErrorFailures()):
+        try:
             return call()
-    except INPUT_ERRORS as error:
-        logger.error("%s", describe(error), exc_info=True)  # the file gets the traceback; the console does not
-        if debug:
-            raise
-        print(f"error: {describe(error)} (full log: {log_file})", file=sys.stderr)
-        raise SystemExit(2) from None
-    finally:
-        root.removeHandler(to_file)
-        to_file.close()
+        except INPUT_ERRORS as error:
+            logger.error("%s", describe(error), exc_info=True)
+            if debug:
+                raise
+            print(f"error: {describe(error)} (full log: {log_file})", file=sys.stderr)
+            raise SystemExit(2) from None
+        finally:
+            root.removeHandler(to_file)
+            to_file.close()
 
 
 def fail(error: BaseException, debug: bool) -> typing.NoReturn:
