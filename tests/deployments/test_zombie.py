@@ -105,7 +105,7 @@ def test_every_deployment_beats_and_make_deploy_makes_one_automation_for_them(st
     deployed, now, _ = automation
     config = yaml.safe_load((PROJECT_ROOT / "deployments" / "prefect.yaml").read_text())
     beat = heartbeat_seconds(config)
-    assert beat > 30  # Prefect's docs: more than 30 s (3.8.8 rejects less than 30)
+    assert beat > 30  # Prefect's docs: more than 30 s (the installed Prefect rejects less than 30)
     with client_for(stack) as client:
         ids = {f"prefect.deployment.{d.id}" for d in client.read_deployments()}
     assert deployed.enabled and deployed.trigger.within == timedelta(seconds=MISSED_HEARTBEATS * beat)
