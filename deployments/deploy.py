@@ -6,7 +6,8 @@
 schedule someone switched on in the UI (the file ships it paused). This reads each schedule's state from the
 server first (a schedule is known by its cron and time zone: a slug would do, but the UI then shows the slug
 instead of "At 03:00 AM, only on Monday") and deploys a copy of the file that carries it; a schedule the
-server does not have yet starts as the file says.
+server does not have yet starts as the file says. Then it creates or updates the automation that sets a run
+Crashed when its heartbeats stop (deployments/automations.py).
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import os
 import subprocess
 import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import yaml
 from prefect.flows import load_flow_from_entrypoint
 
+from deployments.automations import MISSED_HEARTBEATS, ZOMBIE_AUTOMATION, ensure_zombie_automation, heartbeat_seconds
 from deployments.local import PROJECT_ROOT
 
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
@@ -84,8 +87,22 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
         return result.returncode
+    beat = heartbeat_seconds(config)
+    ensure_zombie_automation(deployment_ids(names), timedelta(seconds=MISSED_HEARTBEATS * beat))
     print(next_steps(config, names))
+    print(
+        f"Automation {ZOMBIE_AUTOMATION!r}: a run of these deployments beats every {beat} s and is set Crashed "
+        f"after {MISSED_HEARTBEATS * beat} s without a heartbeat (its host or worker was lost)."
+    )
     return 0
+
+
+def deployment_ids(names: list[str]) -> list[str]:
+    """The server's ids of the deployments ``names`` (``flow/deployment``)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return [str(client.read_deployment_by_name(name).id) for name in names]
 
 
 def next_steps(config: dict, names: list[str]) -> str:

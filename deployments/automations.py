@@ -1,0 +1,93 @@
+"""The automation that notices a lost host: a run of one of deployments/prefect.yaml's deployments whose
+heartbeats stop is set Crashed (Prefect's "detect zombie flows").
+
+A deployment run beats every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (its job variables' environment,
+deployments/prefect.yaml) while its process lives; a host powered off, or its worker's whole process tree
+killed, stops the beats and sends no state change, so the run would stay Running for ever. The automation
+waits, for each flow run, for the next heartbeat or a final state after each heartbeat, and sets the run
+Crashed once none came for ``MISSED_HEARTBEATS`` intervals. It watches only the runs of the deployments
+``make deploy`` made (their ids), whose heartbeat frequency it knows: a run started elsewhere beats at
+Prefect's default pace (180 s) and must not be crashed for beating slowly.
+
+``make deploy`` (deployments/deploy.py) creates it, or updates it in place: one automation of that name, whose
+other actions (a notification someone added in the UI) and on/off switch a re-deploy keeps.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from prefect.automations import Automation
+from prefect.client.schemas.objects import StateType
+from prefect.events.actions import ChangeFlowRunState
+from prefect.events.schemas.automations import EventTrigger, Posture
+from prefect.events.schemas.events import ResourceSpecification
+
+HEARTBEAT_SETTING = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
+ZOMBIE_AUTOMATION = "Crash runs whose host was lost (no heartbeat)"
+MISSED_HEARTBEATS = 3  # a heartbeat late by one or two intervals (a busy server) is not a lost host
+FINAL_EVENTS = {f"prefect.flow-run.{state}" for state in ("Completed", "Failed", "Cancelled", "Crashed")}
+
+
+def heartbeat_seconds(config: dict) -> int:
+    """The heartbeat frequency the deployments of ``config`` (prefect.yaml, loaded) set, the slowest if they
+    differ; raises ValueError when one sets none (its runs would beat at Prefect's default pace)."""
+    frequencies = []
+    for entry in config["deployments"]:
+        env = entry.get("work_pool", {}).get("job_variables", {}).get("env", {})
+        if HEARTBEAT_SETTING not in env:
+            raise ValueError(f"deployment {entry['name']!r} sets no {HEARTBEAT_SETTING} in its job variables' env")
+        frequencies.append(int(env[HEARTBEAT_SETTING]))
+    return max(frequencies)
+
+
+def zombie_automation(deployment_ids: list[str], within: timedelta) -> Automation:
+    """Sets a run of one of ``deployment_ids`` Crashed when, after a heartbeat, neither another heartbeat nor
+    a final state came ``within`` that time."""
+    return Automation(
+        name=ZOMBIE_AUTOMATION,
+        description=(
+            f"A run of a deployment of deployments/prefect.yaml that sent no heartbeat for {within.total_seconds():g} s "
+            "is set Crashed: its host or worker was lost. Made by `make deploy` (deployments/automations.py)."
+        ),
+        trigger=EventTrigger(
+            match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
+            match_related=ResourceSpecification(
+                {
+                    "prefect.resource.role": "deployment",
+                    "prefect.resource.id": [f"prefect.deployment.{id}" for id in deployment_ids],
+                }
+            ),
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", *FINAL_EVENTS},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=within,
+        ),
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                message=(
+                    f"No heartbeat for {within.total_seconds():g} s: the run's host or worker was lost "
+                    f"(automation {ZOMBIE_AUTOMATION!r})."
+                ),
+            )
+        ],
+    )
+
+
+def ensure_zombie_automation(deployment_ids: list[str], within: timedelta) -> Automation:
+    """Creates the automation on the server (PREFECT_API_URL), or updates the one of that name, keeping the actions
+    added to it besides setting the run Crashed, and whether it is enabled; returns it."""
+    from prefect.client.orchestration import get_client
+
+    wanted = zombie_automation(deployment_ids, within)
+    with get_client(sync_client=True) as client:
+        existing = client.read_automations_by_name(name=ZOMBIE_AUTOMATION)
+    if not existing:
+        return wanted.create()
+    wanted.id, wanted.enabled = existing[0].id, existing[0].enabled
+    wanted.actions += [a for a in existing[0].actions if not isinstance(a, ChangeFlowRunState)]
+    wanted.update()
+    return wanted
