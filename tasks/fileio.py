@@ -92,12 +92,12 @@ def require_space(where: Path, needed: int, what: str, why: str, instead: str) -
         )
 
 
-def storage_fault(what: str, error: OSError, needed: int) -> OutputStorageError | None:
-    """``error`` writing ``what`` as one OutputStorageError naming the free space and what was needed (None
-    when it is not a fault of the storage)."""
+def storage_fault(what: str, error: OSError, needed: int, where: Path | None = None) -> OutputStorageError | None:
+    """``error`` writing ``what`` as one OutputStorageError naming the free space (of ``where``, else of the
+    error's file) and what was needed (None when it is not a fault of the storage)."""
     if error.errno not in STORAGE_ERRNOS:
         return None
-    where = Path(error.filename) if error.filename else Path.cwd()
+    where = where or (Path(error.filename) if error.filename else Path.cwd())
     while not where.exists() and where != where.parent:
         where = where.parent
     free = shutil.disk_usage(where).free

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from tasks.fileio import atomic_write, storage_fault
-from tasks.storage import is_s3_uri, parse_s3_uri, read_bytes, s3_client
+from tasks.storage import is_s3_uri, parse_s3_uri, read_bytes, s3_client, s3_writing
 
 SCORED_LABELS = "Scored Labels"
 PROBABILITY_PREFIX = "Scored Probabilities_"
@@ -52,7 +52,8 @@ def write_scores(table: pd.DataFrame, location: str) -> str:
     data = table.to_csv(index=False).encode()
     if is_s3_uri(location):
         target = parse_s3_uri(location)
-        s3_client().put_object(Bucket=target.bucket, Key=target.prefix, Body=data, ContentType="text/csv")
+        with s3_writing(location):
+            s3_client().put_object(Bucket=target.bucket, Key=target.prefix, Body=data, ContentType="text/csv")
     else:
         try:
             with atomic_write(location, "wb") as handle:  # nothing is left at location but the complete table

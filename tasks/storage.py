@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from tasks.errors import InvalidStorageURIError
+from tasks.errors import InvalidStorageURIError, OutputStorageError
 from tasks.fileio import atomic_write
 
 S3_SCHEME = "s3://"
@@ -167,12 +167,45 @@ def read_s3_object(uri: str) -> bytes | None:
         raise
 
 
+# S3 error codes a retry cannot mend: the bucket or the credentials refuse the write.
+S3_REFUSALS = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "InvalidBucketName",
+        "NoSuchBucket",
+        "SignatureDoesNotMatch",
+        "EntityTooLarge",
+    }
+)
+
+
+@contextlib.contextmanager
+def s3_writing(what: str) -> Iterator[None]:
+    """Around a PUT of ``what`` (``s3://bucket/key``): S3 refusing it for good (no such bucket, access denied, …)
+    raises ``OutputStorageError`` naming the object. Other failures, left after boto's own retries (a 5xx, a
+    dropped connection), propagate as they are, for the stage's retries."""
+    from botocore.exceptions import ClientError
+
+    try:
+        yield
+    except ClientError as error:
+        details = error.response.get("Error", {})
+        if details.get("Code") not in S3_REFUSALS:
+            raise
+        raise OutputStorageError(
+            f"S3 refused to store {what}: {details.get('Code')} ({details.get('Message', 'no message')}); check the "
+            "bucket's name and that these credentials may write there (nothing was retried: it would fail the same)"
+        ) from None
+
+
 def upload_files(root: Path, names: Iterable[str], uri: str) -> None:
     """Upload ``root/<name>`` to ``<uri>/<name>`` for each name, in order (so a reader that sees the last one
     can rely on the others being there)."""
     where, client = parse_s3_uri(uri), s3_client()
     for name in names:
-        with open(root / name, "rb") as body:
+        with open(root / name, "rb") as body, s3_writing(f"s3://{where.bucket}/{where.key(name)}"):
             client.put_object(Bucket=where.bucket, Key=where.key(name), Body=body)
 
 

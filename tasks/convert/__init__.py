@@ -5,7 +5,8 @@
     archives.py    unpacking .zip / .tar(.gz|.bz2|.xz) safely: no member lands outside, sizes are capped
     listing.py     one walk of a local folder: what can be read, what was skipped and why
     labelling.py   which file has which label: class folders, a labels file, or none
-    conversion.py  decoding, checking and storing each image, the manifest; the ``convert`` Prefect task
+    storing.py     checking and storing one image, whose fault a failure is, the journal a stopped run goes on from
+    conversion.py  the plan, the space check, the threads, the manifest; the ``convert`` Prefect task
 
 ``from tasks.convert import convert`` (the task) and ``convert_to_image_directory`` (the plain function)
 are loaded lazily, so that the sources, listing and labelling modules import no Prefect.

@@ -10,7 +10,9 @@ together hold at most ``decode_memory_bytes`` of decoded pixels. One that cannot
 with the reason in the manifest ("unreadable file: [Errno 13] …" when the source itself cannot be read).
 Images are copied byte for byte unless a ``Normalisation`` is given. A fault writing the output (full disk,
 quota, read-only, I/O, permission) stops the conversion with ``OutputStorageError`` (where, free, needed),
-after a check of the free space before any work; nothing of it is kept.
+after a check of the free space before any work; no manifest is written, and the images stored so far stay in
+``.<output>.partial-<hash>`` beside it, for the next attempt with the same content and settings to go on from
+(``tasks.convert.storing``: each image is journalled once complete).
 
 The source is only read, and nothing is written outside ``output``; no stored file is ever overwritten
 (names that collide once made safe get ``~2``, ``~3``). An output already converted from the same content
@@ -20,26 +22,33 @@ with the same settings (``conversion_hash``) is returned as it is.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
 from pydantic import BaseModel, Field
 
 from tasks.convert.labelling import SingleClass, SourceFile, plan_source, read_labels_file, some
 from tasks.convert.listing import list_folder
 from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
+from tasks.convert.storing import (
+    DecodeBudget,
+    ImageWriter,
+    StoredJournal,
+    StoreSettings,
+    WriteFailed,
+    space_needed,
+    writing,
+)
 from tasks.errors import InvalidDatasetError, OutputStorageError
-from tasks.fileio import STORAGE_ERRNOS, megabytes, require_space, sha256_file, staged_directory
+from tasks.fileio import megabytes, require_space
 from tasks.image_directory import (
     FORMAT_VERSION,
     IMAGE_EXTENSIONS,
@@ -57,12 +66,7 @@ from tasks.storage import is_s3_uri, read_bytes
 # A 48-megapixel phone photo fits; Pillow's own decompression-bomb warning starts at ~89 MP.
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
 DEFAULT_DECODE_MEMORY_BYTES = 2**30
-
-# Pillow holds RGB as 4 bytes a pixel; normalising adds the rotated and the converted copy.
-_BYTES_PER_PIXEL, _NORMALISING_BYTES_PER_PIXEL = 4, 12
-_CHUNK = 1 << 20
-# Formats whose encoder would otherwise pick a low default quality when re-encoding a normalised image.
-_SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"quality": 95}}
+logger = logging.getLogger(__name__)
 
 
 class ConversionLimits(BaseModel):
@@ -86,179 +90,48 @@ class ConversionLimits(BaseModel):
     )
 
 
-class DecodeBudget:
-    """Bytes of decoded pixels all threads may hold at once; an image larger than the whole budget runs alone."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.held = limit, 0
-        self._changed = threading.Condition()
-
-    @contextlib.contextmanager
-    def hold(self, amount: int) -> Iterator[None]:
-        amount = min(amount, self.limit)
-        with self._changed:
-            self._changed.wait_for(lambda: self.held + amount <= self.limit)
-            self.held += amount
-        try:
-            yield
-        finally:
-            with self._changed:
-                self.held -= amount
-                self._changed.notify_all()
-
-
-@dataclass(frozen=True)
-class StoreSettings:
-    normalisation: Normalisation | None
-    max_pixels: int
-    budget: DecodeBudget
-
-
-class _Refused(Exception):
-    """An image that is quarantined, with the reason."""
-
-
-# Reading a source, these make it unreadable (quarantined as such); writing the output, any of STORAGE_ERRNOS
-# stops the whole conversion (OutputStorageError): a fault of the storage is never taken for a damaged image.
-_UNREADABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EIO}
-
-
-class _WriteFailed(Exception):
-    """Writing the output failed (``error``: the OSError): the whole conversion stops."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(str(error))
-        self.error = error
+def _storage_error(
+    output: Path, error: OSError, partial: Path, stored: dict[str, ImageRecord], planned: list[tuple[int, str]]
+) -> OutputStorageError:
+    """The conversion's one error when the output could not be written: where, the space, what was kept.
+    ``planned``: each image's source size and stored path; what is left is estimated at the size ratio of
+    what was stored (a normalised image may be larger than its source)."""
+    done_source = sum(size for size, path in planned if path in stored)
+    done = sum(record.size_bytes for record in stored.values())
+    left = sum(size for size, path in planned if path not in stored)
+    more = left * done / done_source if done_source else left
+    return OutputStorageError(
+        f"cannot write the converted images to {output}: [Errno {error.errno}] {error.strerror}; "
+        f"{megabytes(shutil.disk_usage(partial).free)} free there, about {megabytes(int(more))} more needed; "
+        f"no image was quarantined for it and no manifest written. The {len(stored)} images stored so far are "
+        f"kept in {partial}: once the storage is fixed, the same conversion goes on from there"
+    )
 
 
 @contextlib.contextmanager
-def _writing() -> Iterator[None]:
-    """Around a write to the output: a storage fault there is the storage's, never the image's."""
+def _resumable_folder(output: Path, conversion_hash: str) -> Iterator[Path]:
+    """The folder a conversion fills, beside ``output``: ``.<name>.partial-<hash>``, the same for every attempt
+    with the same content and settings. On success it replaces ``output`` whole (and partial folders of other
+    settings go); stopped by its storage, or interrupted, it stays for the next attempt to go on from; any other
+    failure removes it."""
+    partial = output.parent / f".{output.name}.partial-{conversion_hash[:16]}"
     try:
-        yield
-    except OSError as error:
-        if error.errno in STORAGE_ERRNOS:
-            raise _WriteFailed(error) from error
+        with writing():
+            partial.mkdir(parents=True, exist_ok=True)
+    except WriteFailed as failed:
+        raise _storage_error(output, failed.error, output.parent, {}, []) from None
+    try:
+        yield partial
+    except (OutputStorageError, KeyboardInterrupt):
         raise
-
-
-def space_needed(files: list[SourceFile], normalisation: Normalisation | None) -> int:
-    """About how many bytes the stored images take: the sources' (copied byte for byte), capped when normalising
-    to a longest side at 4 bytes a pixel of the largest image that side allows."""
-    total = 0
-    for file in files:
-        size = file.path.stat().st_size
-        if normalisation is not None and normalisation.max_side:
-            size = min(size, normalisation.max_side**2 * 4)
-        total += size
-    return total
-
-
-def _check_pixels(image: Image.Image, max_pixels: int) -> None:
-    if image.width * image.height > max_pixels:
-        raise _Refused(
-            f"{image.width}x{image.height} pixels ({image.width * image.height:,}), over the limit of "
-            f"{max_pixels:,} (max_image_pixels)"
-        )
-
-
-def _copy_exclusively(source: Path, destination: Path) -> None:
-    """Stream ``source`` to a new file: FileExistsError rather than overwrite what another image stored."""
-    with open(source, "rb") as reader:  # a fault reading the source is the source's (quarantined as unreadable)
-        with _writing():
-            writer = open(destination, "xb")  # noqa: SIM115 (closed below, a fault closing it being the output's)
-        try:
-            while chunk := reader.read(_CHUNK):
-                with _writing():
-                    writer.write(chunk)
-        finally:
-            with _writing():
-                writer.close()
-
-
-def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tuple[int, int, str]:
-    """Write one checked image to ``destination``: width, height and mode of what was stored."""
-    with Image.open(file.path) as image:  # the header only: a huge or hostile file is refused before any read
-        _check_pixels(image, settings.max_pixels)
-        normalisation = settings.normalisation
-        if normalisation is not None:
-            with settings.budget.hold(image.width * image.height * _NORMALISING_BYTES_PER_PIXEL):
-                image.load()
-                fmt = image.format
-                result = ImageOps.exif_transpose(image).convert(normalisation.mode)
-                if normalisation.max_side and max(result.size) > normalisation.max_side:
-                    result.thumbnail((normalisation.max_side, normalisation.max_side), Image.Resampling.LANCZOS)
-                with _writing(), open(destination, "xb") as writer:
-                    result.save(writer, format=fmt, **_SAVE_OPTIONS.get(fmt, {}))
-                return result.width, result.height, result.mode
-    # The copy is what gets decoded and hashed: those are the very bytes stored, whatever the source does.
-    _copy_exclusively(file.path, destination)
-    with Image.open(destination) as image:
-        _check_pixels(image, settings.max_pixels)
-        size, mode = image.size, image.mode
-        # A JPEG drafted to 1/8 scale is still entropy-decoded to its last byte, so truncation and damage
-        # still show, but most of the IDCT and colour conversion (needed only to re-encode) is skipped.
-        image.draft(None, (1, 1))
-        with settings.budget.hold(image.width * image.height * _BYTES_PER_PIXEL):
-            image.load()
-    return *size, mode
-
-
-def store_image(
-    file: SourceFile, target: PurePosixPath, root: Path, settings: StoreSettings
-) -> ImageRecord | QuarantinedFile:
-    """Check one image and write it to ``root / target``: an ImageRecord, or why it was quarantined."""
-    where = file.original.as_posix()
-    if file.path.stat().st_size == 0:
-        return QuarantinedFile(path=where, reason="empty file (0 bytes)")
-    destination = root / target
-    with _writing():
-        destination.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        width, height, mode = _store(file, destination, settings)
-    except FileExistsError:
-        raise  # two images planned to one path: a bug to surface, never a file to overwrite or quarantine
-    except _WriteFailed:
-        destination.unlink(missing_ok=True)
-        raise  # the storage's fault: the conversion stops (convert_to_image_directory says where and how much)
-    except _Refused as refused:
-        reason = str(refused)
-    except Image.DecompressionBombError as error:
-        reason = f"over Pillow's decompression-bomb guard: {error}"
-    except UnidentifiedImageError:
-        reason = "not an image: Pillow cannot identify the file's format"
-    except OSError as error:
-        if error.errno in _UNREADABLE_ERRNOS and getattr(error, "filename", None) not in (None, str(destination)):
-            reason = f"unreadable file: [Errno {error.errno}] {error.strerror}"
-        else:
-            reason = f"damaged or truncated image: {error}"
-    except (SyntaxError, ValueError, EOFError) as error:
-        reason = f"damaged or truncated image: {error}"
-    else:
-        return ImageRecord(
-            path=target.as_posix(),
-            label=file.label,
-            sha256=sha256_file(destination),
-            size_bytes=destination.stat().st_size,
-            width=width,
-            height=height,
-            mode=mode,
-            source_path=where,
-        )
-    destination.unlink(missing_ok=True)  # this call created it (exclusively), or nothing is there
-    return QuarantinedFile(path=where, reason=reason)
-
-
-def _storage_error(output: Path, error: OSError, needed: int, staging: Path) -> OutputStorageError:
-    """The conversion's one error when the output could not be written (nothing of it is kept)."""
-    stored = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
-    free = shutil.disk_usage(staging).free
-    more = megabytes(max(needed - stored, 0))
-    return OutputStorageError(
-        f"cannot write the converted images to {output}: [Errno {error.errno}] {error.strerror}; "
-        f"{megabytes(free)} free there, about {more} more needed (of {megabytes(needed)}); "
-        "nothing was kept and no image was quarantined for it: fix the storage and convert again"
-    )
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if output.exists():
+        shutil.rmtree(output)
+    partial.rename(output)
+    for other in output.parent.glob(f".{output.name}.partial-*"):
+        shutil.rmtree(other, ignore_errors=True)
 
 
 def stored_paths(
@@ -356,32 +229,27 @@ def convert_to_image_directory(
         return previous
     table = (read_labels_file(labels_data, labels), labels) if labels_data is not None else None
     store = StoreSettings(normalisation, max_image_pixels, DecodeBudget(decode_memory_bytes))
-    with origin.open() as opened, staged_directory(output) as staging:
+    with origin.open() as opened, _resumable_folder(output, conversion_hash) as partial:
         plan, labels_source = plan_source(
             opened.folder, list_folder(opened.folder), labels=table, labeled=labeled, single_class=single_class
         )
         classes = sorted({f.label for f in plan.files if f.label is not None})
         folders = class_folders(classes)
         targets, renamed = stored_paths(plan.files, folders, by_class_folder=plan.labeled and labels_source is None)
-        needed = space_needed(plan.files, normalisation)
-        require_space(staging, needed, "the conversion", "the images' size", "output")
-        stopped = threading.Event()
-
-        def one(file: SourceFile, target: PurePosixPath) -> ImageRecord | QuarantinedFile | None:
-            if stopped.is_set():
-                return None  # another image could not be written: the conversion is stopping
-            try:
-                return store_image(file, target, staging, store)
-            except _WriteFailed:
-                stopped.set()
-                raise
-
+        journal = StoredJournal(partial)
+        todo = [f for f, t in zip(plan.files, targets) if journal.reused(f, t) is None]
+        if journal.records:
+            logger.info("%s: %d images stored by an earlier attempt are reused", output, len(journal.records))
+        needed = space_needed(todo, normalisation)
+        require_space(partial, needed, "the conversion", "the images' size", "output")
+        writer = ImageWriter(partial, store, journal)
         # Decoding, hashing and file I/O run in C and release the GIL: threads overlap them.
         try:
             with ThreadPoolExecutor(max_workers=threads or min(16, 2 * (os.cpu_count() or 1))) as pool:
-                results = list(pool.map(one, plan.files, targets))
-        except _WriteFailed as failed:
-            raise _storage_error(output, failed.error, needed, staging) from None
+                results = list(pool.map(writer, plan.files, targets))
+        except WriteFailed as failed:
+            planned = [(f.path.stat().st_size, t.as_posix()) for f, t in zip(plan.files, targets)]
+            raise _storage_error(output, failed.error, partial, journal.records, planned) from None
         images = [r for r in results if isinstance(r, ImageRecord)]
         quarantined = opened.skipped + plan.refused + [r for r in results if isinstance(r, QuarantinedFile)]
         if not images:
@@ -419,7 +287,12 @@ def convert_to_image_directory(
             conversion_hash=conversion_hash,
             warnings=warnings,
         )
-        ImageDirectory.write(staging, manifest)
+        try:
+            with writing():
+                ImageDirectory.write(partial, manifest)
+        except WriteFailed as failed:
+            raise _storage_error(output, failed.error, partial, journal.records, []) from None
+        journal.remove()
     return ImageDirectory(output)
 
 

@@ -14,7 +14,9 @@ written. The opened folder is then walked once (``tasks.convert.listing``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
@@ -24,8 +26,8 @@ from pathlib import Path, PurePosixPath
 
 from tasks.convert.archives import extract_archive, refuse_oversize
 from tasks.convert.listing import list_folder, litter
-from tasks.errors import InvalidDatasetError
-from tasks.fileio import sha256_file
+from tasks.errors import InvalidDatasetError, OutputStorageError
+from tasks.fileio import megabytes, sha256_file
 from tasks.image_directory import QuarantinedFile
 from tasks.storage import S3Location, download_s3_object, is_s3_uri, parse_s3_uri, s3_client
 
@@ -96,8 +98,25 @@ class FolderSource(_LocalSource):
 
 
 @contextlib.contextmanager
+def scratch_space(what: str, scratch: Path, needed: int | None = None) -> Iterator[None]:
+    """Around filling the temporary folder an archive or S3 source is read into: a disk that fills there is a
+    storage fault (``OutputStorageError``, with where and how much), never a damaged archive or object."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        free, size = shutil.disk_usage(scratch).free, f"about {megabytes(needed)} needed, " if needed else ""
+        raise OutputStorageError(
+            f"no space left {what} into the temporary folder {scratch}: [Errno {error.errno}] {error.strerror}; "
+            f"{size}{megabytes(free)} free there: free space there, or point TMPDIR at a folder with more room"
+        ) from None
+
+
+@contextlib.contextmanager
 def _unpacked(archive: Path, scratch: Path, max_bytes: int) -> Iterator[OpenedSource]:
-    skipped = extract_archive(archive, scratch / "files", max_bytes)
+    with scratch_space(f"to unpack {archive}", scratch):
+        skipped = extract_archive(archive, scratch / "files", max_bytes)
     yield OpenedSource(scratch / "files", skipped)
 
 
@@ -239,8 +258,11 @@ class S3Source(Source):
         def fetch(obj: S3Object) -> None:
             download_s3_object(client, self.where.bucket, obj.key, destination / obj.relative)
 
-        with ThreadPoolExecutor(max_workers=_DOWNLOAD_THREADS) as pool:
-            list(pool.map(fetch, self.listing.objects))
+        needed = sum(o.size for o in self.listing.objects)
+        with scratch_space(f"to download {self.location}", destination, needed):
+            destination.mkdir(parents=True, exist_ok=True)
+            with ThreadPoolExecutor(max_workers=_DOWNLOAD_THREADS) as pool:
+                list(pool.map(fetch, self.listing.objects))
 
     @contextlib.contextmanager
     def open(self) -> Iterator[OpenedSource]:

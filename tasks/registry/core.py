@@ -15,16 +15,24 @@ become paths; a corrupt version is left out of listings and of ``latest`` with a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
-from tasks.errors import InvalidModelDirectoryError, InvalidModelNameError, ModelNotFoundError, PipelineInputError
-from tasks.fileio import sha256_file
+from tasks.errors import (
+    InvalidModelDirectoryError,
+    InvalidModelNameError,
+    ModelNotFoundError,
+    OutputStorageError,
+    PipelineInputError,
+)
+from tasks.fileio import sha256_file, storage_fault
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import MODEL_FILES, ONNX_FILE, ModelDirectory
 from tasks.registry.backends import RegistryBackend, open_backend, swap
@@ -53,6 +61,7 @@ from tasks.registry.layout import (
     version_key,
 )
 from tasks.registry.status import is_deleted, read_status
+from tasks.storage import is_s3_uri
 
 Registry = str | os.PathLike[str] | RegistryBackend
 logger = logging.getLogger(__name__)
@@ -393,6 +402,25 @@ def _claim_version(backend: RegistryBackend, name: str, claim: bytes) -> int:
     return version
 
 
+@contextlib.contextmanager
+def _all_or_nothing(backend: RegistryBackend, what: str, needed: int, stored: list[str]) -> Iterator[None]:
+    """Around storing a version: when the registry's storage refuses a write (full, read-only, S3 refusing), the
+    ``stored`` keys are removed (a claim stays, so its number is never reused) and the error's first line says
+    that nothing was registered."""
+    try:
+        yield
+    except (OSError, OutputStorageError) as error:
+        where = None if is_s3_uri(backend.location) else Path(backend.location)
+        fault = error if isinstance(error, OutputStorageError) else storage_fault(what, error, needed, where)
+        if fault is None:
+            raise
+        for key in stored:
+            with contextlib.suppress(Exception):
+                backend.delete(key)
+        removed = f" (the {len(stored)} files stored before it were removed)" if stored else ""
+        raise OutputStorageError(f"nothing was registered: {fault}{removed}") from None
+
+
 def register_model(
     registry: Registry,
     name: str,
@@ -432,34 +460,40 @@ def register_model(
         claim = Claim(
             token=uuid.uuid4().hex, created_at=datetime.now(timezone.utc), host=socket.gethostname(), pid=os.getpid()
         )
-        version = _claim_version(backend, name, claim.model_dump_json().encode())
-        for file_name in files:
-            backend.upload(version_key(name, version, file_name), model_dir.root / file_name)
-        verdict = (
-            challenge(backend, name, promote_to, promotion_metric, metrics, rule.lower_is_better, rule.min_improvement)
-            if promote_to
-            else None
-        )
-        if verdict and approval:
-            verdict = verdict.model_copy(update={"promoted": False, "awaiting_approval": verdict.promoted})
-        registration = Registration(
-            name=name,
-            version=version,
-            created_at=datetime.now(timezone.utc),
-            metrics=metrics,
-            params=params,
-            datasets=datasets,
-            flow_run_id=flow_run_id,
-            task_run_id=task_run_id,
-            tags=tags or {},
-            files=files,
-            promotion=verdict,
-        )
-        record = registration.model_dump_json(indent=2).encode()
-        if not _create_owned(backend, version_key(name, version, REGISTRATION_FILE), record):
-            raise RuntimeError(
-                f"{backend.location}/{name}/{version} was committed by another registration despite our claim"
+        stored: list[str] = []
+        size = sum((model_dir.root / f).stat().st_size for f in files)
+        with _all_or_nothing(backend, f"{name}'s files to the registry {backend.location}", size, stored):
+            version = _claim_version(backend, name, claim.model_dump_json().encode())
+            for file_name in files:
+                backend.upload(version_key(name, version, file_name), model_dir.root / file_name)
+                stored.append(version_key(name, version, file_name))
+            verdict = (
+                challenge(
+                    backend, name, promote_to, promotion_metric, metrics, rule.lower_is_better, rule.min_improvement
+                )
+                if promote_to
+                else None
             )
+            if verdict and approval:
+                verdict = verdict.model_copy(update={"promoted": False, "awaiting_approval": verdict.promoted})
+            registration = Registration(
+                name=name,
+                version=version,
+                created_at=datetime.now(timezone.utc),
+                metrics=metrics,
+                params=params,
+                datasets=datasets,
+                flow_run_id=flow_run_id,
+                task_run_id=task_run_id,
+                tags=tags or {},
+                files=files,
+                promotion=verdict,
+            )
+            record = registration.model_dump_json(indent=2).encode()
+            if not _create_owned(backend, version_key(name, version, REGISTRATION_FILE), record):
+                raise RuntimeError(
+                    f"{backend.location}/{name}/{version} was committed by another registration despite our claim"
+                )
     if promote_to and not approval:
         promotion = promote(backend, registration, promote_to, rule)
         registration = registration.model_copy(update={"promotion": promotion})

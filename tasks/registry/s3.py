@@ -15,7 +15,7 @@ from pathlib import Path
 from botocore.exceptions import ClientError
 
 from tasks.registry.backends import RegistryBackend
-from tasks.storage import download_s3_object, parse_s3_uri, read_s3_bytes, s3_client
+from tasks.storage import download_s3_object, parse_s3_uri, read_s3_bytes, s3_client, s3_writing
 
 CONFLICT_RETRIES = 20
 
@@ -39,7 +39,9 @@ class S3Backend(RegistryBackend):
     def _put_conditional(self, key: str, data: bytes, **condition: str) -> bool:
         for attempt in range(CONFLICT_RETRIES):
             try:
-                self.client.put_object(Bucket=self.root.bucket, Key=self.root.key(key), Body=data, **condition)
+                # A refusal (no such bucket: also a 404) is an OutputStorageError, not a lost condition.
+                with s3_writing(f"s3://{self.root.bucket}/{self.root.key(key)}"):
+                    self.client.put_object(Bucket=self.root.bucket, Key=self.root.key(key), Body=data, **condition)
                 return True
             except ClientError as error:
                 # 404: IfMatch on a key deleted since it was read.
@@ -52,7 +54,8 @@ class S3Backend(RegistryBackend):
         raise TimeoutError(f"{self.location}/{key}: still conflicting after {CONFLICT_RETRIES} conditional writes")
 
     def write(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.root.bucket, Key=self.root.key(key), Body=data)
+        with s3_writing(f"s3://{self.root.bucket}/{self.root.key(key)}"):
+            self.client.put_object(Bucket=self.root.bucket, Key=self.root.key(key), Body=data)
 
     def read(self, key: str) -> bytes | None:
         try:
@@ -77,7 +80,7 @@ class S3Backend(RegistryBackend):
     def upload(self, key: str, path: Path) -> None:
         # One PUT per file (S3 takes up to 5 GB so): a retried PUT is idempotent, where a retried
         # CompleteMultipartUpload after a lost answer can fail with NoSuchUpload.
-        with open(path, "rb") as body:
+        with open(path, "rb") as body, s3_writing(f"s3://{self.root.bucket}/{self.root.key(key)}"):
             self.client.put_object(Bucket=self.root.bucket, Key=self.root.key(key), Body=body)
 
     def download(self, key: str, path: Path) -> None:

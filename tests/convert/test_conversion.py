@@ -486,8 +486,8 @@ def test_names_equal_once_normalised_are_merged_and_never_overwrite_each_other(t
 
 
 def test_storing_an_image_never_overwrites_one_already_stored(tmp_path):
-    from tasks.convert.conversion import DecodeBudget, StoreSettings, store_image
     from tasks.convert.labelling import SourceFile
+    from tasks.convert.storing import DecodeBudget, StoreSettings, store_image
 
     settings = StoreSettings(None, 10**6, DecodeBudget(2**20))
     first, second = (write_image(tmp_path / f"{i}.png", COLOURS["red"], seed=i) for i in range(2))

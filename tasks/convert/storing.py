@@ -1,0 +1,262 @@
+"""Checking and storing one image of a conversion, telling whose fault a failure is, and the journal that lets
+a conversion stopped by its storage go on where it stopped.
+
+A failure is the image's (quarantined with the reason: damaged, not an image, too many pixels), the source's
+storage's (the file cannot be read: quarantined as "unreadable file" with its errno) or the output's storage's
+(a write fails with one of ``STORAGE_ERRNOS``): ``WriteFailed``, which stops the whole conversion, since every
+later image would fail the same way and none of them is to blame. Pillow's own decode errors carry no errno.
+
+Each image is written with an exclusive create, checked, and only then recorded in the folder's journal
+(``.stored.jsonl``, one ImageRecord a line). A conversion stopped by its storage (or killed) keeps its folder;
+the next attempt with the same settings trusts what the journal names and stores only the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from tasks.convert.labelling import SourceFile
+from tasks.fileio import STORAGE_ERRNOS, sha256_file
+from tasks.image_directory import ImageRecord, Normalisation, QuarantinedFile
+
+JOURNAL_NAME = ".stored.jsonl"
+# Pillow holds RGB as 4 bytes a pixel; normalising adds the rotated and the converted copy.
+_BYTES_PER_PIXEL, _NORMALISING_BYTES_PER_PIXEL = 4, 12
+_CHUNK = 1 << 20
+# Formats whose encoder would otherwise pick a low default quality when re-encoding a normalised image.
+_SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"quality": 95}}
+
+
+class DecodeBudget:
+    """Bytes of decoded pixels all threads may hold at once; an image larger than the whole budget runs alone."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, amount: int) -> Iterator[None]:
+        amount = min(amount, self.limit)
+        with self._changed:
+            self._changed.wait_for(lambda: self.held + amount <= self.limit)
+            self.held += amount
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.held -= amount
+                self._changed.notify_all()
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    normalisation: Normalisation | None
+    max_pixels: int
+    budget: DecodeBudget
+
+
+class _Refused(Exception):
+    """An image that is quarantined, with the reason."""
+
+
+# Reading a source, these make it unreadable (quarantined as such); writing the output, any of STORAGE_ERRNOS
+# stops the whole conversion (OutputStorageError): a fault of the storage is never taken for a damaged image.
+_UNREADABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EIO}
+
+
+class WriteFailed(Exception):
+    """Writing the output failed (``error``: the OSError): the whole conversion stops."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@contextlib.contextmanager
+def writing() -> Iterator[None]:
+    """Around a write to the output: a storage fault there is the storage's, never the image's."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in STORAGE_ERRNOS:
+            raise WriteFailed(error) from error
+        raise
+
+
+def space_needed(files: list[SourceFile], normalisation: Normalisation | None) -> int:
+    """About how many bytes the stored images take: the sources' (copied byte for byte), capped when normalising
+    to a longest side at 4 bytes a pixel of the largest image that side allows."""
+    total = 0
+    for file in files:
+        size = file.path.stat().st_size
+        if normalisation is not None and normalisation.max_side:
+            size = min(size, normalisation.max_side**2 * 4)
+        total += size
+    return total
+
+
+def _check_pixels(image: Image.Image, max_pixels: int) -> None:
+    if image.width * image.height > max_pixels:
+        raise _Refused(
+            f"{image.width}x{image.height} pixels ({image.width * image.height:,}), over the limit of "
+            f"{max_pixels:,} (max_image_pixels)"
+        )
+
+
+def _copy_exclusively(source: Path, destination: Path) -> None:
+    """Stream ``source`` to a new file: FileExistsError rather than overwrite what another image stored."""
+    with open(source, "rb") as reader:  # a fault reading the source is the source's (quarantined as unreadable)
+        with writing():
+            writer = open(destination, "xb")  # noqa: SIM115 (closed below, a fault closing it being the output's)
+        try:
+            while chunk := reader.read(_CHUNK):
+                with writing():
+                    writer.write(chunk)
+        finally:
+            with writing():
+                writer.close()
+
+
+def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tuple[int, int, str]:
+    """Write one checked image to ``destination``: width, height and mode of what was stored."""
+    with Image.open(file.path) as image:  # the header only: a huge or hostile file is refused before any read
+        _check_pixels(image, settings.max_pixels)
+        normalisation = settings.normalisation
+        if normalisation is not None:
+            with settings.budget.hold(image.width * image.height * _NORMALISING_BYTES_PER_PIXEL):
+                image.load()
+                fmt = image.format
+                result = ImageOps.exif_transpose(image).convert(normalisation.mode)
+                if normalisation.max_side and max(result.size) > normalisation.max_side:
+                    result.thumbnail((normalisation.max_side, normalisation.max_side), Image.Resampling.LANCZOS)
+                with writing(), open(destination, "xb") as writer:
+                    result.save(writer, format=fmt, **_SAVE_OPTIONS.get(fmt, {}))
+                return result.width, result.height, result.mode
+    # The copy is what gets decoded and hashed: those are the very bytes stored, whatever the source does.
+    _copy_exclusively(file.path, destination)
+    with Image.open(destination) as image:
+        _check_pixels(image, settings.max_pixels)
+        size, mode = image.size, image.mode
+        # A JPEG drafted to 1/8 scale is still entropy-decoded to its last byte, so truncation and damage
+        # still show, but most of the IDCT and colour conversion (needed only to re-encode) is skipped.
+        image.draft(None, (1, 1))
+        with settings.budget.hold(image.width * image.height * _BYTES_PER_PIXEL):
+            image.load()
+    return *size, mode
+
+
+def store_image(
+    file: SourceFile, target: PurePosixPath, root: Path, settings: StoreSettings
+) -> ImageRecord | QuarantinedFile:
+    """Check one image and write it to ``root / target``: an ImageRecord, or why it was quarantined."""
+    where = file.original.as_posix()
+    if file.path.stat().st_size == 0:
+        return QuarantinedFile(path=where, reason="empty file (0 bytes)")
+    destination = root / target
+    with writing():
+        destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        width, height, mode = _store(file, destination, settings)
+    except FileExistsError:
+        raise  # two images planned to one path: a bug to surface, never a file to overwrite or quarantine
+    except WriteFailed:
+        destination.unlink(missing_ok=True)
+        raise  # the storage's fault: the conversion stops (convert_to_image_directory says where and how much)
+    except _Refused as refused:
+        reason = str(refused)
+    except Image.DecompressionBombError as error:
+        reason = f"over Pillow's decompression-bomb guard: {error}"
+    except UnidentifiedImageError:
+        reason = "not an image: Pillow cannot identify the file's format"
+    except OSError as error:
+        if error.errno in _UNREADABLE_ERRNOS and getattr(error, "filename", None) not in (None, str(destination)):
+            reason = f"unreadable file: [Errno {error.errno}] {error.strerror}"
+        else:
+            reason = f"damaged or truncated image: {error}"
+    except (SyntaxError, ValueError, EOFError) as error:
+        reason = f"damaged or truncated image: {error}"
+    else:
+        return ImageRecord(
+            path=target.as_posix(),
+            label=file.label,
+            sha256=sha256_file(destination),
+            size_bytes=destination.stat().st_size,
+            width=width,
+            height=height,
+            mode=mode,
+            source_path=where,
+        )
+    destination.unlink(missing_ok=True)  # this call created it (exclusively), or nothing is there
+    return QuarantinedFile(path=where, reason=reason)
+
+
+class StoredJournal:
+    """The images a conversion's folder holds complete and checked: one ImageRecord a line, appended as each is
+    stored.
+
+    Opened on a folder an earlier attempt left, it keeps the images its journal names (present, with the size
+    recorded) and deletes every other file there: one being written or checked when that attempt stopped."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.path = root, root / JOURNAL_NAME
+        self._lock = threading.Lock()
+        self.records: dict[str, ImageRecord] = {}
+        if not self.path.is_file():
+            return
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):  # a blank line, or the one being written when the attempt stopped
+                record = ImageRecord.model_validate_json(line)
+                stored = root / record.path
+                if stored.is_file() and stored.stat().st_size == record.size_bytes:
+                    self.records[record.path] = record
+        for path in root.rglob("*"):
+            if path.is_file() and path != self.path and path.relative_to(root).as_posix() not in self.records:
+                path.unlink()
+
+    def reused(self, file: SourceFile, target: PurePosixPath) -> ImageRecord | None:
+        """The record of ``file`` when an earlier attempt stored it at ``target``."""
+        record = self.records.get(target.as_posix())
+        if record is not None and (record.source_path, record.label) != (file.original.as_posix(), file.label):
+            (self.root / target).unlink()  # another file's, planned otherwise this time: store this one afresh
+            del self.records[target.as_posix()]
+            return None
+        return record
+
+    def add(self, record: ImageRecord) -> None:
+        # Each record starts on a line of its own: a line cut short by a full disk spoils only itself.
+        with self._lock, writing(), open(self.path, "a", encoding="utf-8") as handle:
+            handle.write("\n" + record.model_dump_json())
+            self.records[record.path] = record
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+class ImageWriter:
+    """``store_image`` for each planned image, from many threads: an image the journal holds is reused, and after
+    the first fault of the output's storage every image not yet begun is left (None) and the fault re-raised."""
+
+    def __init__(self, root: Path, settings: StoreSettings, journal: StoredJournal) -> None:
+        self.root, self.settings, self.journal = root, settings, journal
+        self._stopped = threading.Event()
+
+    def __call__(self, file: SourceFile, target: PurePosixPath) -> ImageRecord | QuarantinedFile | None:
+        if (record := self.journal.reused(file, target)) is not None:
+            return record
+        if self._stopped.is_set():
+            return None  # another image could not be written: the conversion is stopping
+        try:
+            result = store_image(file, target, self.root, self.settings)
+            if isinstance(result, ImageRecord):
+                self.journal.add(result)
+            return result
+        except WriteFailed:
+            self._stopped.set()
+            raise
