@@ -61,6 +61,7 @@ from tasks.image_directory import (
     class_folders,
     safe_name,
 )
+from tasks.progress import every_while, run_logger
 from tasks.storage import is_s3_uri, read_bytes
 
 # A 48-megapixel phone photo fits; Pillow's own decompression-bomb warning starts at ~89 MP.
@@ -207,10 +208,58 @@ def convert_to_image_directory(
     "unlabeled" reads a source holding one class folder as images to score when ``labeled`` is None.
     Images over ``max_image_pixels`` are quarantined; the decoding threads hold at most
     ``decode_memory_bytes`` of pixels at once. A previous ImageDirectory at ``output`` is reused when its
-    ``conversion_hash`` matches, else replaced only once the new one is complete.
+    ``conversion_hash`` matches, else replaced only once the new one is complete. A progress line is logged
+    every ``PROGRESS_SECONDS`` while it runs.
     """
     origin = open_source(os.fspath(source), max_extracted_bytes)
-    output = Path(output).resolve()
+    progress = _Progress(origin.location)
+    with every_while(progress.line, run_logger(logger)):
+        return _convert(
+            origin,
+            Path(output).resolve(),
+            progress,
+            labels,
+            labeled,
+            single_class,
+            normalisation,
+            max_extracted_bytes,
+            max_image_pixels,
+            decode_memory_bytes,
+            threads,
+        )
+
+
+class _Progress:
+    """What a conversion is doing, for its progress line."""
+
+    def __init__(self, location: str) -> None:
+        self.location, self.phase = location, "reading the source"
+        self.writer: ImageWriter | None = None
+        self.total = 0
+
+    def line(self) -> str:
+        if self.writer is None:
+            return f"converting {self.location}: {self.phase}"
+        done = self.writer.counts
+        return (
+            f"converting {self.location}: {done['stored'] + done['reused']} of {self.total} images stored "
+            f"({done['reused']} by an earlier attempt), {done['quarantined']} quarantined"
+        )
+
+
+def _convert(
+    origin: Source,
+    output: Path,
+    progress: _Progress,
+    labels: str | os.PathLike[str] | None,
+    labeled: bool | None,
+    single_class: SingleClass,
+    normalisation: Normalisation | None,
+    max_extracted_bytes: int,
+    max_image_pixels: int,
+    decode_memory_bytes: int,
+    threads: int | None,
+) -> ImageDirectory:
     _check_locations(origin, output)
     labels = os.fspath(labels) if labels is not None else None
     labels_data = read_location(labels) if labels else None
@@ -229,7 +278,9 @@ def convert_to_image_directory(
         return previous
     table = (read_labels_file(labels_data, labels), labels) if labels_data is not None else None
     store = StoreSettings(normalisation, max_image_pixels, DecodeBudget(decode_memory_bytes))
+    progress.phase = "unpacking or downloading the source"
     with origin.open() as opened, _resumable_folder(output, conversion_hash) as partial:
+        progress.phase = "listing the images"
         plan, labels_source = plan_source(
             opened.folder, list_folder(opened.folder), labels=table, labeled=labeled, single_class=single_class
         )
@@ -239,10 +290,13 @@ def convert_to_image_directory(
         journal = StoredJournal(partial)
         todo = [f for f, t in zip(plan.files, targets) if journal.reused(f, t) is None]
         if journal.records:
-            logger.info("%s: %d images stored by an earlier attempt are reused", output, len(journal.records))
+            run_logger(logger).info(
+                "%s: %d images stored by an earlier attempt are reused", output, len(journal.records)
+            )
         needed = space_needed(todo, normalisation)
         require_space(partial, needed, "the conversion", "the images' size", "output")
         writer = ImageWriter(partial, store, journal)
+        progress.writer, progress.total = writer, len(plan.files)
         # Decoding, hashing and file I/O run in C and release the GIL: threads overlap them.
         try:
             with ThreadPoolExecutor(max_workers=threads or min(16, 2 * (os.cpu_count() or 1))) as pool:

@@ -246,9 +246,16 @@ class ImageWriter:
     def __init__(self, root: Path, settings: StoreSettings, journal: StoredJournal) -> None:
         self.root, self.settings, self.journal = root, settings, journal
         self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self.counts = {"stored": 0, "reused": 0, "quarantined": 0}  # so far, for the progress line
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.counts[what] += 1
 
     def __call__(self, file: SourceFile, target: PurePosixPath) -> ImageRecord | QuarantinedFile | None:
         if (record := self.journal.reused(file, target)) is not None:
+            self._count("reused")
             return record
         if self._stopped.is_set():
             return None  # another image could not be written: the conversion is stopping
@@ -256,6 +263,7 @@ class ImageWriter:
             result = store_image(file, target, self.root, self.settings)
             if isinstance(result, ImageRecord):
                 self.journal.add(result)
+            self._count("stored" if isinstance(result, ImageRecord) else "quarantined")
             return result
         except WriteFailed:
             self._stopped.set()

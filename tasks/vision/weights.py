@@ -25,9 +25,7 @@ import http.client
 import logging
 import os
 import re
-import sys
 import tempfile
-import threading
 import urllib.error
 import urllib.parse
 from collections.abc import Iterator
@@ -41,6 +39,7 @@ from torch import nn
 from tasks.errors import InvalidModelDirectoryError, PretrainedWeightsError, PretrainedWeightsUnavailableError
 from tasks.fileio import sha256_file
 from tasks.model_directory import SPEC_FILE, STAGED_WEIGHTS_FILE, ModelSpec, PretrainedWeights
+from tasks.progress import every_while, run_logger
 from tasks.storage import download_s3_object, is_s3_uri, parse_s3_uri, s3_client
 
 MIRROR_VARIABLE = "IMAGE_CLASSIFIER_WEIGHTS_MIRROR"
@@ -132,41 +131,16 @@ def _sources(wanted: WantedWeights) -> list[str]:
     return ([f"{mirror}/{wanted.name}"] if mirror else []) + [wanted.location]
 
 
-def _run_logger() -> logging.Logger | logging.LoggerAdapter:
-    """The Prefect run's logger when called in a task or flow run (its lines reach the console and the UI), else
-    this module's; the training worker never imports Prefect, and this does not make it."""
-    if "prefect" in sys.modules:
-        from prefect import get_run_logger
-        from prefect.exceptions import MissingContextError
-
-        try:
-            return get_run_logger()
-        except MissingContextError:
-            pass
-    return logger
-
-
-PROGRESS_SECONDS = 10.0  # a line at least this often while a download runs, so a long one is seen to move
-
-
 @contextlib.contextmanager
 def report_progress(folder: Path, what: str, every: float | None = None) -> Iterator[None]:
     """While the block runs, log ``what`` and the bytes written below ``folder`` so far, every ``every`` seconds
     (default PROGRESS_SECONDS); the downloaders write their partial files there."""
-    done, log = threading.Event(), _run_logger()
 
-    def report() -> None:
-        while not done.wait(PROGRESS_SECONDS if every is None else every):
-            written = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-            log.info("%s: %.1f MB so far", what, written / 1e6)
+    def line() -> str:
+        return f"{what}: {sum(f.stat().st_size for f in folder.rglob('*') if f.is_file()) / 1e6:.1f} MB so far"
 
-    reporter = threading.Thread(target=report, name="download-progress", daemon=True)
-    reporter.start()
-    try:
+    with every_while(line, run_logger(logger), every):
         yield
-    finally:
-        done.set()
-        reporter.join()
 
 
 def _download(wanted: WantedWeights, source: str, cached: Path) -> PretrainedWeights:

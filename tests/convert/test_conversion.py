@@ -584,3 +584,15 @@ def test_an_existing_file_as_output_is_refused_and_left_alone(colour_source, tmp
     with pytest.raises(InvalidDatasetError, match="is an existing file, not a folder"):
         convert_to_image_directory(colour_source, tmp_path / "out.txt")
     assert (tmp_path / "out.txt").read_text() == "keep me"
+
+
+def test_a_long_conversion_logs_a_progress_line_while_it_runs(colour_source, tmp_path, monkeypatch, caplog):
+    import tasks.progress
+
+    monkeypatch.setattr(tasks.progress, "PROGRESS_SECONDS", 0.001)  # the default is 10 s: every line, at once
+    with caplog.at_level("INFO", logger="tasks.convert.conversion"):
+        convert_to_image_directory(colour_source, tmp_path / "out", threads=1)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"converting {colour_source}: ")]
+    assert lines, [r.getMessage() for r in caplog.records]
+    counts = [line for line in lines if " images stored " in line]
+    assert counts and counts[-1].endswith("(0 by an earlier attempt), 0 quarantined"), lines
