@@ -57,42 +57,50 @@ def _transformations(model: dict | None) -> str:
     return ImageTransformations.model_validate(model.get("transformations") or {}).describe().replace("|", "/")
 
 
+def _status(view: VersionView) -> str:
+    """The version's state in a few words: archived, awaiting approval, or the approval's decision and reviewer."""
+    words = ["archived"] if view.archived else []
+    if (promotion := view.registration.promotion) is not None and promotion.awaiting_approval and not view.approval:
+        words.append("awaiting approval")
+    if view.approval is not None:
+        words.append(f"{view.approval.decision}" + (f" by {view.approval.reviewer}" if view.approval.reviewer else ""))
+    return ", ".join(words).replace("|", "/")
+
+
 def _row(view: VersionView, figures: list[str], ui_url: str | None) -> str:
+    """The version's key figures: a row narrow enough for a 1440 px window whatever the figures' names."""
     r = view.registration
     cells = [
         str(r.version),
-        f"{r.created_at:%Y-%m-%d %H:%M} UTC",
+        f"{r.created_at:%Y-%m-%d %H:%M}",
         *(figure(r.metrics.get(f)) for f in figures),
         " ".join(f"`{a}`" for a in view.aliases),
-        ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())),
-        "<br>".join(_dataset(role, d) for role, d in r.datasets.items()),
-        _transformations(r.params.get("model")),
-        _weights(r.params.get("pretrained_weights")),
+        _status(view),
         _flow_run(r.flow_run_id, ui_url),
-        _approval(view.approval),
-        "archived" if view.archived else "",
     ]
     return "| " + " | ".join(cells) + " |"
 
 
+def _details(view: VersionView) -> list[str]:
+    """Everything else about a version, one line each, below the table."""
+    r = view.registration
+    items = {
+        "datasets (content hash)": "; ".join(_dataset(role, d) for role, d in r.datasets.items()),
+        "transformations": _transformations(r.params.get("model")),
+        "pretrained weights": _weights(r.params.get("pretrained_weights")),
+        "tags": ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())),
+        "approval": _approval(view.approval),
+    }
+    return [f"**Version {r.version}**", "", *(f"- {k}: {v}" for k, v in items.items() if v), ""]
+
+
 def model_card_markdown(name: str, location: str, views: list[VersionView], ui_url: str | None) -> tuple[str, str]:
-    """(markdown, one-line description) of the card: one row per version, newest first."""
+    """(markdown, one-line description) of the card: a table of the key figures, one row per version, newest
+    first, then each version's details (data, transformations, weights, tags, approval)."""
     figures = [f for f in KEY_FIGURES if any(f in v.registration.metrics for v in views)]
     aliases = sorted((a, v.registration.version) for v in views for a in v.aliases)
     alias_line = ", ".join(f"`{a}` → {version}" for a, version in aliases) or "none"
-    header = [
-        "version",
-        "registered",
-        *(KEY_FIGURES[f] for f in figures),
-        "aliases",
-        "tags",
-        "datasets (content hash)",
-        "transformations",
-        "pretrained weights",
-        "flow run",
-        "approval",
-        "status",
-    ]
+    header = ["version", "registered (UTC)", *(KEY_FIGURES[f] for f in figures), "aliases", "status", "flow run"]
     lines = [
         f"### Model card: {name}",
         "",
@@ -102,6 +110,9 @@ def model_card_markdown(name: str, location: str, views: list[VersionView], ui_u
         "|---" * len(header) + "|",
         *(_row(v, figures, ui_url) for v in reversed(views)),
         "",
+        "#### Details",
+        "",
+        *(line for v in reversed(views) for line in _details(v)),
         f"Fetch one: `python -m tasks.registry --registry {location} show {name}/<version>`",
     ]
     description = f"{name}: {len(views)} version{'s' * (len(views) != 1)}; aliases: {alias_line.replace('`', '')}"

@@ -66,6 +66,9 @@ def test_the_model_card_follows_registrations_and_alias_moves(
         cells = row.split(" | ")
         run_id = registered.registration.flow_run_id
         assert f"{evaluation.accuracy:.4g}" in cells and alias in cells and "team" not in row
-        assert f"train `{hashes[0]}` (24 images)<br>validation `{hashes[1]}` (12 images)" in cells
-        assert f"[{run_id[:8]}]({ui}/runs/flow-run/{run_id})" in cells
+        assert row.endswith(f"[{run_id[:8]}]({ui}/runs/flow-run/{run_id}) |")
+    # The rest of each version, below the table (newest first): the table stays narrow.
+    details = cards[-1].data.split("#### Details")[1]
+    assert details.index("**Version 2**") < details.index("**Version 1**")
+    assert details.count(f"- datasets (content hash): train `{hashes[0]}` (24 images); validation `{hashes[1]}`") == 2
     assert "`production` → 1" in cards[0].data and "production → 2" not in cards[1].description
