@@ -33,7 +33,7 @@ $(foreach variable,$(SECRET_VARIABLES),$(if $(filter command line,$(origin $(var
 SERVER_SECRETS = $(BIN)/python -m deployments.auth server --host $(HOST) --
 WITH_AUTH = $(BIN)/python -m deployments.auth client --
 
-.PHONY: run test test-fast lint browser bench data server worker deploy serve clean torch-check
+.PHONY: run test test-fast lint browser screenshots bench data server worker deploy serve clean torch-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,10 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check .
 
 # The UI test drives Debian's Chromium with its matching driver; installed here (apt, as root) when missing.
+# The README's pictures (docs/images/) from the real digits model, in headless Chromium (docs/screenshots.py).
+screenshots: $(VENV)/.installed browser
+	$(BIN)/python -m docs.screenshots
+
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -65,3 +66,39 @@ def click_text(driver, text: str, timeout: float = 30) -> None:
 
     locator = (By.XPATH, f"(//*[normalize-space(.)='{text}'])[last()]")
     WebDriverWait(driver, timeout).until(expected_conditions.element_to_be_clickable(locator)).click()
+
+
+def paused_run_id(stack, pipeline: subprocess.Popen, timeout: float = 300) -> str:
+    """The id of the first Paused flow run on ``stack``'s server (``pipeline``, the process expected to pause)."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+
+    waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
+    deadline = time.monotonic() + timeout
+    with SyncPrefectClient(stack.api_url) as client:
+        while not (runs := client.read_flow_runs(flow_run_filter=waiting)):
+            if pipeline.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the pipeline never paused:\n{pipeline.communicate(timeout=60)[0][-3000:]}")
+            time.sleep(1)
+    return str(runs[0].id)
+
+
+def latest_artifact_id(stack, key: str) -> str:
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with SyncPrefectClient(stack.api_url) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    return str(max(artifacts, key=lambda a: a.created).id)
+
+
+def field(driver, label: str, element: str):
+    """The input of the form field labelled ``label`` (the UI adds " (Optional)" to optional ones)."""
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(
+        By.XPATH,
+        f"//span[normalize-space(.)='{label}' or normalize-space(.)='{label} (Optional)']"
+        f"/ancestor::div[contains(concat(' ', @class, ' '), ' schema-form-property ')][1]//{element}",
+    )

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
-from selenium.webdriver.common.by import By
 
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.registry import resolve
 from tasks.registry.manage import show_version
-from tests.browser import chromium, click_text, wait_for_text
+from tests.browser import chromium, click_text, field, latest_artifact_id, paused_run_id, wait_for_text
 from tests.helpers import write_class_folders
 
 pytestmark = pytest.mark.integration
@@ -27,39 +25,6 @@ SHOTS = PROJECT_ROOT / "build" / "ui-check"
 def stack(tmp_path_factory):
     with PrefectStack(home=tmp_path_factory.mktemp("prefect-home")) as running:
         yield running
-
-
-def paused_run_id(stack, pipeline: subprocess.Popen, timeout: float = 300) -> str:
-    from prefect.client.orchestration import SyncPrefectClient
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
-    from prefect.client.schemas.objects import StateType
-
-    waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
-    deadline = time.monotonic() + timeout
-    with SyncPrefectClient(stack.api_url) as client:
-        while not (runs := client.read_flow_runs(flow_run_filter=waiting)):
-            if pipeline.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the pipeline never paused:\n{pipeline.communicate(timeout=60)[0][-3000:]}")
-            time.sleep(1)
-    return str(runs[0].id)
-
-
-def latest_artifact_id(stack, key: str) -> str:
-    from prefect.client.orchestration import SyncPrefectClient
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    with SyncPrefectClient(stack.api_url) as client:
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-    return str(max(artifacts, key=lambda a: a.created).id)
-
-
-def field(driver, label: str, element: str):
-    """The input of the form field labelled ``label`` (the UI adds " (Optional)" to optional ones)."""
-    return driver.find_element(
-        By.XPATH,
-        f"//span[normalize-space(.)='{label}' or normalize-space(.)='{label} (Optional)']"
-        f"/ancestor::div[contains(concat(' ', @class, ' '), ' schema-form-property ')][1]//{element}",
-    )
 
 
 def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(stack, tmp_path):
