@@ -17,7 +17,15 @@ import tempfile
 from pathlib import Path
 
 from deployments.local import PROJECT_ROOT, PrefectStack
-from tests.browser import chromium, click_text, field, latest_artifact_id, paused_run_id, wait_for_text
+from tests.browser import (
+    chromium,
+    click_text,
+    field,
+    latest_artifact_id,
+    paused_run_id,
+    table_overflow,
+    wait_for_text,
+)
 
 NAME = "digits-resnet18"
 WINDOW = (1440, 900)
@@ -80,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
             driver.get(f"{stack.url}/artifacts/artifact/{latest_artifact_id(stack, f'model-card-{NAME}')}")
             wait_for_text(driver, [f"Model card: {NAME}", "approved by ada", "production"])
             driver.save_screenshot(str(args.output / "model-card.png"))
+            if (overflow := table_overflow(driver)) > 0:
+                raise SystemExit(f"the model card's table is {overflow} px too wide for a {WINDOW[0]} px window")
         finally:
             driver.quit()
             if pipeline.poll() is None:

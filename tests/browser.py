@@ -102,3 +102,11 @@ def field(driver, label: str, element: str):
         f"//span[normalize-space(.)='{label}' or normalize-space(.)='{label} (Optional)']"
         f"/ancestor::div[contains(concat(' ', @class, ' '), ' schema-form-property ')][1]//{element}",
     )
+
+
+def table_overflow(driver) -> int:
+    """How many pixels the page's first table is wider than the box it is shown in (0 or less: it fits)."""
+    return driver.execute_script(
+        "const t = document.querySelector('table'); const box = t.parentElement;"
+        "return Math.max(t.scrollWidth, box.scrollWidth) - box.clientWidth"
+    )

@@ -72,7 +72,7 @@ def _row(view: VersionView, figures: list[str], ui_url: str | None) -> str:
     r = view.registration
     cells = [
         str(r.version),
-        f"{r.created_at:%Y-%m-%d %H:%M}",
+        f"{r.created_at:%Y-%m-%d}",
         *(figure(r.metrics.get(f)) for f in figures),
         " ".join(f"`{a}`" for a in view.aliases),
         _status(view),
@@ -85,6 +85,7 @@ def _details(view: VersionView) -> list[str]:
     """Everything else about a version, one line each, below the table."""
     r = view.registration
     items = {
+        "registered": f"{r.created_at:%Y-%m-%d %H:%M} UTC",
         "datasets (content hash)": "; ".join(_dataset(role, d) for role, d in r.datasets.items()),
         "transformations": _transformations(r.params.get("model")),
         "pretrained weights": _weights(r.params.get("pretrained_weights")),
@@ -100,7 +101,7 @@ def model_card_markdown(name: str, location: str, views: list[VersionView], ui_u
     figures = [f for f in KEY_FIGURES if any(f in v.registration.metrics for v in views)]
     aliases = sorted((a, v.registration.version) for v in views for a in v.aliases)
     alias_line = ", ".join(f"`{a}` → {version}" for a, version in aliases) or "none"
-    header = ["version", "registered (UTC)", *(KEY_FIGURES[f] for f in figures), "aliases", "status", "flow run"]
+    header = ["version", "registered", *(KEY_FIGURES[f] for f in figures), "aliases", "status", "flow run"]
     lines = [
         f"### Model card: {name}",
         "",
