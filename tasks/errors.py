@@ -107,3 +107,21 @@ class TrainingDivergedError(TrainingFailedError, PipelineInputError):
 
 class InvalidTransformationsError(PipelineInputError):
     """The image transformations cannot run at the training size (e.g. a random crop larger than the padded image)."""
+
+
+# --- the registry's ---------------------------------------------------------------------------
+class CorruptRegistryRecordError(PipelineInputError):
+    """A record read from a registry (registration.json, an alias file) is unreadable or names something
+    it may not (a file outside the allowed set, another model or version). Reading it again cannot help."""
+
+
+class ModelIntegrityError(PipelineInputError):
+    """A stored model file does not match the sha256 recorded when its version was registered."""
+
+
+class AliasedVersionError(PipelineInputError):
+    """A version an alias points at cannot be deleted: move or unset the alias first."""
+
+
+class InvalidQueryError(PipelineInputError):
+    """A search condition or a tag is malformed."""

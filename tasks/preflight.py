@@ -77,8 +77,8 @@ def check_training_inputs(
 ) -> None:
     """Everything the training pipeline can check before it converts an image (or fetches weights)."""
     from tasks.architectures import check_image_size
-    from tasks.registry.backends import open_backend
     from tasks.registry.layout import check_alias, check_model_name
+    from tasks.registry.locations import open_backend
 
     check_image_size(architecture, image_size)
     if model_name is not None:

@@ -17,7 +17,8 @@ from any process.
 
 from __future__ import annotations
 
-from tasks.registry.backends import LocalBackend, RegistryBackend, open_backend
+from tasks.errors import CorruptRegistryRecordError, ModelIntegrityError
+from tasks.registry.backends import LocalBackend, RegistryBackend
 from tasks.registry.core import (
     challenge,
     lineage,
@@ -34,9 +35,7 @@ from tasks.registry.layout import (
     CLAIM_FILE,
     REGISTRATION_FILE,
     AliasRecord,
-    CorruptRegistryRecordError,
     DatasetLineage,
-    ModelIntegrityError,
     ModelReference,
     Promotion,
     Registration,
@@ -44,6 +43,7 @@ from tasks.registry.layout import (
     default_model_name,
     parse_reference,
 )
+from tasks.registry.locations import open_backend
 
 __all__ = [
     "CLAIM_FILE",

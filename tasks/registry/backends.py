@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tasks.fileio import atomic_write
-from tasks.storage import is_s3_uri
 
 SWAP_ATTEMPTS = 20
 
@@ -146,12 +145,3 @@ def swap(backend: RegistryBackend, key: str, change: Callable[[bytes | None], by
             return data
         time.sleep(random.uniform(0, min(1.0, 0.02 * 2**attempt)))
     raise TimeoutError(f"{backend.location}/{key} kept changing under {SWAP_ATTEMPTS} attempts to change it")
-
-
-def open_backend(location: str | os.PathLike[str]) -> RegistryBackend:
-    """The backend for a registry folder or ``s3://bucket/prefix``."""
-    if is_s3_uri(location):
-        from tasks.registry.s3 import S3Backend
-
-        return S3Backend(str(location))
-    return LocalBackend(location)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import (
+    CorruptRegistryRecordError,
     InvalidModelDirectoryError,
     InvalidModelNameError,
     ModelNotFoundError,
@@ -35,14 +36,13 @@ from tasks.errors import (
 from tasks.fileio import sha256_file, storage_fault
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import MODEL_FILES, ONNX_FILE, ModelDirectory
-from tasks.registry.backends import RegistryBackend, open_backend, swap
+from tasks.registry.backends import RegistryBackend, swap
 from tasks.registry.layout import (
     ALIASES_FOLDER,
     CLAIM_FILE,
     REGISTRATION_FILE,
     AliasRecord,
     Claim,
-    CorruptRegistryRecordError,
     DatasetLineage,
     ModelReference,
     Promotion,
@@ -60,6 +60,7 @@ from tasks.registry.layout import (
     parse_registration,
     version_key,
 )
+from tasks.registry.locations import open_backend
 from tasks.registry.status import is_deleted, read_status
 from tasks.storage import is_s3_uri
 

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from tasks.errors import InvalidModelNameError, PipelineInputError
+from tasks.errors import CorruptRegistryRecordError, InvalidModelNameError, PipelineInputError
 from tasks.image_directory import SplitRecord
 from tasks.model_directory import MODEL_FILES, ONNX_FILE
 
@@ -45,19 +45,6 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
 _ALIAS = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 _VERSION = re.compile(r"[1-9][0-9]{0,17}")
 _REFERENCE = re.compile(r"(?P<name>[^/@]+)(?:/(?P<version>[0-9]+)|@(?P<alias>[^/@]+))?")
-
-
-class CorruptRegistryRecordError(PipelineInputError):
-    """A record read from a registry (registration.json, an alias file) is unreadable or names something
-    it may not (a file outside the allowed set, another model or version). Reading it again cannot help."""
-
-
-class ModelIntegrityError(PipelineInputError):
-    """A stored model file does not match the sha256 recorded when its version was registered."""
-
-
-class AliasedVersionError(PipelineInputError):
-    """A version an alias points at cannot be deleted: move or unset the alias first."""
 
 
 class DatasetLineage(BaseModel):

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tasks.errors import PipelineInputError
+from tasks.errors import AliasedVersionError, InvalidQueryError, PipelineInputError
 from tasks.registry.core import (
     Registry,
     backend_of,
@@ -30,7 +30,6 @@ from tasks.registry.core import (
 from tasks.registry.layout import (
     REGISTERED_FILES,
     REGISTRATION_FILE,
-    AliasedVersionError,
     Approval,
     ModelReference,
     Promotion,
@@ -52,10 +51,6 @@ _OPERATORS = {
     "<": operator.lt,
 }
 _TAG_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-
-class InvalidQueryError(PipelineInputError):
-    """A search condition or a tag is malformed."""
 
 
 class VersionView(BaseModel):

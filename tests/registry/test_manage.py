@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import ModelNotFoundError
+from tasks.errors import AliasedVersionError, InvalidQueryError, ModelNotFoundError
 from tasks.fileio import sha256_file
 from tasks.model_directory import ModelDirectory
 from tasks.registry import (
@@ -22,9 +22,8 @@ from tasks.registry import (
     set_alias,
     unset_alias,
 )
-from tasks.registry.layout import CLAIM_FILE, STATUS_FILE, AliasedVersionError
+from tasks.registry.layout import CLAIM_FILE, STATUS_FILE
 from tasks.registry.manage import (
-    InvalidQueryError,
     archive,
     delete_version,
     list_models,
