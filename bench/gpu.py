@@ -31,7 +31,7 @@ from tasks.launch import launch_training
 from tasks.model import write_untrained_model_directory
 from tasks.model_directory import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
 from tasks.training.config import TrainingParams
-from tasks.training.worker import autocast, make_optimizer
+from tasks.training.loop import autocast, make_optimizer
 from tasks.transformations import ImageTransformations
 from tasks.vision.images import ImageFiles
 from tasks.vision.networks import build_network, memory_format

@@ -23,7 +23,8 @@ from tasks.model_directory import (
     driver_log_path,
 )
 from tasks.training.config import TrainingParams, params_from_flags
-from tasks.training.worker import get_args_parser, make_optimizer, warmup_poly_schedule
+from tasks.training.loop import make_optimizer, warmup_poly_schedule
+from tasks.training.worker import get_args_parser
 from tasks.transformations import ImageTransformations
 from tasks.vision.images import ImageFiles
 from tasks.vision.transforms import eval_transform, train_transform

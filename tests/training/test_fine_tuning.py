@@ -7,7 +7,8 @@ from pydantic import ValidationError
 from tasks.model_directory import WEIGHTS_FILE, ModelSpec, TrainingMetrics, read_model_spec
 from tasks.training.checkpoint import read_checkpoint, rescale_schedule, restore_checkpoint, save_checkpoint
 from tasks.training.config import TrainingParams, params_from_flags, training_flags
-from tasks.training.worker import get_args_parser, make_optimizer, warmup_poly_schedule
+from tasks.training.loop import make_optimizer, warmup_poly_schedule
+from tasks.training.worker import get_args_parser
 from tasks.vision.networks import build_network
 from tests.helpers import run_worker
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from tasks.lifeline import Heartbeat
-from tasks.training import worker
+from tasks.training import loop, worker
 from tasks.training.config import TrainingParams
 
 
@@ -16,13 +16,19 @@ def run_epoch(tmp_path, params: TrainingParams, batches: int = 6) -> None:
     loader = [(torch.randint(0, 255, (2, 3, 4, 4), dtype=torch.uint8), torch.tensor([0, 1])) for _ in range(batches)]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    env = worker.DistributedEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, restart_count=0)
     heartbeat = Heartbeat(tmp_path, 0)  # not started: the loop only records its progress in it
     normalize = lambda pixels: pixels.float() / 255  # noqa: E731
-    device = torch.device("cpu")
-    worker.train_one_epoch(
-        model, loader, normalize, nn.CrossEntropyLoss(), optimizer, scheduler, device, 0, params, heartbeat, env
+    ctx = loop.EpochContext(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        criterion=nn.CrossEntropyLoss(),
+        device=torch.device("cpu"),
+        params=params,
+        heartbeat=heartbeat,
+        world_size=1,
     )
+    loop.train_one_epoch(ctx, loader, normalize, 0)
 
 
 def progress_lines(caplog) -> list[str]:
@@ -37,7 +43,7 @@ def test_an_epoch_logs_every_print_frequency_batches(tmp_path, caplog):
 
 def test_slow_batches_still_log_a_line_every_progress_interval(tmp_path, caplog, monkeypatch):
     # Every batch "slower" than the interval: each gets a line although print_frequency would give none.
-    monkeypatch.setattr(worker, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(loop, "PROGRESS_SECONDS", 0.0)
     with caplog.at_level(logging.INFO, logger=worker.logger.name):
         run_epoch(tmp_path, TrainingParams(epochs=1, print_frequency=1000))
     assert len(progress_lines(caplog)) == 6

@@ -190,7 +190,7 @@ def test_the_registration_and_the_model_card_show_the_weights(prefect_server, tr
     registered = register_once()
     assert registered.registration.params["pretrained_weights"] == origin.model_dump()
     card, _ = model_card_markdown("colours", "registry", model_versions(str(tmp_path / "registry"), "colours"), None)
-    assert "| pretrained weights |" in card and "| resnet18-f37072fd.pth `f37072fd0000` |" in card
+    assert "\n- pretrained weights: resnet18-f37072fd.pth `f37072fd0000`\n" in card.split("#### Details")[1]
 
 
 def test_a_download_reports_its_progress_while_it_runs(tmp_path, caplog):

@@ -1,0 +1,74 @@
+"""What one rank trains and validates on: the two ImageDirectories as datasets, the seeded shard sampler, the
+loaders, and the decoded-image cache's share of memory."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from tasks.errors import InvalidDatasetError
+from tasks.image_directory import ImageDirectory
+from tasks.model_directory import TrainedModelSpec
+from tasks.training.batches import BatchesOfTwoOrMore
+from tasks.training.config import TrainingParams
+from tasks.training.distributed import DistributedEnv
+from tasks.vision.images import ImageFiles
+from tasks.vision.transforms import eval_transform, train_transform
+
+
+def check_same_classes(train: ImageDirectory, validation: ImageDirectory) -> list[str]:
+    if train.classes != validation.classes:
+        raise InvalidDatasetError(f"train classes {train.classes} differ from validation {validation.classes}")
+    return train.classes
+
+
+def loader_workers(params: TrainingParams, env: DistributedEnv, device: torch.device) -> int:
+    """``params.data_workers``, or: none on CPU, where the compute threads already use every core (loader
+    processes only competed with them: 0.70x of a plain in-process loop with one loader worker on 2 cores); on
+    GPU the CPUs are free to decode ahead of the device."""
+    if params.data_workers is not None:
+        return params.data_workers
+    return min(8, max(1, (os.cpu_count() or 1) // env.local_world_size - 1)) if device.type == "cuda" else 0
+
+
+@dataclass
+class TrainingData:
+    train_set: ImageFiles
+    val_set: ImageFiles
+    sampler: DistributedSampler
+    train_loader: DataLoader
+    val_loader: DataLoader
+    workers: int
+
+    @classmethod
+    def load(
+        cls,
+        train: ImageDirectory,
+        validation: ImageDirectory,
+        spec: TrainedModelSpec,
+        params: TrainingParams,
+        env: DistributedEnv,
+        device: torch.device,
+    ) -> TrainingData:
+        workers = loader_workers(params, env, device)
+        # Loader processes would each fill a cache of their own: the decoded-image cache is for in-process loading.
+        # The budget is per machine, shared out between its processes (each caches every image it is dealt).
+        cache_bytes = params.image_cache_mb * 2**20 // env.local_world_size if workers == 0 else 0
+        transforms = (spec.transformations, spec.image_size, spec.mean, spec.std)
+        train_set = ImageFiles(train.samples(), train_transform(*transforms), cache_bytes, normalized=False)
+        val_set = ImageFiles(
+            validation.samples(), eval_transform(*transforms), cache_bytes - train_set.cache_bytes, normalized=False
+        )
+        sampler = DistributedSampler(
+            train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed
+        )
+        on_gpu = device.type == "cuda"
+        options = {"num_workers": workers, "pin_memory": on_gpu, "persistent_workers": workers > 0}
+        train_loader = DataLoader(train_set, batch_sampler=BatchesOfTwoOrMore(sampler, params.batch_size), **options)
+        # A strided shard per rank covers every validation image exactly once (DistributedSampler would pad).
+        val_shard = Subset(val_set, range(env.rank, len(val_set), env.world_size))
+        val_loader = DataLoader(val_shard, batch_size=params.batch_size * 2, **options)
+        return cls(train_set, val_set, sampler, train_loader, val_loader, workers)
