@@ -31,6 +31,7 @@ from tasks.onnx_export import export_and_check_onnx
 from tasks.preflight import check_training_inputs
 from tasks.registry import Registration
 from tasks.registry.prefect_tasks import register
+from tasks.runs import Keep, tidy_registered_run
 from tasks.score import score
 from tasks.split import split
 from tasks.train import train
@@ -44,6 +45,8 @@ class PipelineResult(BaseModel):
     version: int
     location: str
     run_dir: str
+    run_size_bytes: int | None = None  # after keep's tidying; None for an S3 run folder
+    keep: Keep = "results"
     evaluation: Evaluation
     registration: Registration
 
@@ -67,10 +70,14 @@ class PipelineResult(BaseModel):
                 f"  validation top-1 {self.top1:.4f} (best epoch {m['best_epoch']} of {m['epochs_trained']})",
                 f"  accuracy {e.accuracy:.4f}, precision {e.precision_macro:.4f}, recall {e.recall_macro:.4f}, "
                 f"F1 {e.f1_macro:.4f}, AUC {auc} (macro, {e.images} validation images)",
-                f"  run files (data, model, logs, scores): {self.run_dir}",
+                f"  run files ({self._run_contents()}): {self.run_dir}",
                 *([self._promotion_line()] if self.registration.promotion else []),
             ]
         )
+
+    def _run_contents(self) -> str:
+        what = "data, model, logs, scores" if self.keep == "all" else "data, metrics, logs, scores"
+        return what if self.run_size_bytes is None else f"{what}; {self.run_size_bytes / 2**20:.1f} MB"
 
     def _promotion_line(self) -> str:
         p = self.registration.promotion
@@ -101,6 +108,7 @@ def train_pipeline(
     export_onnx: bool = False,
     approval: bool = False,
     approval_timeout_s: int = 3600,
+    keep: Keep = "results",
 ) -> PipelineResult:
     """Train an image classifier from class-per-folder images, evaluate it and register it.
 
@@ -123,6 +131,7 @@ def train_pipeline(
         export_onnx: Also export model.onnx (checked against PyTorch with onnxruntime) and register it.
         approval: With promote_to: a new version that beats the champion takes the alias only once a person approves it (the run pauses on a form).
         approval_timeout_s: How long the run waits for that answer; no answer in time: not promoted.
+        keep: What the run folder keeps once the version is registered: results (data, metrics, logs, scores, pictures; the registry holds the model, the checkpoints go) or all.
     """
     # Before any work: the data paths and their classes, the size the network takes, the names (tasks/preflight.py).
     check_training_inputs(
@@ -186,11 +195,15 @@ def train_pipeline(
         approval=approval,
     )
     registered = settle_promotion(registry, registered, approval_timeout_s)
+    where = {"name": registered.registration.name, "version": registered.registration.version}
+    size = tidy_registered_run(run_dir, model_dir, keep, {**where, "location": registered.location})
     result = PipelineResult(
         model_name=registered.registration.name,
         version=registered.registration.version,
         location=registered.location,
         run_dir=run_dir,
+        run_size_bytes=size,
+        keep=keep,
         evaluation=evaluation,
         registration=registered.registration,
     )
@@ -230,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         "--approval", action="store_true", help="with --promote-to: a person approves the move in the UI"
     )
     parser.add_argument("--approval-timeout-s", type=int, default=3600, help="no answer in time: not promoted")
+    parser.add_argument(
+        "--keep",
+        choices=["results", "all"],
+        default="results",
+        help="what the run folder keeps once registered: results (the registry holds the model; default) or all",
+    )
     model_flags = cli.add_model_flags(parser, ModelSpec, skip=("weights", "transformations"), group="model (ModelSpec)")
     parser.add_argument(
         "--transformations", type=json.loads, help="image transformations as JSON (see docs/training.md)"
@@ -274,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             export_onnx=args.export_onnx,
             approval=args.approval,
             approval_timeout_s=args.approval_timeout_s,
+            keep=args.keep,
         ),
         log_file=cli.log_file_for(args.work_dir, "pipeline"),
         debug=args.debug,

@@ -1,6 +1,7 @@
 """End to end: the real flow on a real (temporary) Prefect server, with a real 2-process torchrun."""
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -12,10 +13,12 @@ import pytest
 from prefect.client.orchestration import get_client
 
 from flows.pipeline import train_pipeline
-from tasks import InvalidDatasetError
+from tasks import ImageDirectory, InvalidDatasetError
 from tasks.convert import ConversionLimits
 from tasks.model_directory import ModelDirectory, ModelSpec
 from tasks.registry import list_versions, read_registration, resolve
+from tasks.runs import folder_size
+from tasks.score import score_images
 from tasks.training.config import TrainingParams
 from tests.helpers import artifacts_and_task_runs, progress_artifacts, write_class_folders
 
@@ -86,6 +89,21 @@ def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset,
     )
     assert (Path(result.run_dir) / "confusion_matrix.png").stat().st_size > 0
     assert (Path(result.run_dir) / "model" / "training_curves.png").stat().st_size > 0
+
+    # keep="results" (the default): the run keeps its data, metrics, logs, scores and pictures; the model files and
+    # the checkpoints go, the registry holding the model, which still loads and scores the run's validation images.
+    run, model_folder = Path(result.run_dir), Path(result.run_dir) / "model"
+    assert not any((model_folder / name).exists() for name in ("checkpoints", "model.pt", "model.onnx"))
+    assert json.loads((model_folder / "registered.json").read_text()) == {
+        "name": "digits-resnet18",
+        "version": 1,
+        "location": result.location,
+    }
+    assert (run / "run.json").is_file() and (run / "scores.csv").is_file() and (model_folder / "metrics.json").is_file()
+    assert result.run_size_bytes == folder_size(run) < 20 * 2**20
+    assert f"run files (data, metrics, logs, scores; {folder_size(run) / 2**20:.1f} MB): {run}" in result.summary()
+    rescored = score_images(ModelDirectory(result.location), ImageDirectory(run / "data" / "validation"))
+    assert (rescored["Scored Labels"] == rescored["label"]).mean() == pytest.approx(result.evaluation.accuracy)
 
     artifacts, task_runs = asyncio.run(artifacts_and_task_runs(registration.flow_run_id))
     assert STAGE_ARTIFACTS | {"model-card-digits-resnet18"} <= {artifact.key for artifact in artifacts}
@@ -159,6 +177,7 @@ def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_se
             training=training,
             registry=str(tmp_path / "registry"),
             work_dir=str(tmp_path / "runs"),
+            keep="all",
         )
     finally:
         stop.set()
@@ -166,6 +185,9 @@ def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_se
 
     assert killed, "training finished before a worker could be killed"
     model_dir = Path(result.run_dir) / "model"
+    # keep="all": the run keeps the model files and the checkpoint beside what the registry holds.
+    assert (model_dir / "checkpoints" / "last.pt").is_file() and not (model_dir / "registered.json").exists()
+    assert "run files (data, model, logs, scores; " in result.summary()
     assert [e.epoch for e in ModelDirectory(model_dir).metrics().epochs] == [1, 2, 3]
     assert "resuming from" in (model_dir / "logs" / "driver_log_0.txt").read_text()
     _, task_runs = asyncio.run(artifacts_and_task_runs(result.registration.flow_run_id))
