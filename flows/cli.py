@@ -1,10 +1,12 @@
 """What the command lines share (``python -m flows.pipeline``, ``python -m flows.score``): a user's mistake is one
 line on stderr and exit status 2, the full log (tracebacks included) goes to a file, and ``--debug`` shows the
-traceback instead.
+traceback instead. ``image-classifier <command>`` (the console script, ``main`` here) reaches them all.
 
 - ``CommandParser``: argparse whose errors are one line (no usage block; ``--help`` has it).
 - ``add_model_flags``: one ``--flag`` per field of a pydantic model (ModelSpec, TrainingParams,
   ConversionLimits), typed, with ``choices`` for the fields that take a fixed set of values.
+- ``COMMANDS`` / ``main``: ``image-classifier train|score|registry …``, each the ``main(argv)`` of a module that
+  also runs as ``python -m <module>``.
 - ``run_command``: runs the flow; Prefect's console lines about a run that failed on a user's mistake (its
   task and flow run "Finished in state Failed" with the traceback) are kept off the console by a filter on
   Prefect's own console handler; the log file, and the Prefect API (the run's logs in the UI), still get them.
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import importlib
+import inspect
 import logging
 import os
 import re
@@ -37,8 +41,12 @@ logger = logging.getLogger("flows.cli")
 class CommandParser(argparse.ArgumentParser):
     """An argparse parser whose error is one line: ``prog: error: ... (--help lists the flags)``."""
 
+    def __init__(self, *args: Any, hint: str = "--help lists the flags", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hint = hint
+
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+        self.exit(2, f"{self.prog}: error: {message} ({self.hint})\n")
 
 
 def describe(error: BaseException) -> str:
@@ -190,3 +198,31 @@ def fail(error: BaseException, debug: bool) -> typing.NoReturn:
         raise error
     print(f"error: {describe(error)}", file=sys.stderr)
     raise SystemExit(2)
+
+
+# `image-classifier <command> ...`: the `main(argv)` of each module, which also runs as `python -m <module>`.
+# A main that takes `prog` names itself after the command in its usage and errors.
+COMMANDS = {
+    "train": ("flows.pipeline", "train a classifier on folders of images and register it"),
+    "score": ("flows.score", "score images with a registered model (evaluated when labeled)"),
+    "registry": ("tasks.registry.__main__", "list, show, alias, tag, fetch … registered models"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``image-classifier`` console script: the first argument picks the command, the rest are its own."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = CommandParser(
+        prog="image-classifier",
+        description="Folders of images in, trained and registered classifiers out. Each command also runs as "
+        "python -m flows.pipeline (train), flows.score (score) or tasks.registry (registry).",
+        hint="--help lists the commands",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+    for name, (_, summary) in COMMANDS.items():
+        commands.add_parser(name, help=summary, add_help=False)
+    command = parser.parse_args(argv[:1]).command
+    entry = importlib.import_module(COMMANDS[command][0]).main
+    if "prog" in inspect.signature(entry).parameters:
+        return entry(argv[1:], prog=f"{parser.prog} {command}")
+    return entry(argv[1:])

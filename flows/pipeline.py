@@ -212,7 +212,7 @@ def train_pipeline(
     return Completed(message=result.headline(), data=result)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m flows.pipeline") -> int:
     """Command line: the flow's parameters as flags, one per ModelSpec, TrainingParams and ConversionLimits field.
 
     A user's mistake is one line on stderr and exit status 2, found before any work where it can be (see
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from flows import cli
 
-    parser = cli.CommandParser(prog="python -m flows.pipeline", description=train_pipeline.description)
+    parser = cli.CommandParser(prog=prog, description=train_pipeline.description)
     parser.add_argument("--train-data", help="class-per-folder folder or .zip (default: bundled digits)")
     parser.add_argument("--validation-data", help="validation images with the same classes")
     parser.add_argument(

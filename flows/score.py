@@ -90,12 +90,12 @@ def compare_models(left: str, right: str, registry: str = "registry") -> list[di
     return compare(left, right, registry)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m flows.score") -> int:
     """Command line. A user's mistake (no such images, no such model: the models that exist are listed) is one line
     on stderr and exit status 2, in seconds; the run's full log goes to <work-dir>/logs/score-<time>-<pid>.log."""
     from flows import cli
 
-    parser = cli.CommandParser(prog="python -m flows.score", description=score_pipeline.description)
+    parser = cli.CommandParser(prog=prog, description=score_pipeline.description)
     parser.add_argument("images", help="folder or .zip of images")
     parser.add_argument("model", help="registry reference (name, name/3, name@production) or ModelDirectory")
     parser.add_argument("--output", help="scores CSV (path or s3://)")

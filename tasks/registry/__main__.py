@@ -66,9 +66,9 @@ def _version_reference(text: str) -> tuple[str, int]:
     return ref.name, ref.version
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m tasks.registry",
+        prog=prog,
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -173,8 +173,8 @@ def _print(output: str | list | dict, as_json: bool) -> None:
         print(output)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m tasks.registry") -> int:
+    args = _parser(prog).parse_args(argv)
     try:
         output, changed = _run(args)
         _print(output, args.json)

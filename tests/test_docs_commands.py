@@ -1,0 +1,299 @@
+"""Every shell block of README.md and docs/*.md runs as pasted, or is listed here as skipped with the reason.
+
+A block is a fenced ```bash code block; it is known by its commands (comments left out), so rewording a comment
+changes nothing while a new or changed command fails ``test_every_shell_block_is_run_or_skipped_with_a_reason``
+until it is put in RUN (with what its output must say) or SKIP (with why it cannot run here).
+
+The blocks in RUN run the way a new user runs them: in a copy of the checkout (what git would commit) with its own
+``.venv``, after ``make run RUN_ARGS="--epochs 1"`` (one epoch on one process instead of five on two: the same folders,
+registry and model name, in 30 s), with no
+``PYTHONPATH``, no ``PREFECT_API_URL``, no virtual environment on the PATH and a HOME of their own; each page's
+blocks in the order a reader meets them, in ``bash -e -o pipefail``, on a fresh copy of that state per page.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+SHELLS = {"bash", "sh", "shell", "console"}
+# A line that is a command: outside a ```bash block it would escape this test.
+COMMAND_LINE = re.compile(
+    r"^\s*(\. \.venv/bin/activate|\.venv/bin/|make |python3? -m |prefect |image-classifier |pip )"
+)
+
+
+class Expect(NamedTuple):
+    """What a block that ran must have said (regular expressions, searched in its stdout and stderr) and left
+    behind (paths relative to the checkout)."""
+
+    output: tuple[str, ...] = ()
+    exists: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+
+
+RUN: dict[str, Expect] = {
+    # README.md
+    """. .venv/bin/activate
+image-classifier --help
+image-classifier registry list digits-resnet18""": Expect(
+        output=(r"usage: image-classifier", r"\n +train +", r"\n +score +", r"\n +registry +", r"\ndigits-resnet18/1\t")
+    ),
+    """make data
+. .venv/bin/activate
+image-classifier train --train-data data/digits/train --validation-fraction 0.2 --no-pretrained \\
+    --epochs 1 --transformations '{"random_rotation": true}'""": Expect(
+        output=(r"Registered digits-resnet18 version 2 in ", r"\(best epoch 1 of 1\)"),
+        exists=("data/digits/train/7", "data/digits/validation/7", "registry/digits-resnet18/2/model.pt"),
+    ),
+    # docs/development.md
+    """make lint
+make data
+make clean""": Expect(output=(r"All checks passed!",), absent=("runs", "registry", "data")),
+    # docs/registry.md
+    """. .venv/bin/activate
+image-classifier registry list
+image-classifier registry list digits-resnet18
+image-classifier registry alias set digits-resnet18 production 1
+image-classifier registry show digits-resnet18@production | head -n 5
+image-classifier registry alias set digits-resnet18 staging 1
+image-classifier registry alias unset digits-resnet18 staging
+image-classifier registry tag digits-resnet18/1 team=vision reviewed=yes
+image-classifier registry untag digits-resnet18/1 reviewed
+image-classifier registry search --tag team=vision --where "accuracy>=0.9" --where "log_loss<0.5"
+image-classifier registry archive digits-resnet18/1
+image-classifier registry unarchive digits-resnet18/1
+image-classifier registry fetch digits-resnet18@production models/digits
+image-classifier registry --json list digits-resnet18""": Expect(
+        output=(
+            r"^digits-resnet18$",
+            r"digits-resnet18@production -> version 1\n",
+            r'"name": "digits-resnet18"',
+            r"digits-resnet18@staging unset \(was version 1\)",
+            r"model card of digits-resnet18 not updated: no Prefect API configured",
+            # search's row (the version found by its tag and figures) between untag's note and archive's row
+            r"\(set PREFECT_API_URL\)\ndigits-resnet18/1\t[^\n]*accuracy 0\.9[^\n]*\t@production team=vision\n"
+            r"digits-resnet18/1\t[^\n]*\t@production team=vision  \(archived\)\n",
+            r"digits-resnet18/1 -> \S+/models/digits \(files checked\)",
+            r'"aliases": \[\n\s*"production"\n\s*\]',
+        ),
+        exists=("models/digits/model.pt", "models/digits/registration.json"),
+    ),
+    """make data
+. .venv/bin/activate
+image-classifier score data/digits/validation digits-resnet18 --output runs/scores.csv""": Expect(
+        output=(r"360 images scored -> runs/scores.csv", r"accuracy 0\.9\d+, F1 \(macro\) 0\.9\d+"),
+        exists=("runs/scores.csv",),
+    ),
+}
+
+SERVER = "needs a running Prefect server (make server) with the deployments and a worker: tests/deployments/ run them"
+SKIP: dict[str, str] = {
+    # README.md
+    """make run
+make test""": "make run is how the state every block starts from is made (with --epochs 1); make test is the suite",
+    """. .venv/bin/activate
+image-classifier train --train-data photos --validation-fraction 0.2 \\
+    --transformations '{"random_horizontal_flip": true}' --epochs 10""": "your own photos/, and ImageNet weights "
+    "from the internet; the digits block after it runs the same command line offline",
+    """make server
+make deploy
+make worker""": "long-running: the server and the worker keep running; tests/deployments/ start them",
+    """. .venv/bin/activate
+export PREFECT_API_URL=http://127.0.0.1:4200/api
+prefect deployment run train-pipeline/retrain-digits --param training='{"epochs": 10}' --watch""": SERVER,
+    # docs/development.md
+    """make test-fast
+make test PYTEST_ARGS="-k convert -x"
+make bench""": "the test suite and the benchmarks themselves (minutes; this test is part of the suite)",
+    # docs/multinode.md
+    """. .venv/bin/activate
+export PREFECT_API_URL=http://prefect.example.org:4200/api
+pip install prefect-kubernetes
+prefect work-pool create gpu-kubernetes --type kubernetes \\
+    --base-job-template deployments/kubernetes-gpu-job-template.json
+prefect worker start --pool gpu-kubernetes""": "needs a Kubernetes cluster and the internet; the job template "
+    "is checked in tests/flows/test_multinode.py",
+    # docs/operations.md
+    """make server
+make deploy
+make worker
+make serve""": "long-running: the server, the worker and serve keep running; tests/deployments/ start them",
+    """. .venv/bin/activate
+export PREFECT_API_URL=http://127.0.0.1:4200/api
+python -m deployments.auth client -- \\
+    prefect deployment run train-pipeline/retrain-digits --param training='{"epochs": 10}' --watch""": SERVER,
+    """ssh gpu-0 'umask 077 && mkdir -p ~/.config/image-classifier && cat > ~/.config/image-classifier/prefect-auth' < ~/.config/image-classifier/prefect-auth""": "a second host (gpu-0) and the file "
+    "make server HOST=0.0.0.0 writes; tests/deployments/test_auth.py checks what reads it",
+    """. .venv/bin/activate
+export PREFECT_API_URL=http://prefect.example.org:4200/api
+python -m deployments.auth client -- prefect deployment run train-pipeline/retrain-digits --watch
+python -m deployments.auth client -- image-classifier train --processes-per-node 2""": "a server on the network "
+    "with basic auth (make server HOST=0.0.0.0): tests/deployments/test_auth.py runs the same wrapper",
+    """make server PREFECT_UI_API_URL=https://prefect.example.org/api
+make worker PREFECT_SERVER_URL=https://prefect.example.org/api""": "a TLS proxy at prefect.example.org and a GPU "
+    "host: long-running",
+}
+
+
+class Block(NamedTuple):
+    page: str
+    line: int
+    commands: str  # the block without its comments: what RUN and SKIP are keyed by
+    text: str  # as pasted
+
+
+FENCE = re.compile(r"^(?P<indent> *)```(?P<language>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
+
+
+def commands_of(text: str) -> str:
+    lines = (re.sub(r"(^|\s+)#(\s.*)?$", "", line).rstrip() for line in text.splitlines())
+    return "\n".join(line for line in lines if line.strip())
+
+
+def shell_blocks(page: str) -> list[Block]:
+    text = (ROOT / page).read_text(encoding="utf-8")
+    return [
+        Block(page, text.count("\n", 0, m.start()) + 1, commands_of(m["body"]), m["body"])
+        for m in FENCE.finditer(text)
+        if m["language"].lower() in SHELLS
+    ]
+
+
+def commands_outside_shell_blocks(page: str) -> list[str]:
+    """Command lines in other fenced blocks or in indented code blocks: they would not be checked."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    found = []
+    for m in FENCE.finditer(text):
+        if m["language"].lower() not in SHELLS | {"python"}:
+            found += [f"{page}: {line.strip()}" for line in m["body"].splitlines() if COMMAND_LINE.match(line)]
+    outside = FENCE.sub("", text)
+    found += [
+        f"{page}: {line.strip()}"
+        for line in outside.splitlines()
+        if line.startswith("    ") and COMMAND_LINE.match(line)
+    ]
+    return found
+
+
+def test_every_shell_block_is_run_or_skipped_with_a_reason():
+    blocks = [block for page in PAGES for block in shell_blocks(page)]
+    unclassified = [f"{b.page}:{b.line}\n{b.commands}" for b in blocks if b.commands not in RUN | SKIP]
+    assert not unclassified, "shell blocks neither in RUN nor in SKIP of this file:\n\n" + "\n\n".join(unclassified)
+    gone = [commands for commands in RUN | SKIP if commands not in {b.commands for b in blocks}]
+    assert not gone, "listed here, but no page has these blocks any more:\n\n" + "\n\n".join(gone)
+    assert not set(RUN) & set(SKIP)
+    assert all(reason.strip() for reason in SKIP.values())
+
+
+def test_commands_live_in_shell_blocks():
+    hidden = [line for page in PAGES for line in commands_outside_shell_blocks(page)]
+    assert not hidden, "commands outside a ```bash block, where this test cannot see them:\n" + "\n".join(hidden)
+
+
+def test_a_changed_command_is_no_longer_known_but_a_changed_comment_is():
+    listed = next(iter(RUN))
+    assert commands_of(listed.replace("\n", "   # a comment\n", 1)) == listed
+    assert commands_of("# only a comment\n" + listed) == listed
+    assert commands_of(listed.replace("image-classifier", "image-classifer", 1)) not in RUN
+
+
+# --- running them -------------------------------------------------------------------------------------------
+
+
+def checkout_files() -> list[str]:
+    """What a clone holds: the files git would commit (tracked, and new ones not ignored)."""
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [name for name in listed.split("\0") if name and (ROOT / name).is_file()]
+
+
+def user_environment(home: Path) -> dict[str, str]:
+    """A new user's shell: no virtual environment on the PATH, no PYTHONPATH, no Prefect or AWS settings."""
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if p and not (Path(p) / "activate").is_file()]
+    kept = {name: os.environ[name] for name in ("LANG", "LC_ALL", "TMPDIR", "TERM") if name in os.environ}
+    return {**kept, "PATH": os.pathsep.join(path), "HOME": str(home)}
+
+
+def make_virtual_environment(checkout: Path) -> None:
+    """``.venv`` as ``make`` leaves it, without downloading: a venv of this interpreter that sees this environment's
+    packages (torch, prefect, …) through a .pth file, the project installed into it (``pip install -e``, so its
+    console scripts are the ones pyproject.toml declares), this environment's other commands (prefect, ruff)
+    beside them, and make's ``.installed`` stamp."""
+    venv = checkout / ".venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    packages = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    (packages / "shared-environment.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet", "--no-deps"]
+        + ["--no-build-isolation", "-e", str(checkout)],
+        check=True,
+        capture_output=True,
+    )
+    for command in Path(sys.prefix, "bin").iterdir():
+        if not (venv / "bin" / command.name).exists():
+            (venv / "bin" / command.name).symlink_to(command)
+    (venv / ".installed").touch()
+
+
+def run_block(text: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", text],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def after_make_run(tmp_path_factory) -> Path:
+    """A copy of the checkout after ``make run RUN_ARGS="--epochs 1"``: .venv, runs/ (the
+    digits, a run folder, logs), registry/digits-resnet18/1, and a HOME holding Prefect's temporary database."""
+    base = tmp_path_factory.mktemp("docs")
+    checkout = base / "checkout"
+    (base / "home").mkdir()
+    for name in checkout_files():
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, checkout / name)
+    make_virtual_environment(checkout)
+    done = run_block('make run RUN_ARGS="--epochs 1"', checkout, user_environment(base / "home"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Registered digits-resnet18 version 1 in " in done.stdout, done.stdout
+    return base
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("page", [page for page in PAGES if any(b.commands in RUN for b in shell_blocks(page))])
+def test_the_page_s_commands_run_as_pasted(page, after_make_run, tmp_path):
+    shutil.copytree(after_make_run / "home", tmp_path / "home", symlinks=True)
+    checkout = tmp_path / "checkout"
+    shutil.copytree(after_make_run / "checkout", checkout, symlinks=True, ignore=shutil.ignore_patterns(".venv"))
+    (checkout / ".venv").symlink_to(after_make_run / "checkout" / ".venv")
+    for block in shell_blocks(page):
+        if block.commands not in RUN:
+            continue
+        done = run_block(block.text, checkout, user_environment(tmp_path / "home"))
+        said = done.stdout + done.stderr
+        where = f"{page}:{block.line} exit status {done.returncode}\n{block.text}\n{said}"
+        assert done.returncode == 0, where
+        expect = RUN[block.commands]
+        assert [pattern for pattern in expect.output if not re.search(pattern, said, re.M)] == [], where
+        assert [p for p in expect.exists if not (checkout / p).exists()] == [], where
+        assert [p for p in expect.absent if (checkout / p).exists()] == [], where
+        assert "Traceback" not in said, where
