@@ -206,6 +206,7 @@ COMMANDS = {
     "train": ("flows.pipeline", "train a classifier on folders of images and register it"),
     "score": ("flows.score", "score images with a registered model (evaluated when labeled)"),
     "registry": ("tasks.registry.__main__", "list, show, alias, tag, fetch … registered models"),
+    "runs": ("flows.runs", "list the run folders, prune the old ones"),
 }
 
 
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(
         prog="image-classifier",
         description="Folders of images in, trained and registered classifiers out. Each command also runs as "
-        "python -m flows.pipeline (train), flows.score (score) or tasks.registry (registry).",
+        "python -m flows.pipeline (train), flows.score (score), tasks.registry (registry) or flows.runs (runs).",
         hint="--help lists the commands",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")

@@ -1,9 +1,11 @@
 """The run folders under a work_dir: list them with their sizes, prune the old ones.
 
-    python -m flows.runs list                              # every run folder under runs/, oldest first
-    python -m flows.runs prune --keep-last 5               # all but the 5 newest runs go; prints the space freed
-    python -m flows.runs prune --since 2026-11-01          # runs started before that day go
-    python -m flows.runs prune --keep-last 5 --dry-run     # what would go, nothing removed
+    image-classifier runs list                             # every run folder under runs/, oldest first
+    image-classifier runs prune --keep-last 5              # all but the 5 newest runs go; prints the space freed
+    image-classifier runs prune --since 2026-11-01         # runs started before that day go
+    image-classifier runs prune --keep-last 5 --dry-run    # what would go, nothing removed
+
+(``python -m flows.runs`` is the same command.)
 
 Only run folders go (recognised by their run.json; tasks/runs.py), never the registry: a registered model lives
 there, not in a run folder. A run whose files changed in the last 10 minutes is kept: it may be training.
@@ -31,8 +33,8 @@ def _line(run: RunFolder) -> str:
     return f"{started} UTC  {run.size / 2**20:9.1f} MB  {run.path}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = cli.CommandParser(prog="python -m flows.runs", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m flows.runs") -> int:
+    parser = cli.CommandParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", default="runs", help="the pipeline's work_dir (default: runs)")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="every run folder, oldest first, with its size")

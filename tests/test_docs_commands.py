@@ -95,6 +95,18 @@ image-classifier score data/digits/validation digits-resnet18 --output runs/scor
         output=(r"360 images scored -> runs/scores.csv", r"accuracy 0\.9\d+, F1 \(macro\) 0\.9\d+"),
         exists=("runs/scores.csv",),
     ),
+    # docs/operations.md
+    """. .venv/bin/activate
+image-classifier runs list
+image-classifier runs prune --keep-last 5 --dry-run
+image-classifier runs prune --keep-last 5
+image-classifier runs prune --since 2026-11-01""": Expect(
+        output=(
+            r"UTC +\d+\.\d MB  \S+/runs/\S+-[0-9a-f]{8}\n1 runs, \d+\.\d MB\n",
+            r"would remove 0 runs, 0\.0 MB to free; 1 kept\n",
+            r"\nremoved 0 runs, 0\.0 MB freed; 1 kept\nremoved 0 runs, 0\.0 MB freed; 1 kept\n",
+        ),
+    ),
 }
 
 SERVER = "needs a running Prefect server (make server) with the deployments and a worker: tests/deployments/ run them"

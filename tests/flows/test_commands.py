@@ -17,7 +17,7 @@ def test_help_lists_every_command(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert done.value.code == 0 and out.startswith("usage: image-classifier")
-    assert all(f"\n    {name} " in out for name in ("train", "score", "registry")), out
+    assert all(f"\n    {name} " in out for name in ("train", "score", "registry", "runs")), out
 
 
 @pytest.mark.parametrize("argv", [["trian"], []])
@@ -29,7 +29,7 @@ def test_an_unknown_or_missing_command_is_one_line_and_exit_status_2(capsys, arg
     assert "train" in err if argv else "required: COMMAND" in err
 
 
-@pytest.mark.parametrize("command", ["train", "score", "registry"])
+@pytest.mark.parametrize("command", ["train", "score", "registry", "runs"])
 def test_each_command_is_its_module_s_command_line_named_after_it(capsys, command):
     with pytest.raises(SystemExit) as done:
         main([command, "--help"])
