@@ -24,7 +24,10 @@ class BatchesOfTwoOrMore(Sampler[list[int]]):
         batches = [indices[start : start + self.batch_size] for start in range(0, len(indices), self.batch_size)]
         if self.batch_size > 1 and batches and len(batches[-1]) == 1:
             if len(batches) > 1:
-                batches[-2] += batches.pop()
+                # Not `batches[-2] += batches.pop()`: -2 is read before the pop and the sum stored after it, so
+                # the first of three batches would be replaced (its images never trained, others twice).
+                last = batches.pop()
+                batches[-1] = batches[-1] + last
             else:
                 batches[-1] *= 2
         return iter(batches)
