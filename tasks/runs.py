@@ -37,9 +37,15 @@ BUSY_SECONDS = 600
 _LEGACY_NAME = re.compile(r".+-[0-9a-f]{8}")
 
 
+def disk_usage(path: Path) -> int:
+    """Bytes ``path`` takes on its disk (whole blocks, as ``du`` counts: thousands of small images take far more
+    than their sizes add up to)."""
+    return path.lstat().st_blocks * 512
+
+
 def folder_size(root: Path) -> int:
-    """Bytes of the files below ``root`` (links not followed)."""
-    return sum(p.lstat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    """Bytes the files below ``root`` take on disk (links not followed)."""
+    return sum(disk_usage(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def mark_run(run_dir: str, kind: str, flow_run_id: str) -> None:
@@ -68,7 +74,7 @@ def keep_results(run_dir: str, model_dir: str, registered: dict) -> int:
             freed += folder_size(path)
             shutil.rmtree(path)
         elif path.is_file():
-            freed += path.stat().st_size
+            freed += disk_usage(path)
             path.unlink()
     (model / REGISTERED_NOTE).write_text(json.dumps(registered, indent=2) + "\n")
     return freed
@@ -115,7 +121,7 @@ def list_runs(work_dir: str) -> list[RunFolder]:
         if is_run_folder(path):
             files = [p.lstat() for p in path.rglob("*") if p.is_file() and not p.is_symlink()]
             changed = max((f.st_mtime for f in files), default=path.stat().st_mtime)
-            runs.append(RunFolder(path, _started(path), changed, sum(f.st_size for f in files)))
+            runs.append(RunFolder(path, _started(path), changed, sum(f.st_blocks * 512 for f in files)))
     return sorted(runs, key=lambda run: (run.started, run.path.name))
 
 

@@ -102,7 +102,7 @@ image-classifier runs prune --keep-last 5 --dry-run
 image-classifier runs prune --keep-last 5
 image-classifier runs prune --since 2026-11-01""": Expect(
         output=(
-            r"UTC +\d+\.\d MB  \S+/runs/\S+-[0-9a-f]{8}\n1 runs, \d+\.\d MB\n",
+            r"UTC +\d+\.\d MB  runs/\S+-[0-9a-f]{8}\n1 runs, \d+\.\d MB\n",
             r"would remove 0 runs, 0\.0 MB to free; 1 kept\n",
             r"\nremoved 0 runs, 0\.0 MB freed; 1 kept\nremoved 0 runs, 0\.0 MB freed; 1 kept\n",
         ),
