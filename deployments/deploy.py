@@ -25,6 +25,7 @@ from prefect.flows import load_flow_from_entrypoint
 
 from deployments.automations import MISSED_HEARTBEATS, ZOMBIE_AUTOMATION, ensure_zombie_automation, heartbeat_seconds
 from deployments.local import PROJECT_ROOT
+from tasks.nodes import NODE_DEPLOYMENT
 
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
 
@@ -111,11 +112,11 @@ def next_steps(config: dict, names: list[str]) -> str:
     train stage starts, and a worker command without the project's settings (``make worker`` has them)."""
     api_url = os.environ.get("PREFECT_API_URL", "")
     pools = [entry["work_pool"]["name"] for entry in config["deployments"]]
-    by_hand = next(name for name in names if not name.startswith("train-node/"))
+    by_hand = next(name for name in names if name != NODE_DEPLOYMENT)
     lines = [f"Deployed {len(names)} deployments to {api_url or 'the Prefect API'}:"]
     lines += [f"  {name}  (work pool {pool})" for name, pool in zip(names, pools)]
     lines += [
-        "train-node/* runs are started by the train stage of a multi-node training, never by hand.",
+        f"{NODE_DEPLOYMENT} runs are started by the train stage of a multi-node training, never by hand.",
         "Next:",
         f"  on each host that runs flows: make worker POOL=<{'|'.join(sorted(set(pools)))}>",
         f"  start a run: the Run button in the UI{' at ' + api_url.removesuffix('/api') if api_url else ''}, or",

@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from deployments.local import PROJECT_ROOT
 from tasks import nodes
 
 
@@ -49,3 +50,19 @@ def test_a_node_run_left_cancelling_by_a_lost_worker_is_set_cancelled_through_th
     client.set_flow_run_state(stuck.id, Running(), force=True)
     (ended,) = nodes.cancel_unfinished(client, [stuck], "cancelled with the other nodes", wait_seconds=1.0)
     assert ended.state.is_cancelled() and "no worker ended it within 1 s" in ended.state.message
+
+
+def test_the_node_deployment_the_train_stage_submits_is_the_one_deployments_prefect_yaml_defines():
+    import importlib
+
+    import yaml
+
+    from tasks.nodes import NODE_DEPLOYMENT
+
+    deployments = yaml.safe_load((PROJECT_ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]
+    defined = set()
+    for deployment in deployments:
+        module, function = deployment["entrypoint"].split(":")
+        flow = getattr(importlib.import_module(module.removesuffix(".py").replace("/", ".")), function)
+        defined.add(f"{flow.name}/{deployment['name']}")
+    assert NODE_DEPLOYMENT in defined, defined

@@ -20,12 +20,10 @@ from __future__ import annotations
 from tasks.errors import CorruptRegistryRecordError, ModelIntegrityError
 from tasks.registry.backends import LocalBackend, RegistryBackend
 from tasks.registry.core import (
-    challenge,
     lineage,
     list_versions,
     read_aliases,
     read_registration,
-    register_model,
     resolve,
     set_alias,
     unset_alias,
@@ -44,6 +42,8 @@ from tasks.registry.layout import (
     parse_reference,
 )
 from tasks.registry.locations import open_backend
+from tasks.registry.promotion import challenge
+from tasks.registry.registering import register_model
 
 __all__ = [
     "CLAIM_FILE",

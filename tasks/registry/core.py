@@ -1,10 +1,7 @@
-"""Registry operations over any backend: register (claim, upload, commit), list, resolve, aliases.
+"""Registry operations over any backend: list, read, resolve references, move aliases. Registering is
+tasks/registry/registering.py, the champion/challenger judgement tasks/registry/promotion.py.
 
-A registration checks the model files, claims ``<name>/<n>/claim.json`` with an exclusive create (next
-number on a conflict), uploads the files under it, then creates ``registration.json``: readers only ever
-see committed versions, whose files were all stored before the record naming them. A registration given
-a flow run id first looks for a version that run already committed with the same files (a Prefect retry
-after a failure past the commit) and returns it instead of claiming another.
+Readers only ever see committed versions (a ``registration.json`` is created after every file it names).
 
 An alias moves by compare-and-swap: read it (with its tag), judge, write only if it is unchanged, else
 read and judge again; so of two promotions racing, the later write has seen the earlier one.
@@ -15,38 +12,24 @@ become paths; a corrupt version is left out of listings and of ``latest`` with a
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import socket
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any
 
 from tasks.errors import (
     CorruptRegistryRecordError,
-    InvalidModelDirectoryError,
     InvalidModelNameError,
     ModelNotFoundError,
-    OutputStorageError,
-    PipelineInputError,
 )
-from tasks.fileio import sha256_file, storage_fault
 from tasks.image_directory import ImageDirectory
-from tasks.model_directory import MODEL_FILES, ONNX_FILE, ModelDirectory
 from tasks.registry.backends import RegistryBackend, swap
 from tasks.registry.layout import (
     ALIASES_FOLDER,
-    CLAIM_FILE,
     REGISTRATION_FILE,
     AliasRecord,
-    Claim,
     DatasetLineage,
     ModelReference,
-    Promotion,
-    PromotionRule,
     Registration,
     VersionStatus,
     alias_key,
@@ -62,7 +45,6 @@ from tasks.registry.layout import (
 )
 from tasks.registry.locations import open_backend
 from tasks.registry.status import is_deleted, read_status
-from tasks.storage import is_s3_uri
 
 Registry = str | os.PathLike[str] | RegistryBackend
 logger = logging.getLogger(__name__)
@@ -293,209 +275,3 @@ def unset_alias(registry: Registry, name: str, alias: str) -> AliasRecord:
         known = sorted(read_aliases(backend, name))
         raise ModelNotFoundError(f"{name} has no alias {alias!r} in {backend.location}; aliases: {known or 'none'}")
     return record
-
-
-def check_metric(metrics: dict[str, Any], metric: str) -> float:
-    value = metrics.get(metric)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        numeric = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
-        raise PipelineInputError(f"promotion metric {metric!r} is not among this model's figures: {numeric}")
-    return float(value)
-
-
-def _judge(
-    backend: RegistryBackend,
-    name: str,
-    alias: str,
-    rule: PromotionRule,
-    value: float,
-    current: AliasRecord | None,
-    version: int | None = None,
-) -> Promotion:
-    """Champion/challenger against the alias as it is now: an alias not yet set (or already on ``version``)
-    is taken; otherwise only by beating the champion strictly, in the rule's direction and by at least its
-    minimum improvement. A champion without the figure keeps the alias: nothing shows the challenger is better."""
-    decision = {
-        "alias": alias,
-        "metric": rule.metric,
-        "challenger": value,
-        "lower_is_better": rule.lower_is_better,
-        "min_improvement": rule.min_improvement,
-    }
-    if current is None:
-        return Promotion(**decision, champion_version=None, champion=None, promoted=True)
-    if current.version == version:  # a retry finding its own earlier promotion
-        return Promotion(**decision, champion_version=version, champion=value, promoted=True)
-    best = read_registration(backend, name, current.version).metrics.get(rule.metric)
-    best = float(best) if isinstance(best, (int, float)) and not isinstance(best, bool) else None
-    return Promotion(
-        **decision,
-        champion_version=current.version,
-        champion=best,
-        promoted=best is not None and rule.beats(value, best),
-    )
-
-
-def challenge(
-    registry: Registry,
-    name: str,
-    alias: str,
-    metric: str,
-    metrics: dict[str, Any],
-    lower_is_better: bool | None = None,
-    min_improvement: float = 0.0,
-) -> Promotion:
-    """Should a version with ``metrics`` take ``alias`` now? (See ``_judge`` and ``PromotionRule.for_metric``.)"""
-    backend = backend_of(registry)
-    rule = PromotionRule.for_metric(metric, lower_is_better, min_improvement)
-    return _judge(backend, name, alias, rule, check_metric(metrics, metric), _alias(backend, name, check_alias(alias)))
-
-
-def promote(backend: RegistryBackend, registration: Registration, alias: str, rule: PromotionRule) -> Promotion:
-    """Move ``alias`` to the version if it beats the champion, judged again after every lost swap."""
-    value = check_metric(registration.metrics, rule.metric)
-    verdict: list[Promotion] = []
-
-    def beats(current: AliasRecord | None) -> bool:
-        verdict.append(_judge(backend, registration.name, alias, rule, value, current, registration.version))
-        return verdict[-1].promoted and (current is None or current.version != registration.version)
-
-    _move_alias(backend, registration.name, alias, registration.version, beats)
-    return verdict[-1]
-
-
-def _hash_model_files(model_dir: ModelDirectory) -> dict[str, str]:
-    """sha256 of each file a version carries; refuses (before any version is claimed) a folder missing one."""
-    names = [*MODEL_FILES, *([ONNX_FILE] if (model_dir.root / ONNX_FILE).is_file() else [])]
-    hashes, problems = {}, []
-    for file_name in names:
-        try:
-            hashes[file_name] = sha256_file(model_dir.root / file_name)
-        except OSError as error:
-            problems.append(f"{file_name} ({error.strerror or error})")
-    if problems:
-        raise InvalidModelDirectoryError(
-            f"{model_dir.root} cannot be registered: {', '.join(problems)}; a version holds {', '.join(names)}"
-        )
-    return hashes
-
-
-def _committed_by(
-    backend: RegistryBackend, name: str, flow_run_id: str | None, task_run_id: str | None, files: dict[str, str]
-) -> Registration | None:
-    if not flow_run_id:
-        return None
-    return next(
-        (
-            r
-            for r in registrations(backend, name, newest_first=True)
-            if (r.flow_run_id, r.task_run_id, r.files) == (flow_run_id, task_run_id, files)
-        ),
-        None,
-    )
-
-
-def _claim_version(backend: RegistryBackend, name: str, claim: bytes) -> int:
-    # Start above every number in use, claimed or not: versions registered before claims existed have none.
-    version = max(numbered(backend.list_keys(name), name), default=0) + 1
-    while not _create_owned(backend, version_key(name, version, CLAIM_FILE), claim):
-        version += 1
-    return version
-
-
-@contextlib.contextmanager
-def _all_or_nothing(backend: RegistryBackend, what: str, needed: int, stored: list[str]) -> Iterator[None]:
-    """Around storing a version: when the registry's storage refuses a write (full, read-only, S3 refusing), the
-    ``stored`` keys are removed (a claim stays, so its number is never reused) and the error's first line says
-    that nothing was registered."""
-    try:
-        yield
-    except (OSError, OutputStorageError) as error:
-        where = None if is_s3_uri(backend.location) else Path(backend.location)
-        fault = error if isinstance(error, OutputStorageError) else storage_fault(what, error, needed, where)
-        if fault is None:
-            raise
-        for key in stored:
-            with contextlib.suppress(Exception):
-                backend.delete(key)
-        removed = f" (the {len(stored)} files stored before it were removed)" if stored else ""
-        raise OutputStorageError(f"nothing was registered: {fault}{removed}") from None
-
-
-def register_model(
-    registry: Registry,
-    name: str,
-    model_dir: ModelDirectory,
-    *,
-    metrics: dict[str, Any],
-    params: dict[str, Any],
-    datasets: dict[str, DatasetLineage],
-    flow_run_id: str | None = None,
-    task_run_id: str | None = None,
-    tags: dict[str, str] | None = None,
-    promote_to: str | None = None,
-    promotion_metric: str = "accuracy",
-    lower_is_better: bool | None = None,
-    min_improvement: float = 0.0,
-    approval: bool = False,
-) -> tuple[Registration, str]:
-    """Store a trained model as the next version of ``name``; returns its record and location.
-
-    With ``flow_run_id`` (and ``task_run_id``) the call is idempotent: a version that run already committed
-    with the same files is returned, not registered again. With ``promote_to``, the version takes that alias
-    if it beats the alias's current version on ``promotion_metric`` (lower is better for ``lower_is_better``;
-    None: for a figure named ``...loss``) by at least ``min_improvement``; the returned record carries the
-    final verdict (``registration.json`` keeps the one made at commit time). With ``approval`` too, the alias
-    is left where it is and a version that beats the champion is marked ``awaiting_approval``: a person's
-    answer moves it (``manage.decide_promotion``).
-    """
-    backend = backend_of(registry)
-    check_model_name(name)
-    rule = PromotionRule.for_metric(promotion_metric, lower_is_better, min_improvement)
-    if promote_to:
-        check_alias(promote_to)
-        check_metric(metrics, promotion_metric)
-    files = _hash_model_files(model_dir)
-    registration = _committed_by(backend, name, flow_run_id, task_run_id, files)
-    if registration is None:
-        claim = Claim(
-            token=uuid.uuid4().hex, created_at=datetime.now(timezone.utc), host=socket.gethostname(), pid=os.getpid()
-        )
-        stored: list[str] = []
-        size = sum((model_dir.root / f).stat().st_size for f in files)
-        with _all_or_nothing(backend, f"{name}'s files to the registry {backend.location}", size, stored):
-            version = _claim_version(backend, name, claim.model_dump_json().encode())
-            for file_name in files:
-                backend.upload(version_key(name, version, file_name), model_dir.root / file_name)
-                stored.append(version_key(name, version, file_name))
-            verdict = (
-                challenge(
-                    backend, name, promote_to, promotion_metric, metrics, rule.lower_is_better, rule.min_improvement
-                )
-                if promote_to
-                else None
-            )
-            if verdict and approval:
-                verdict = verdict.model_copy(update={"promoted": False, "awaiting_approval": verdict.promoted})
-            registration = Registration(
-                name=name,
-                version=version,
-                created_at=datetime.now(timezone.utc),
-                metrics=metrics,
-                params=params,
-                datasets=datasets,
-                flow_run_id=flow_run_id,
-                task_run_id=task_run_id,
-                tags=tags or {},
-                files=files,
-                promotion=verdict,
-            )
-            record = registration.model_dump_json(indent=2).encode()
-            if not _create_owned(backend, version_key(name, version, REGISTRATION_FILE), record):
-                raise RuntimeError(
-                    f"{backend.location}/{name}/{version} was committed by another registration despite our claim"
-                )
-    if promote_to and not approval:
-        promotion = promote(backend, registration, promote_to, rule)
-        registration = registration.model_copy(update={"promotion": promotion})
-    return registration, f"{backend.location}/{version_key(name, registration.version)}"

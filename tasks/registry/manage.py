@@ -20,7 +20,6 @@ from tasks.registry.core import (
     Registry,
     backend_of,
     model_names,
-    promote,
     read_aliases,
     read_registration,
     registrations,
@@ -39,6 +38,7 @@ from tasks.registry.layout import (
     closest_first,
     version_key,
 )
+from tasks.registry.promotion import promote
 from tasks.registry.status import change_status, read_status
 
 _CONDITION = re.compile(r"\s*(?P<metric>[A-Za-z0-9_.-]+)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<value>[-+0-9.eE]+)\s*")
