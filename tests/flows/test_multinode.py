@@ -454,6 +454,8 @@ def test_elastic_nodes_train_with_the_minimum_and_take_in_a_node_that_comes_late
         "100",
         "--processes-per-node",
         "1",
+        "--keep",
+        "all",  # the run's model folder is read below, checkpoints and all
     )
     parent = subprocess.Popen(
         command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
