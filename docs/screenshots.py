@@ -17,15 +17,7 @@ import tempfile
 from pathlib import Path
 
 from deployments.local import PROJECT_ROOT, PrefectStack
-from tests.browser import (
-    chromium,
-    click_text,
-    field,
-    latest_artifact_id,
-    paused_run_id,
-    table_overflow,
-    wait_for_text,
-)
+from tests import browser
 
 NAME = "digits-resnet18"
 WINDOW = (1440, 900)
@@ -60,35 +52,35 @@ def main(argv: list[str] | None = None) -> None:
         pipeline = subprocess.Popen(
             command, cwd=PROJECT_ROOT, env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        driver = chromium()
+        driver = browser.chromium()
         driver.set_window_size(*WINDOW)
         try:
-            run_id = paused_run_id(stack, pipeline, timeout=1800)
+            run_id = browser.paused_run_id(stack, pipeline, timeout=1800)
             driver.get(f"{stack.url}/runs/flow-run/{run_id}")
-            wait_for_text(driver, ["Paused", "Resume"])
-            click_text(driver, "Resume")
-            wait_for_text(driver, [f"Promote {NAME} version 1 to production?", "Decision", "Reviewer"])
-            field(driver, "Decision", "div[contains(@class, 'p-select')]").click()
-            click_text(driver, "approve")
-            field(driver, "Reviewer", "textarea").send_keys("ada")
-            field(driver, "Comment", "textarea").send_keys("confusion matrix looks right")
+            browser.wait_for_text(driver, ["Paused", "Resume"])
+            browser.click_text(driver, "Resume")
+            browser.wait_for_text(driver, [f"Promote {NAME} version 1 to production?", "Decision", "Reviewer"])
+            browser.field(driver, "Decision", "div[contains(@class, 'p-select')]").click()
+            browser.click_text(driver, "approve")
+            browser.field(driver, "Reviewer", "textarea").send_keys("ada")
+            browser.field(driver, "Comment", "textarea").send_keys("confusion matrix looks right")
             driver.save_screenshot(str(args.output / "approval-form.png"))
-            click_text(driver, "Submit")
+            browser.click_text(driver, "Submit")
             output, _ = pipeline.communicate(timeout=900)
             if pipeline.returncode != 0:
                 raise SystemExit(f"the pipeline failed:\n{output[-3000:]}")
             print(output.strip().splitlines()[-4:][0] if output.strip() else "", flush=True)
 
-            driver.get(f"{stack.url}/artifacts/artifact/{latest_artifact_id(stack, 'evaluation')}")
-            wait_for_text(driver, ["accuracy", "F1 (macro)"])
+            driver.get(f"{stack.url}/artifacts/artifact/{browser.latest_artifact_id(stack, 'evaluation')}")
+            browser.wait_for_text(driver, ["accuracy", "F1 (macro)"])
             driver.save_screenshot(str(args.output / "evaluation.png"))
             driver.execute_script("document.querySelector('img[alt=\"confusion matrix\"]').scrollIntoView()")
             driver.save_screenshot(str(args.output / "confusion-matrix.png"))
 
-            driver.get(f"{stack.url}/artifacts/artifact/{latest_artifact_id(stack, f'model-card-{NAME}')}")
-            wait_for_text(driver, [f"Model card: {NAME}", "approved by ada", "production"])
+            driver.get(f"{stack.url}/artifacts/artifact/{browser.latest_artifact_id(stack, f'model-card-{NAME}')}")
+            browser.wait_for_text(driver, [f"Model card: {NAME}", "approved by ada", "production"])
             driver.save_screenshot(str(args.output / "model-card.png"))
-            if (overflow := table_overflow(driver)) > 0:
+            if (overflow := browser.table_overflow(driver)) > 0:
                 raise SystemExit(f"the model card's table is {overflow} px too wide for a {WINDOW[0]} px window")
         finally:
             driver.quit()

@@ -78,6 +78,21 @@ def processes_of(output: Path) -> list[int]:
     return found
 
 
+def training_processes(folder: Path) -> dict[int, list[str]]:
+    """The living training processes (the launcher's wrapper, torchrun, the workers) writing below ``folder``: their
+    command lines, by pid."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if entry.name.isdigit() and "tasks.training.worker" in argv and any(a.startswith(str(folder)) for a in argv):
+            if alive(int(entry.name)):
+                found[int(entry.name)] = argv
+    return found
+
+
 def worker_pids(output: Path) -> list[int]:
     """PIDs of the worker processes (not the torchrun agent) training into ``output``."""
     pids = []

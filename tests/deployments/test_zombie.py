@@ -23,7 +23,7 @@ from deployments.automations import (
     heartbeat_seconds,
 )
 from deployments.local import PROJECT_ROOT, PrefectStack
-from tests.helpers import alive
+from tests.helpers import training_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -136,20 +136,6 @@ def process_tree(root: int) -> list[int]:
         tree.append(pid)
         pending += children.get(pid, [])
     return tree
-
-
-def training_processes(folder: Path) -> list[int]:
-    """The training processes (the launcher's wrapper, torchrun, the workers) writing below ``folder``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().decode().split("\0")
-        except (OSError, UnicodeDecodeError):
-            continue
-        if entry.name.isdigit() and "tasks.training.worker" in argv and any(a.startswith(str(folder)) for a in argv):
-            if alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found
 
 
 def heartbeats_of(stack, flow_run_id) -> int:

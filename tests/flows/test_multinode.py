@@ -24,7 +24,7 @@ from tasks.nodes import (
 from tasks.registry import list_versions, read_registration
 from tasks.training.config import TrainingParams
 from tasks.workdir import CACHE_VARIABLE
-from tests.helpers import processes_of
+from tests.helpers import processes_of, training_processes
 
 HOSTS = ("host-a", "host-b")
 
@@ -276,19 +276,6 @@ def test_two_nodes_train_through_the_pool_with_no_shared_files_and_register_one_
     for host in HOSTS:
         assert len(list((stack.folders[host] / "cache" / "images").iterdir())) == 2, host
     assert not [v for v in variables if v.name.startswith("rendezvous-")], "the rendezvous record is removed"
-
-
-def training_processes(folder) -> dict[int, list[str]]:
-    """The training processes (the launcher's wrapper, torchrun, the workers) writing below ``folder``, by pid."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().decode().split("\0")
-        except (OSError, UnicodeDecodeError):
-            continue
-        if entry.name.isdigit() and "tasks.training.worker" in argv and any(a.startswith(str(folder)) for a in argv):
-            found[int(entry.name)] = argv
-    return found
 
 
 def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(
