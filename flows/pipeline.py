@@ -195,8 +195,10 @@ def train_pipeline(
         approval=approval,
     )
     registered = settle_promotion(registry, registered, approval_timeout_s)
-    where = {"name": registered.registration.name, "version": registered.registration.version}
-    size = tidy_registered_run(run_dir, model_dir, keep, {**where, "location": registered.location})
+    record = registered.registration
+    size = tidy_registered_run(
+        run_dir, model_dir, keep, {"name": record.name, "version": record.version, "location": registered.location}
+    )
     result = PipelineResult(
         model_name=registered.registration.name,
         version=registered.registration.version,

@@ -105,3 +105,27 @@ def storage_fault(what: str, error: OSError, needed: int, where: Path | None = N
         f"cannot write {what}: [Errno {error.errno}] {error.strerror}; about {megabytes(needed)} needed, "
         f"{megabytes(free)} free there: fix the storage and run again"
     )
+
+
+def storage_cause(error: BaseException | None) -> OSError | None:
+    """The OSError of a full or failing disk behind ``error``: itself, or one it was raised from or while handling
+    (torch.save reports one as a RuntimeError "[enforce fail at inline_container.cc] unexpected pos", the OSError
+    only in its context)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+@contextlib.contextmanager
+def storage_faults(what: str, needed: int, where: Path | None = None) -> Iterator[None]:
+    """Around writing ``what``: a fault of the storage (behind whatever error reports it) becomes the one
+    OutputStorageError of ``storage_fault``; any other error goes on as it is."""
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        cause = storage_cause(error)
+        if cause is None:
+            raise
+        raise storage_fault(what, cause, needed, where) from error

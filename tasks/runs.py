@@ -16,6 +16,7 @@ leaves alone a run whose files changed in the last ``BUSY_SECONDS`` (it may be t
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -37,15 +38,15 @@ BUSY_SECONDS = 600
 _LEGACY_NAME = re.compile(r".+-[0-9a-f]{8}")
 
 
-def disk_usage(path: Path) -> int:
-    """Bytes ``path`` takes on its disk (whole blocks, as ``du`` counts: thousands of small images take far more
+def disk_usage(status: os.stat_result) -> int:
+    """Bytes a file takes on its disk (whole blocks, as ``du`` counts: thousands of small images take far more
     than their sizes add up to)."""
-    return path.lstat().st_blocks * 512
+    return status.st_blocks * 512
 
 
 def folder_size(root: Path) -> int:
     """Bytes the files below ``root`` take on disk (links not followed)."""
-    return sum(disk_usage(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    return sum(disk_usage(p.lstat()) for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def mark_run(run_dir: str, kind: str, flow_run_id: str) -> None:
@@ -74,7 +75,7 @@ def keep_results(run_dir: str, model_dir: str, registered: dict) -> int:
             freed += folder_size(path)
             shutil.rmtree(path)
         elif path.is_file():
-            freed += disk_usage(path)
+            freed += disk_usage(path.lstat())
             path.unlink()
     (model / REGISTERED_NOTE).write_text(json.dumps(registered, indent=2) + "\n")
     return freed
@@ -121,7 +122,7 @@ def list_runs(work_dir: str) -> list[RunFolder]:
         if is_run_folder(path):
             files = [p.lstat() for p in path.rglob("*") if p.is_file() and not p.is_symlink()]
             changed = max((f.st_mtime for f in files), default=path.stat().st_mtime)
-            runs.append(RunFolder(path, _started(path), changed, sum(f.st_blocks * 512 for f in files)))
+            runs.append(RunFolder(path, _started(path), changed, sum(map(disk_usage, files))))
     return sorted(runs, key=lambda run: (run.started, run.path.name))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tasks.fileio import atomic_write, storage_fault
+from tasks.fileio import atomic_write, storage_faults
 from tasks.storage import is_s3_uri, parse_s3_uri, read_bytes, s3_client, s3_writing
 
 SCORED_LABELS = "Scored Labels"
@@ -55,13 +55,9 @@ def write_scores(table: pd.DataFrame, location: str) -> str:
         with s3_writing(location):
             s3_client().put_object(Bucket=target.bucket, Key=target.prefix, Body=data, ContentType="text/csv")
     else:
-        try:
-            with atomic_write(location, "wb") as handle:  # nothing is left at location but the complete table
-                handle.write(data)
-        except OSError as error:
-            if (fault := storage_fault(f"the scores table {location}", error, len(data))) is not None:
-                raise fault from None
-            raise
+        # Nothing is left at location but the complete table.
+        with storage_faults(f"the scores table {location}", len(data)), atomic_write(location, "wb") as handle:
+            handle.write(data)
     return location
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from tasks.errors import InvalidDatasetError
-from tasks.fileio import STORAGE_ERRNOS, atomic_write, require_space, storage_fault
+from tasks.fileio import atomic_write, require_space, storage_faults
 from tasks.model_directory import TrainingMetrics
 
 
@@ -23,27 +23,11 @@ def tensor_bytes(state) -> int:
     return 0
 
 
-def storage_cause(error: BaseException) -> OSError | None:
-    """The OSError of a full or failing disk behind ``error`` (torch.save reports one as a RuntimeError
-    "[enforce fail at inline_container.cc] unexpected pos", the OSError only in its context)."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS:
-            return error
-        error = error.__cause__ or error.__context__
-    return None
-
-
 def saved_or_storage_fault(path: Path, state, what: str) -> None:
     """``torch.save(state)`` to ``path`` atomically; a full or failing disk raises OutputStorageError whose first
     line says so (needed and free space): a retry cannot help until space is freed."""
-    try:
-        with atomic_write(path, "wb") as handle:
-            torch.save(state, handle)
-    except (OSError, RuntimeError) as error:
-        cause = storage_cause(error)
-        if cause is None:
-            raise
-        raise storage_fault(f"{what} to {path}", cause, tensor_bytes(state)) from error
+    with storage_faults(f"{what} to {path}", tensor_bytes(state)), atomic_write(path, "wb") as handle:
+        torch.save(state, handle)
 
 
 def check_space_for_checkpoints(output: Path, model) -> None:

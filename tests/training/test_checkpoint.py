@@ -8,13 +8,13 @@ import torch
 from torch import nn
 
 from tasks.errors import InvalidDatasetError
+from tasks.fileio import storage_cause
 from tasks.model_directory import EpochMetrics, TrainingMetrics
 from tasks.training.checkpoint import (
     read_checkpoint,
     rescale_schedule,
     restore_checkpoint,
     save_checkpoint,
-    storage_cause,
     tensor_bytes,
 )
 from tasks.training.loop import warmup_poly_schedule
