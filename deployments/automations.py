@@ -1,5 +1,6 @@
-"""The automation that notices a lost host: a run of one of deployments/prefect.yaml's deployments whose
-heartbeats stop is set Crashed (Prefect's "detect zombie flows").
+"""The automations that notice a lost host and carry its work on: a run of one of deployments/prefect.yaml's
+deployments whose heartbeats stop is set Crashed (Prefect's "detect zombie flows"), and a training run set
+Crashed is run again, on whichever worker of the pool is free.
 
 A deployment run beats every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (its job variables' environment,
 deployments/prefect.yaml) while its process lives; a host powered off, or its worker's whole process tree
@@ -9,8 +10,12 @@ Crashed once none came for ``MISSED_HEARTBEATS`` intervals. It watches only the 
 ``make deploy`` made (their ids), whose heartbeat frequency it knows: a run started elsewhere beats at
 Prefect's default pace (180 s) and must not be crashed for beating slowly.
 
-``make deploy`` (deployments/deploy.py) creates it, or updates it in place: one automation of that name, whose
-other actions (a notification someone added in the UI) and on/off switch a re-deploy keeps.
+The second automation runs the crashed run's deployment again with the crashed run's parameters and
+``replaces_run`` set to its id: the new run takes over the lost run's folder and resumes from its checkpoint
+(tasks/lost_runs.py), and stops at once, saying why, once a training has been run again ``MAX_RERUNS`` times.
+
+``make deploy`` (deployments/deploy.py) creates them, or updates them in place: one automation of each name,
+whose other actions (a notification someone added in the UI) and on/off switch a re-deploy keeps.
 """
 
 from __future__ import annotations
@@ -19,13 +24,22 @@ from datetime import timedelta
 
 from prefect.automations import Automation
 from prefect.client.schemas.objects import StateType
-from prefect.events.actions import ChangeFlowRunState
+from prefect.events.actions import Action, ChangeFlowRunState, RunDeployment
 from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
 
 HEARTBEAT_SETTING = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
 ZOMBIE_AUTOMATION = "Crash runs whose host was lost (no heartbeat)"
 MISSED_HEARTBEATS = 3  # a heartbeat late by one or two intervals (a busy server) is not a lost host
+RERUN_AUTOMATION = "Run a training again when its run crashed (host lost)"
+# The re-run's parameters: the crashed run's, with replaces_run naming it (the server renders this when it fires).
+RERUN_PARAMETERS = {
+    "__prefect_kind": "json",
+    "value": {
+        "__prefect_kind": "jinja",
+        "template": "{{ dict(flow_run.parameters, replaces_run=flow_run.id|string) | tojson }}",
+    },
+}
 FINAL_EVENTS = {f"prefect.flow-run.{state}" for state in ("Completed", "Failed", "Cancelled", "Crashed")}
 
 
@@ -77,17 +91,50 @@ def zombie_automation(deployment_ids: list[str], within: timedelta) -> Automatio
     )
 
 
-def ensure_zombie_automation(deployment_ids: list[str], within: timedelta) -> Automation:
-    """Creates the automation on the server (PREFECT_API_URL), or updates the one of that name, keeping the actions
-    added to it besides setting the run Crashed, and whether it is enabled; returns it."""
+def rerun_automation(deployment_ids: list[str]) -> Automation:
+    """Runs a crashed run of one of ``deployment_ids`` (the training pipeline's) again: the same deployment, its
+    parameters and ``replaces_run``, on whichever worker of the pool takes it."""
+    return Automation(
+        name=RERUN_AUTOMATION,
+        description=(
+            "A training run set Crashed (its host or worker lost) is run again with its parameters and "
+            "replaces_run, and resumes from its checkpoint when its run folder is reachable (S3 or a shared "
+            "folder). Made by `make deploy` (deployments/automations.py)."
+        ),
+        trigger=EventTrigger(
+            match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
+            match_related=ResourceSpecification(
+                {
+                    "prefect.resource.role": "deployment",
+                    "prefect.resource.id": [f"prefect.deployment.{id}" for id in deployment_ids],
+                }
+            ),
+            expect={"prefect.flow-run.Crashed"},
+            posture=Posture.Reactive,
+            threshold=1,
+        ),
+        actions=[RunDeployment(source="inferred", parameters=RERUN_PARAMETERS)],
+    )
+
+
+def ensure_automation(wanted: Automation, own: type[Action]) -> Automation:
+    """Creates ``wanted`` on the server (PREFECT_API_URL), or updates the one of its name: its trigger and its
+    ``own`` action replaced, the other actions added to it (a notification) and whether it is enabled kept."""
     from prefect.client.orchestration import get_client
 
-    wanted = zombie_automation(deployment_ids, within)
     with get_client(sync_client=True) as client:
-        existing = client.read_automations_by_name(name=ZOMBIE_AUTOMATION)
+        existing = client.read_automations_by_name(name=wanted.name)
     if not existing:
         return wanted.create()
     wanted.id, wanted.enabled = existing[0].id, existing[0].enabled
-    wanted.actions += [a for a in existing[0].actions if not isinstance(a, ChangeFlowRunState)]
+    wanted.actions += [a for a in existing[0].actions if not isinstance(a, own)]
     wanted.update()
     return wanted
+
+
+def ensure_zombie_automation(deployment_ids: list[str], within: timedelta) -> Automation:
+    return ensure_automation(zombie_automation(deployment_ids, within), ChangeFlowRunState)
+
+
+def ensure_rerun_automation(deployment_ids: list[str]) -> Automation:
+    return ensure_automation(rerun_automation(deployment_ids), RunDeployment)

@@ -23,8 +23,16 @@ from pathlib import Path
 import yaml
 from prefect.flows import load_flow_from_entrypoint
 
-from deployments.automations import MISSED_HEARTBEATS, ZOMBIE_AUTOMATION, ensure_zombie_automation, heartbeat_seconds
+from deployments.automations import (
+    MISSED_HEARTBEATS,
+    RERUN_AUTOMATION,
+    ZOMBIE_AUTOMATION,
+    ensure_rerun_automation,
+    ensure_zombie_automation,
+    heartbeat_seconds,
+)
 from deployments.local import PROJECT_ROOT
+from tasks.lost_runs import MAX_RERUNS
 from tasks.nodes import NODE_DEPLOYMENT
 
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
@@ -63,6 +71,10 @@ def keep_schedule_states(schedules: list[dict], states: dict[str, bool]) -> list
     return kept
 
 
+# The deployments whose crashed runs are run again: the training pipeline's (it takes replaces_run).
+RERUN_ENTRYPOINT = "flows/pipeline.py:train_pipeline"
+
+
 def deployment_names(config: dict) -> list[str]:
     """``flow/deployment`` of each entry (the flow's name is the one its @flow gives, so the flow is loaded)."""
     entries = config["deployments"]
@@ -89,11 +101,16 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
         sys.stderr.write(result.stderr)
         return result.returncode
     beat = heartbeat_seconds(config)
-    ensure_zombie_automation(deployment_ids(names), timedelta(seconds=MISSED_HEARTBEATS * beat))
+    ids = deployment_ids(names)
+    ensure_zombie_automation(ids, timedelta(seconds=MISSED_HEARTBEATS * beat))
+    trainings = [id for id, entry in zip(ids, config["deployments"]) if entry["entrypoint"] == RERUN_ENTRYPOINT]
+    ensure_rerun_automation(trainings)
     print(next_steps(config, names))
     print(
         f"Automation {ZOMBIE_AUTOMATION!r}: a run of these deployments beats every {beat} s and is set Crashed "
-        f"after {MISSED_HEARTBEATS * beat} s without a heartbeat (its host or worker was lost)."
+        f"after {MISSED_HEARTBEATS * beat} s without a heartbeat (its host or worker was lost).\n"
+        f"Automation {RERUN_AUTOMATION!r}: a crashed training run is run again (at most {MAX_RERUNS} times), "
+        "resuming from its checkpoint when its work_dir is on S3 or a shared folder."
     )
     return 0
 

@@ -25,6 +25,7 @@ from tasks.convert import ConversionLimits, convert
 from tasks.datasets import resolve_sources
 from tasks.evaluate import Evaluation, evaluate
 from tasks.gallery import show_misclassified
+from tasks.lost_runs import take_over_lost_run
 from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
 from tasks.model_directory import ModelSpec
 from tasks.onnx_export import export_and_check_onnx
@@ -109,6 +110,7 @@ def train_pipeline(
     approval: bool = False,
     approval_timeout_s: int = 3600,
     keep: Keep = "results",
+    replaces_run: str | None = None,
 ) -> PipelineResult:
     """Train an image classifier from class-per-folder images, evaluate it and register it.
 
@@ -132,7 +134,10 @@ def train_pipeline(
         approval: With promote_to: a new version that beats the champion takes the alias only once a person approves it (the run pauses on a form).
         approval_timeout_s: How long the run waits for that answer; no answer in time: not promoted.
         keep: What the run folder keeps once the version is registered: results (data, metrics, logs, scores, pictures; the registry holds the model, the checkpoints go) or all.
+        replaces_run: Set by the automation that runs a crashed training again: the lost run's id; this run takes over its folder and resumes from its checkpoint.
     """
+    # A run replacing a lost one says so first, and works in the lost training's folder (tasks/lost_runs.py).
+    takeover = take_over_lost_run(replaces_run, work_dir) if replaces_run else None
     # Before any work: the data paths and their classes, the size the network takes, the names (tasks/preflight.py).
     check_training_inputs(
         train_data,
@@ -147,7 +152,7 @@ def train_pipeline(
     )
     spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
     resolve_pretrained_weights(spec)  # in the cache (or the one offline error) before any conversion work
-    run_dir = run_folder(work_dir)  # a retried run finds its checkpoints again
+    run_dir = takeover.run_dir if takeover else run_folder(work_dir)  # a retried run finds its checkpoints again
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
     train_source, validation_source = resolve_sources(
         train_data, validation_data, str(local_folder(work_dir)), validation_fraction
@@ -193,6 +198,7 @@ def train_pipeline(
         lower_is_better=lower_is_better,
         min_improvement=min_improvement,
         approval=approval,
+        training_run_id=takeover.training_run_id if takeover else None,
     )
     registered = settle_promotion(registry, registered, approval_timeout_s)
     record = registered.registration

@@ -66,6 +66,14 @@ class NodesNotJoinedError(InvalidTrainingSetupError):
     (or node 0 never published its rendezvous endpoint). Every node run was cancelled; retrying at once cannot help."""
 
 
+class RerunLimitError(PipelineInputError):
+    """A training whose runs crashed (hosts lost) was already run again as often as allowed (tasks/lost_runs.py)."""
+
+
+class UnknownRunError(PipelineInputError):
+    """A flow run id (``replaces_run``) that the Prefect server does not know."""
+
+
 class OnnxMismatchError(PipelineInputError):
     """The exported ONNX model does not reproduce PyTorch's outputs: exporting again cannot help."""
 

@@ -49,6 +49,11 @@ def folder_size(root: Path) -> int:
     return sum(disk_usage(p.lstat()) for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+def run_folder_location(work_dir: str, name: str) -> str:
+    """The run folder ``name`` under ``work_dir`` (a path, made absolute, or s3://bucket/prefix)."""
+    return f"{work_dir.rstrip('/')}/{name}" if is_s3_uri(work_dir) else str(Path(work_dir).resolve() / name)
+
+
 def mark_run(run_dir: str, kind: str, flow_run_id: str) -> None:
     """Write ``run.json`` in a local run folder (what ``prune_runs`` recognises); an S3 run folder has its
     bucket's lifecycle rules instead."""

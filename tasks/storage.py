@@ -200,13 +200,17 @@ def s3_writing(what: str) -> Iterator[None]:
         ) from None
 
 
-def upload_files(root: Path, names: Iterable[str], uri: str) -> None:
+def upload_files(root: Path, names: Iterable[str], uri: str, *, last: tuple[str, bytes] | None = None) -> None:
     """Upload ``root/<name>`` to ``<uri>/<name>`` for each name, in order (so a reader that sees the last one
-    can rely on the others being there)."""
+    can rely on the others being there); then ``last``'s bytes, read before any of them, as ``<uri>/<its name>``."""
     where, client = parse_s3_uri(uri), s3_client()
     for name in names:
         with open(root / name, "rb") as body, s3_writing(f"s3://{where.bucket}/{where.key(name)}"):
             client.put_object(Bucket=where.bucket, Key=where.key(name), Body=body)
+    if last:
+        name, data = last
+        with s3_writing(f"s3://{where.bucket}/{where.key(name)}"):
+            client.put_object(Bucket=where.bucket, Key=where.key(name), Body=data)
 
 
 def list_s3_names(uri: str) -> list[str]:

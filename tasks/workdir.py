@@ -29,7 +29,7 @@ from pathlib import Path
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tasks.errors import InvalidDatasetError
-from tasks.fileio import sha256_file
+from tasks.fileio import atomic_write, sha256_file
 from tasks.image_directory import MANIFEST_NAME, ImageDirectoryManifest
 from tasks.model_directory import (
     CHECKPOINT_FILE,
@@ -154,14 +154,24 @@ class OutputMirror:
         return None if data is None else TrainingMetrics.model_validate_json(data)
 
     def sync(self) -> None:
-        """Upload the local epochs when they are ahead of the stored ones; download the stored ones when behind."""
-        local, remote = self.local_epochs(), epochs_in(read_s3_object(join(self.location, METRICS_FILE)))
-        present = [n for n in OUTPUT_FILES if (self.local / n).is_file()]
+        """Upload the local epochs when they are ahead of the stored ones; download the stored ones when behind.
+
+        Either way metrics.json is read first and written last: the training writes each file before the
+        metrics.json that announces its epoch, so every file copied after that read is at least as new as the
+        epochs it announces, even when the training runs epochs faster than the copy (a checkpoint read while
+        three more epochs finished must not be announced by their metrics.json)."""
+        path = self.local / METRICS_FILE
+        announced = path.read_bytes() if path.is_file() else None
+        stored_metrics = read_s3_object(join(self.location, METRICS_FILE))
+        local, remote = epochs_in(announced), epochs_in(stored_metrics)
         if local > remote:
-            upload_files(self.local, present, self.location)
+            present = [n for n in OUTPUT_FILES if n != METRICS_FILE and (self.local / n).is_file()]
+            upload_files(self.local, present, self.location, last=(METRICS_FILE, announced))
         elif remote > local:
             stored = set(list_s3_names(self.location))
-            download_files(self.location, [n for n in OUTPUT_FILES if n in stored], self.local)
+            download_files(self.location, [n for n in OUTPUT_FILES if n != METRICS_FILE and n in stored], self.local)
+            with atomic_write(self.local / METRICS_FILE, "wb") as handle:
+                handle.write(stored_metrics)
 
     def finish(self) -> None:
         """After training: the last epochs (when this host has them) and this host's ranks' logs."""

@@ -4,8 +4,9 @@ once and fetched into a content-keyed cache, checked against its manifest, and a
 import pytest
 
 from tasks.errors import InvalidDatasetError, InvalidStorageURIError
+from tasks.fileio import write_text_atomic
 from tasks.model_directory import EpochMetrics, TrainingMetrics
-from tasks.storage import list_s3_names, parse_s3_uri, s3_client
+from tasks.storage import list_s3_names, parse_s3_uri, read_s3_object, s3_client
 from tasks.workdir import CACHE_VARIABLE, OutputMirror, fetch_image_directory, publish, stage_training
 
 
@@ -94,6 +95,44 @@ def test_the_host_ahead_uploads_its_epochs_and_a_host_behind_downloads_them(s3_b
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "c"))
     staged = stage_training(str(tmp_path), str(tmp_path), str(tmp_path), output)
     assert (staged.output_dir / "checkpoints" / "last.pt").read_bytes() == b"epoch 2"
+
+
+def test_an_upload_never_announces_epochs_whose_checkpoint_it_did_not_store(s3_bucket, tmp_path, monkeypatch):
+    """The training may finish epochs while a (big) checkpoint is being uploaded: the metrics.json stored after it
+    announces the epochs of the moment the upload began, never newer ones (found by the lost-host test: metrics
+    said epoch 3 while the stored checkpoint was epoch 1's, and the run that took over resumed after epoch 1)."""
+    import tasks.storage
+
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "a"))
+    mirror = OutputMirror(f"s3://{s3_bucket}/run/model")
+    (mirror.local / "checkpoints").mkdir(parents=True)
+    (mirror.local / "checkpoints" / "last.pt").write_bytes(b"epoch 1")
+    (mirror.local / "metrics.json").write_text(metrics(1))
+    real_client = tasks.storage.s3_client
+
+    class TrainingGoesOn:
+        """A client whose checkpoint upload lasts while the training writes epoch 2 (checkpoint, then metrics)."""
+
+        def __init__(self, *args, **kwargs):
+            self.client = real_client(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.client, name)
+
+        def put_object(self, **kwargs):
+            if kwargs["Key"].endswith("last.pt"):  # written as the worker writes them: a new file renamed over
+                write_text_atomic(mirror.local / "checkpoints" / "last.pt", "epoch 2")
+                write_text_atomic(mirror.local / "metrics.json", metrics(2))
+            return self.client.put_object(**kwargs)
+
+    monkeypatch.setattr(tasks.storage, "s3_client", TrainingGoesOn)
+    mirror.sync()
+    monkeypatch.setattr(tasks.storage, "s3_client", real_client)
+    stored = read_s3_object(f"{mirror.location}/checkpoints/last.pt")
+    assert (stored, mirror.remote_metrics().epochs[-1].epoch) == (b"epoch 1", 1)
+    mirror.sync()  # the next look stores epoch 2, checkpoint first
+    stored = read_s3_object(f"{mirror.location}/checkpoints/last.pt")
+    assert (stored, mirror.remote_metrics().epochs[-1].epoch) == (b"epoch 2", 2)
 
 
 def test_store_does_not_retry_a_bad_location(prefect_server, tmp_path):

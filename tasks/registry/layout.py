@@ -117,6 +117,11 @@ class Registration(BaseModel):
     datasets: dict[str, DatasetLineage]
     flow_run_id: str | None = None
     task_run_id: str | None = Field(default=None, description="with flow_run_id: a retried task finds its own version")
+    training_run_id: str | None = Field(
+        default=None,
+        description="the flow run that began this training: flow_run_id, or the first of the runs it replaced "
+        "(their hosts lost); one training, one version",
+    )
     tags: dict[str, str] = {}
     files: dict[str, str] = Field(description="file name -> sha256")
     promotion: Promotion | None = Field(default=None, description="the champion/challenger verdict at commit time")

@@ -133,11 +133,13 @@ def register(
     lower_is_better: bool | None = None,
     min_improvement: float = 0.0,
     approval: bool = False,
+    training_run_id: str | None = None,
 ) -> RegisteredModel:
     """Register with the evaluation's ``figures`` (plus the training's best top-1 and epochs), parameters and the
     lineage of ``datasets`` (role -> ImageDirectory).
 
-    ``name`` defaults to ``<training data set>-<architecture>``. Artifacts ``registered-model``, the model card
+    ``name`` defaults to ``<training data set>-<architecture>``. ``training_run_id``: the run that began the
+    training, when this run replaces a lost one (else this run): one version per training. Artifacts ``registered-model``, the model card
     ``model-card-<name>`` and, with ``promote_to``, ``promotion`` (champion/challenger on ``promotion_metric``;
     with ``approval``, the alias waits for a person: ``tasks.approval``).
     """
@@ -161,6 +163,7 @@ def register(
         datasets=lineages,
         flow_run_id=flow_run.get_id(),
         task_run_id=task_run.get_id(),
+        training_run_id=training_run_id or flow_run.get_id(),
         promote_to=promote_to,
         promotion_metric=promotion_metric,
         lower_is_better=lower_is_better,

@@ -52,15 +52,25 @@ def _hash_model_files(model_dir: ModelDirectory) -> dict[str, str]:
 
 
 def _committed_by(
-    backend: RegistryBackend, name: str, flow_run_id: str | None, task_run_id: str | None, files: dict[str, str]
+    backend: RegistryBackend,
+    name: str,
+    flow_run_id: str | None,
+    task_run_id: str | None,
+    training_run_id: str | None,
+    files: dict[str, str],
 ) -> Registration | None:
-    if not flow_run_id:
+    """The version this call already committed: by its flow and task run and files, or, for a run that replaced
+    a lost one (``training_run_id`` another run's), by its training: the lost run may have committed one before its
+    host went."""
+    replacing = training_run_id not in (None, flow_run_id)
+    if not (flow_run_id or replacing):
         return None
     return next(
         (
             r
             for r in registrations(backend, name, newest_first=True)
-            if (r.flow_run_id, r.task_run_id, r.files) == (flow_run_id, task_run_id, files)
+            if (replacing and r.training_run_id == training_run_id)
+            or (flow_run_id and (r.flow_run_id, r.task_run_id, r.files) == (flow_run_id, task_run_id, files))
         ),
         None,
     )
@@ -103,6 +113,7 @@ def register_model(
     datasets: dict[str, DatasetLineage],
     flow_run_id: str | None = None,
     task_run_id: str | None = None,
+    training_run_id: str | None = None,
     tags: dict[str, str] | None = None,
     promote_to: str | None = None,
     promotion_metric: str = "accuracy",
@@ -113,7 +124,8 @@ def register_model(
     """Store a trained model as the next version of ``name``; returns its record and location.
 
     With ``flow_run_id`` (and ``task_run_id``) the call is idempotent: a version that run already committed
-    with the same files is returned, not registered again. With ``promote_to``, the version takes that alias
+    with the same files is returned, not registered again; with ``training_run_id``, so is any version of that
+    training (a run that replaced a lost one, and the lost run, register one version between them). With ``promote_to``, the version takes that alias
     if it beats the alias's current version on ``promotion_metric`` (lower is better for ``lower_is_better``;
     None: for a figure named ``...loss``) by at least ``min_improvement``; the returned record carries the
     final verdict (``registration.json`` keeps the one made at commit time). With ``approval`` too, the alias
@@ -127,7 +139,7 @@ def register_model(
         check_alias(promote_to)
         check_metric(metrics, promotion_metric)
     files = _hash_model_files(model_dir)
-    registration = _committed_by(backend, name, flow_run_id, task_run_id, files)
+    registration = _committed_by(backend, name, flow_run_id, task_run_id, training_run_id, files)
     if registration is None:
         claim = Claim(
             token=uuid.uuid4().hex, created_at=datetime.now(timezone.utc), host=socket.gethostname(), pid=os.getpid()
@@ -157,6 +169,7 @@ def register_model(
                 datasets=datasets,
                 flow_run_id=flow_run_id,
                 task_run_id=task_run_id,
+                training_run_id=training_run_id,
                 tags=tags or {},
                 files=files,
                 promotion=verdict,

@@ -1,10 +1,12 @@
-"""A lost host, on real components: a Prefect server with the deployments and automation `make deploy` makes, one
-`prefect worker` on the `gpu` pool, a training run of `train-pipeline/retrain-digits`; the worker's whole process
-tree is killed mid-training, as a powered-off host would be, and the automation sets the run Crashed."""
+"""A lost host, on real components: a Prefect server with the deployments and automations `make deploy` makes, two
+`prefect worker`s on the `gpu` pool (hosts A and B: caches of their own, S3 as the work dir), a training run of
+`train-pipeline/retrain-digits` on A; A's worker's whole process tree is killed mid-training, as a powered-off host
+would be: the run is set Crashed, run again on B, resumes from A's checkpoint and registers one version."""
 
 import asyncio
 import http.server
 import os
+import re
 import signal
 import threading
 import time
@@ -18,11 +20,13 @@ import yaml
 from deployments.automations import (
     HEARTBEAT_SETTING,
     MISSED_HEARTBEATS,
+    RERUN_AUTOMATION,
     ZOMBIE_AUTOMATION,
     ensure_zombie_automation,
     heartbeat_seconds,
 )
 from deployments.local import PROJECT_ROOT, PrefectStack
+from tasks.workdir import CACHE_VARIABLE
 from tests.helpers import training_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,12 +38,22 @@ TEST_WITHIN = timedelta(seconds=2 * TEST_HEARTBEAT)
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """A server, `make deploy`'s pools, deployments and automation, one worker (limit 1) in a folder of its own."""
-    settings = {"OMP_NUM_THREADS": "1"}
+def stack(tmp_path_factory, s3_endpoint):
+    """A server, `make deploy`'s pools, deployments and automations, one worker (limit 1) with a cache of its own
+    (another host's); every process reaches the loopback S3 endpoint."""
+    settings = {
+        "OMP_NUM_THREADS": "1",
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     with PrefectStack(home=tmp_path_factory.mktemp("prefect-home"), settings=settings) as running:
         running.deploy()
-        running.worker = running.start_worker("gpu", "host-a", limit=1, cwd=tmp_path_factory.mktemp("host-a"))
+        running.caches = {host: tmp_path_factory.mktemp(f"{host}-cache") for host in ("host-a", "host-b")}
+        running.worker = running.start_worker(
+            "gpu", "host-a", limit=1, env={CACHE_VARIABLE: str(running.caches["host-a"])}
+        )
         yield running
 
 
@@ -118,6 +132,14 @@ def test_every_deployment_beats_and_make_deploy_makes_one_automation_for_them(st
     assert now.id == deployed.id and now.trigger.within == TEST_WITHIN
     assert [a.type for a in now.actions] == ["change-flow-run-state", "call-webhook"]
 
+    # The second runs the training pipeline's crashed runs again, and no other deployment's.
+    with client_for(stack) as client:
+        (rerun,) = client.read_automations_by_name(RERUN_AUTOMATION)
+        training = client.read_deployment_by_name(DEPLOYMENT)
+    assert rerun.enabled and rerun.trigger.expect == {"prefect.flow-run.Crashed"}
+    assert rerun.trigger.match_related["prefect.resource.id"] == [f"prefect.deployment.{training.id}"]
+    assert [(a.type, a.source) for a in rerun.actions] == [("run-deployment", "inferred")]
+
 
 def process_tree(root: int) -> list[int]:
     """``root`` and every process descended from it."""
@@ -136,6 +158,11 @@ def process_tree(root: int) -> list[int]:
         tree.append(pid)
         pending += children.get(pid, [])
     return tree
+
+
+def client_for_state(stack, flow_run_id):
+    with client_for(stack) as client:
+        return client.read_flow_run(flow_run_id).state
 
 
 def heartbeats_of(stack, flow_run_id) -> int:
@@ -157,19 +184,54 @@ def heartbeats_of(stack, flow_run_id) -> int:
     return asyncio.run(read())
 
 
-def test_a_run_whose_host_is_lost_is_set_crashed_once_its_heartbeats_stop(
-    stack, automation, colour_image_dirs, tmp_path
+def s3_keys(bucket: str, prefix: str) -> list[str]:
+    from tasks.storage import s3_client
+
+    pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+
+def stored_epochs(bucket: str) -> int:
+    """Complete epochs the run folder on S3 holds (metrics.json follows its checkpoint up), 0 before the first."""
+    from tasks.lost_runs import epochs_stored
+
+    folders = [key[: -len("/metrics.json")] for key in s3_keys(bucket, "runs/") if key.endswith("/model/metrics.json")]
+    return max((epochs_stored(f"s3://{bucket}/{folder}") or 0 for folder in folders), default=0)
+
+
+def flow_runs_of(stack) -> list:
+    with client_for(stack) as client:
+        return client.read_flow_runs()
+
+
+def logs_and_artifacts(stack, run_id) -> tuple[str, dict[str, str]]:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+
+    with client_for(stack) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+        )
+    return "\n".join(log.message for log in logs), {a.key: a.data for a in artifacts}
+
+
+def test_a_training_whose_host_is_lost_is_set_crashed_and_resumed_on_another_host(
+    stack, automation, colour_image_dirs, s3_bucket, tmp_path
 ):
+    """The issue's scenario: a run on host A, host B idle on the pool, A lost after an epoch; the run is set
+    Crashed, run again on B, resumes from the checkpoint A left on S3 and registers one version."""
+    from tasks.registry import list_versions, read_registration
+
     train, val = colour_image_dirs
+    epochs = 12
     parameters = {
         "train_data": str(train),
         "validation_data": str(val),
         "model_name": "colours-lost-host",
         "model": {"pretrained": False},
-        # More epochs than the test lasts: the run is lost in the middle of them.
-        "training": {"epochs": 5000, "patience": 5000, "batch_size": 4, "processes_per_node": 1},
-        "registry": str(tmp_path / "registry"),
-        "work_dir": str(tmp_path / "runs"),
+        "training": {"epochs": epochs, "patience": epochs, "batch_size": 4, "processes_per_node": 1},
+        "registry": f"s3://{s3_bucket}/registry",
+        "work_dir": f"s3://{s3_bucket}/runs",  # no filesystem shared between the hosts
     }
     # The run's own job variables replace the deployment's env: the deployment's, with the test's heartbeat.
     env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", HEARTBEAT_SETTING: str(TEST_HEARTBEAT)}
@@ -177,32 +239,39 @@ def test_a_run_whose_host_is_lost_is_set_crashed_once_its_heartbeats_stop(
         deployment = client.read_deployment_by_name(DEPLOYMENT)
         run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters, job_variables={"env": env})
     deadline = time.monotonic() + 300
-    # Lost after its first epoch, as in the issue: a checkpoint written, the run beating.
-    while not (list((tmp_path / "runs").glob("*/model/checkpoints/last.pt")) and heartbeats_of(stack, run.id)):
+    while not client_for_state(stack, run.id).is_running():
+        assert time.monotonic() < deadline and stack.worker.poll() is None, stack.log_text()[-3000:]
+        time.sleep(1)
+    # Host B joins the pool once A has the run: idle, as a second GPU host would be.
+    host_b = stack.start_worker("gpu", "host-b", limit=1, env={CACHE_VARIABLE: str(stack.caches["host-b"])})
+    # Lost after its first epoch, as in the issue: a checkpoint stored on S3, the run beating.
+    while not (stored_epochs(s3_bucket) >= 1 and heartbeats_of(stack, run.id)):
         assert time.monotonic() < deadline, stack.log_text()[-3000:]
         assert stack.worker.poll() is None, stack.log_text()[-3000:]
         time.sleep(1)
 
     # The host is lost: its worker's process tree and the training it started (torchrun's workers run in sessions
     # of their own) stop at once, stopped first so that none sees another die.
-    tree = set(process_tree(stack.worker.pid)) | set(training_processes(tmp_path / "runs"))
-    assert stack.worker.pid in tree and training_processes(tmp_path / "runs"), tree
+    host_a_files = stack.caches["host-a"]
+    tree = set(process_tree(stack.worker.pid)) | set(training_processes(host_a_files))
+    assert stack.worker.pid in tree and training_processes(host_a_files), tree
     for pid in tree:
         os.kill(pid, signal.SIGSTOP)
     for pid in tree:
         os.kill(pid, signal.SIGKILL)
     lost = time.monotonic()
+    resumable = stored_epochs(s3_bucket)
+    assert 1 <= resumable < epochs, resumable
 
     # Crashed once no heartbeat came for TEST_WITHIN after the last one: at most that long after the loss, plus
     # the server's evaluation pace (5 s) and margin.
-    with client_for(stack) as client:
-        while (state := client.read_flow_run(run.id).state).is_running():
-            assert time.monotonic() - lost < TEST_WITHIN.total_seconds() + 30, stack.log_text()[-3000:]
-            time.sleep(1)
+    while (state := client_for_state(stack, run.id)).is_running():
+        assert time.monotonic() - lost < TEST_WITHIN.total_seconds() + 30, stack.log_text()[-3000:]
+        time.sleep(1)
     seconds = time.monotonic() - lost
     print(f"lost host -> {state.name} in {seconds:.0f} s (heartbeat {TEST_HEARTBEAT} s, within {TEST_WITHIN})")
     assert state.is_crashed() and state.message.startswith("No heartbeat for 60 s"), state
-    assert not training_processes(tmp_path / "runs"), "a training process was left running"
+    assert not training_processes(host_a_files), "a training process was left running"
 
     # The webhook added to the automation was called with the run's name.
     receiver = automation[2]
@@ -211,3 +280,41 @@ def test_a_run_whose_host_is_lost_is_set_crashed_once_its_heartbeats_stop(
         assert time.monotonic() < deadline, stack.log_text()[-3000:]
         time.sleep(1)
     assert receiver.bodies == [f'{{"text": "{run.name} lost its host: set Crashed"}}']
+
+    # The training is run again, on host B (A is gone), with the lost run's parameters, and finishes.
+    deadline = time.monotonic() + 420
+    while not (again := [r for r in flow_runs_of(stack) if r.id != run.id]) or not again[0].state.is_final():
+        assert time.monotonic() < deadline, stack.log_text()[-3000:]
+        assert host_b.poll() is None, stack.log_text()[-3000:]
+        time.sleep(2)
+    print(f"lost host -> re-run {again[0].state.name} in {time.monotonic() - lost:.0f} s")
+    (rerun,) = again
+    assert rerun.state.is_completed(), (rerun.state, stack.log_text()[-3000:])
+    assert rerun.deployment_id == run.deployment_id
+    assert rerun.parameters == {**parameters, "replaces_run": str(run.id)}
+    assert f"Flow run '{rerun.name}' submitted to infrastructure" in (stack.logs / "host-b.log").read_text()
+
+    # It says first which run it replaces and that it resumes after the epoch A's checkpoint holds, links to it...
+    logs, artifacts = logs_and_artifacts(stack, rerun.id)
+    headline = (
+        f"Replaces run {run.name} (Crashed: No heartbeat for 60 s: the run's host or worker was lost "
+        f"(automation {ZOMBIE_AUTOMATION!r})); re-run 1 of at most 2; resuming from its checkpoint after epoch "
+        f"{resumable} in s3://{s3_bucket}/runs/{run.name}-{str(run.id)[:8]}"
+    )
+    # (its first line after Prefect's own: the worker's and "Beginning flow run")
+    assert logs.split(f"Beginning flow run '{rerun.name}' for flow 'train-pipeline'\n")[1].startswith(headline), logs
+    assert re.search(rf"\[rank 0\] INFO resuming from \S+ after epoch {resumable}\n", logs), logs
+    assert f"/runs/{run.id}" in artifacts["replaced-run"] and headline in artifacts["replaced-run"]
+    # ...and the lost run's page links to it.
+    assert f"/runs/{rerun.id}" in logs_and_artifacts(stack, run.id)[1]["replaced-by"]
+
+    # One version for the training, registered by the run that finished it, from the whole training.
+    registry = f"s3://{s3_bucket}/registry"
+    assert list_versions(registry, "colours-lost-host") == [1]
+    record = read_registration(registry, "colours-lost-host", 1)
+    assert (record.flow_run_id, record.training_run_id) == (str(rerun.id), str(run.id))
+    assert record.metrics["epochs_trained"] == epochs
+
+    # Nothing left running: no training process on either host, no other run started or waiting.
+    assert not training_processes(stack.caches["host-b"]) and not training_processes(host_a_files)
+    assert sorted(r.state.name for r in flow_runs_of(stack)) == ["Completed", "Crashed"]

@@ -321,6 +321,32 @@ def test_a_retry_after_a_failure_past_the_commit_returns_the_same_version(tmp_pa
     assert other_task.version == 3, "another task run of the same flow registers its own version"
 
 
+def test_a_run_replacing_a_lost_one_finds_the_version_the_lost_run_committed(tmp_path, trained_model):
+    """The lost run committed its version just before its host went; the run that replaced it (another flow run,
+    its training_run_id the lost run's) gets that version back instead of a second one for the same training."""
+    registry = tmp_path / "registry"
+
+    def register(flow_run_id: str, training_run_id: str):
+        return register_model(
+            registry,
+            NAME,
+            ModelDirectory(trained_model),
+            metrics={"accuracy": 0.9},
+            params={},
+            datasets={},
+            flow_run_id=flow_run_id,
+            task_run_id=f"task-of-{flow_run_id}",
+            training_run_id=training_run_id,
+        )[0]
+
+    lost = register("lost", "lost")
+    replacing = register("replacing", "lost")
+    assert (lost.version, replacing.version) == (1, 1) and list_versions(registry, NAME) == [1]
+    assert read_registration(registry, NAME, 1).training_run_id == "lost"
+    # Another training, even of the same run's name and files, is a version of its own.
+    assert register("another", "another").version == 2
+
+
 def test_a_registry_fetch_reads_again_the_bodies_cut_off_mid_way(
     s3_bucket, s3_endpoint, trained_model, tmp_path, monkeypatch
 ):
