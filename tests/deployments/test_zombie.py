@@ -304,9 +304,9 @@ def test_a_training_whose_host_is_lost_is_set_crashed_and_resumed_on_another_hos
     # (its first line after Prefect's own: the worker's and "Beginning flow run")
     assert logs.split(f"Beginning flow run '{rerun.name}' for flow 'train-pipeline'\n")[1].startswith(headline), logs
     assert re.search(rf"\[rank 0\] INFO resuming from \S+ after epoch {resumable}\n", logs), logs
-    assert f"/runs/{run.id}" in artifacts["replaced-run"] and headline in artifacts["replaced-run"]
+    assert f"/runs/flow-run/{run.id})" in artifacts["replaced-run"] and headline in artifacts["replaced-run"]
     # ...and the lost run's page links to it.
-    assert f"/runs/{rerun.id}" in logs_and_artifacts(stack, run.id)[1]["replaced-by"]
+    assert f"/runs/flow-run/{rerun.id})" in logs_and_artifacts(stack, run.id)[1]["replaced-by"]
 
     # One version for the training, registered by the run that finished it, from the whole training.
     registry = f"s3://{s3_bucket}/registry"
