@@ -13,7 +13,7 @@ gallery of misclassified images) -> register [-> a person approves the promotion
 
 from __future__ import annotations
 
-import argparse
+from typing import Any
 
 from prefect import flow
 from prefect.states import Completed
@@ -136,20 +136,9 @@ def train_pipeline(
         keep: What the run folder keeps once the version is registered: results (data, metrics, logs, scores, pictures; the registry holds the model, the checkpoints go) or all.
         replaces_run: Set by the automation that runs a crashed training again: the lost run's id; this run takes over its folder and resumes from its checkpoint.
     """
+    check_inputs(locals())  # before any work; locals() here: the flow's arguments, by name
     # A run replacing a lost one says so first, and works in the lost training's folder (tasks/lost_runs.py).
     takeover = take_over_lost_run(replaces_run, work_dir) if replaces_run else None
-    # Before any work: the data paths and their classes, the size the network takes, the names (tasks/preflight.py).
-    check_training_inputs(
-        train_data,
-        validation_data,
-        validation_fraction,
-        model.architecture,
-        training.image_size,
-        model_name,
-        registry,
-        promote_to,
-        model.weights_path,
-    )
     spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
     resolve_pretrained_weights(spec)  # in the cache (or the one offline error) before any conversion work
     run_dir = takeover.run_dir if takeover else run_folder(work_dir)  # a retried run finds its checkpoints again
@@ -220,90 +209,45 @@ def train_pipeline(
     return Completed(message=result.headline(), data=result)
 
 
+def check_inputs(arguments: dict[str, Any]) -> None:
+    """What can be checked before any work (tasks/preflight.py): the data paths and their classes, the size the
+    network takes, the names; ``arguments`` are the flow's, by name (the flow's and the command line's alike)."""
+    model, training = arguments["model"], arguments["training"]
+    check_training_inputs(
+        arguments["train_data"],
+        arguments["validation_data"],
+        arguments["validation_fraction"],
+        model.architecture,
+        training.image_size,
+        arguments["model_name"],
+        arguments["registry"],
+        arguments["promote_to"],
+        model.weights_path,
+    )
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m flows.pipeline") -> int:
-    """Command line: the flow's parameters as flags, one per ModelSpec, TrainingParams and ConversionLimits field.
+    """Command line: a flag per parameter of the flow, and per field of ModelSpec, TrainingParams and
+    ConversionLimits (flows/cli.py FlowFlags).
 
     A user's mistake is one line on stderr and exit status 2, found before any work where it can be (see
     tasks/preflight.py); the run's full log goes to <work-dir>/logs/pipeline-<time>-<pid>.log."""
-    import json
-
     from flows import cli
 
-    parser = cli.CommandParser(prog=prog, description=train_pipeline.description)
-    parser.add_argument("--train-data", help="class-per-folder folder or .zip (default: bundled digits)")
-    parser.add_argument("--validation-data", help="validation images with the same classes")
-    parser.add_argument(
-        "--validation-fraction", type=float, help="without --validation-data: share of --train-data split off for it"
-    )
-    parser.add_argument("--model-name", help="registry name (default: <data set>-<architecture>)")
-    parser.add_argument("--registry", default="registry", help="folder or s3://bucket/prefix (default: registry)")
-    parser.add_argument("--work-dir", default="runs", help="folder or s3://bucket/prefix for the runs (default: runs)")
-    parser.add_argument("--promote-to", help="alias the new version takes if it beats the alias's current version")
-    parser.add_argument("--promotion-metric", default="accuracy", help="figure compared (default: accuracy)")
-    parser.add_argument(
-        "--lower-is-better",
-        action=argparse.BooleanOptionalAction,
-        help="a lower figure is better (default: for figures named ...loss)",
-    )
-    parser.add_argument("--min-improvement", type=float, default=0.0, help="margin a challenger must win by")
-    parser.add_argument("--export-onnx", action="store_true", help="also export and register model.onnx")
-    parser.add_argument(
-        "--approval", action="store_true", help="with --promote-to: a person approves the move in the UI"
-    )
-    parser.add_argument("--approval-timeout-s", type=int, default=3600, help="no answer in time: not promoted")
-    parser.add_argument(
-        "--keep",
-        choices=["results", "all"],
-        default="results",
-        help="what the run folder keeps once registered: results (the registry holds the model; default) or all",
-    )
-    model_flags = cli.add_model_flags(parser, ModelSpec, skip=("weights", "transformations"), group="model (ModelSpec)")
-    parser.add_argument(
-        "--transformations", type=json.loads, help="image transformations as JSON (see docs/training.md)"
-    )
-    training_flags = cli.add_model_flags(parser, TrainingParams, group="training (TrainingParams)")
-    conversion_flags = cli.add_model_flags(parser, ConversionLimits, group="conversion limits (ConversionLimits)")
+    parser = cli.CommandParser(prog=prog, description=cli.summary(train_pipeline))
+    # replaces_run is the lost-host automation's; a model's weights record is the model stage's.
+    flags = cli.FlowFlags(parser, train_pipeline, skip=("replaces_run",), skip_fields={"model": ("weights",)})
     cli.add_debug_flag(parser)
     args = parser.parse_args(argv)
     try:
-        extra = {} if args.transformations is None else {"transformations": args.transformations}
-        spec = cli.model_from_flags(ModelSpec, args, model_flags, **extra)
-        training = cli.model_from_flags(TrainingParams, args, training_flags)
-        conversion = cli.model_from_flags(ConversionLimits, args, conversion_flags)
-        check_training_inputs(
-            args.train_data,
-            args.validation_data,
-            args.validation_fraction,
-            spec.architecture,
-            training.image_size,
-            args.model_name,
-            args.registry,
-            args.promote_to,
-            spec.weights_path,
-        )
+        given = flags.arguments(args)
+        arguments = flags.with_defaults(given)
+        check_inputs(arguments)
     except cli.INPUT_ERRORS as error:
         cli.fail(error, args.debug)
     result = cli.run_command(
-        lambda: train_pipeline(
-            train_data=args.train_data,
-            validation_data=args.validation_data,
-            validation_fraction=args.validation_fraction,
-            model=spec,
-            training=training,
-            conversion=conversion,
-            model_name=args.model_name,
-            registry=args.registry,
-            work_dir=args.work_dir,
-            promote_to=args.promote_to,
-            promotion_metric=args.promotion_metric,
-            lower_is_better=args.lower_is_better,
-            min_improvement=args.min_improvement,
-            export_onnx=args.export_onnx,
-            approval=args.approval,
-            approval_timeout_s=args.approval_timeout_s,
-            keep=args.keep,
-        ),
-        log_file=cli.log_file_for(args.work_dir, "pipeline"),
+        lambda: train_pipeline(**given),
+        log_file=cli.log_file_for(arguments["work_dir"], "pipeline"),
         debug=args.debug,
     )
     print(result.summary())

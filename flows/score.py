@@ -95,39 +95,19 @@ def main(argv: list[str] | None = None, prog: str = "python -m flows.score") -> 
     on stderr and exit status 2, in seconds; the run's full log goes to <work-dir>/logs/score-<time>-<pid>.log."""
     from flows import cli
 
-    parser = cli.CommandParser(prog=prog, description=score_pipeline.description)
-    parser.add_argument("images", help="folder or .zip of images")
-    parser.add_argument("model", help="registry reference (name, name/3, name@production) or ModelDirectory")
-    parser.add_argument("--output", help="scores CSV (path or s3://)")
-    parser.add_argument("--registry", default="registry", help="folder or s3://bucket/prefix (default: registry)")
-    parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch")
-    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
-    parser.add_argument("--work-dir", default="runs", help="folder or s3://bucket/prefix for the runs (default: runs)")
-    parser.add_argument("--labeled", choices=("yes", "no"), help="default: inferred from the folders")
-    parser.add_argument("--top-k", type=int, default=0, help="also list each image's k most probable labels")
-    conversion_flags = cli.add_model_flags(parser, ConversionLimits, group="conversion limits (ConversionLimits)")
+    parser = cli.CommandParser(prog=prog, description=cli.summary(score_pipeline))
+    flags = cli.FlowFlags(parser, score_pipeline, flags={"output_csv": "--output"})
     cli.add_debug_flag(parser)
     args = parser.parse_args(argv)
-    labeled = {"yes": True, "no": False, None: None}[args.labeled]
     try:
-        conversion = cli.model_from_flags(ConversionLimits, args, conversion_flags)
-        check_scoring_inputs(args.images, args.model, args.registry)
+        given = flags.arguments(args)
+        arguments = flags.with_defaults(given)
+        check_scoring_inputs(arguments["images"], arguments["model"], arguments["registry"])
     except cli.INPUT_ERRORS as error:
         cli.fail(error, args.debug)
     result = cli.run_command(
-        lambda: score_pipeline(
-            args.images,
-            args.model,
-            args.output,
-            args.registry,
-            args.runtime,
-            args.batch_size,
-            args.work_dir,
-            labeled,
-            conversion=conversion,
-            top_k=args.top_k,
-        ),
-        log_file=cli.log_file_for(args.work_dir, "score"),
+        lambda: score_pipeline(**given),
+        log_file=cli.log_file_for(arguments["work_dir"], "score"),
         debug=args.debug,
     )
     print(f"{result.images} images scored -> {result.scores}")
