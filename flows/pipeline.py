@@ -30,7 +30,7 @@ from tasks.model import resolve_pretrained_weights, untrained_model_directory, w
 from tasks.model_directory import ModelSpec
 from tasks.onnx_export import export_and_check_onnx
 from tasks.preflight import check_training_inputs
-from tasks.registry import Registration
+from tasks.registry import PromotionPolicy, Registration
 from tasks.registry.prefect_tasks import register
 from tasks.runs import Keep, tidy_registered_run
 from tasks.score import score
@@ -102,13 +102,8 @@ def train_pipeline(
     model_name: str | None = None,
     registry: str = "registry",
     work_dir: str = "runs",
-    promote_to: str | None = None,
-    promotion_metric: str = "accuracy",
-    lower_is_better: bool | None = None,
-    min_improvement: float = 0.0,
+    promotion: PromotionPolicy = PromotionPolicy(),
     export_onnx: bool = False,
-    approval: bool = False,
-    approval_timeout_s: int = 3600,
     keep: Keep = "results",
     replaces_run: str | None = None,
 ) -> PipelineResult:
@@ -126,13 +121,8 @@ def train_pipeline(
         registry: Registry folder or s3://bucket/prefix.
         work_dir: Folder or s3://bucket/prefix for each run's converted data, model, logs and scores; on S3 the
             training hosts need no shared filesystem (each keeps a cache, $IMAGE_CLASSIFIER_CACHE).
-        promote_to: Alias (e.g. production) the new version takes only if it beats the alias's current version.
-        promotion_metric: Figure compared for promotion (accuracy, f1_macro, auc_ovr, log_loss, ...).
-        lower_is_better: Whether a lower figure is better; empty: yes for figures named ...loss (log_loss), else no.
-        min_improvement: How much better than the champion the new version must be (in the figure's units) to take the alias.
+        promotion: Whether the new version takes an alias (promote_to, e.g. production): only if it beats the alias's current version on a figure, and with approval only once a person approves it (the run pauses on a form).
         export_onnx: Also export model.onnx (checked against PyTorch with onnxruntime) and register it.
-        approval: With promote_to: a new version that beats the champion takes the alias only once a person approves it (the run pauses on a form).
-        approval_timeout_s: How long the run waits for that answer; no answer in time: not promoted.
         keep: What the run folder keeps once the version is registered: results (data, metrics, logs, scores, pictures; the registry holds the model, the checkpoints go) or all.
         replaces_run: Set by the automation that runs a crashed training again: the lost run's id; this run takes over its folder and resumes from its checkpoint.
     """
@@ -182,14 +172,10 @@ def train_pipeline(
         evaluation.figures(),
         datasets={"train": train_dir, "validation": validation_dir},
         params={"model": model.model_dump(), "training": training.model_dump()},
-        promote_to=promote_to,
-        promotion_metric=promotion_metric,
-        lower_is_better=lower_is_better,
-        min_improvement=min_improvement,
-        approval=approval,
+        promotion=promotion,
         training_run_id=takeover.training_run_id if takeover else None,
     )
-    registered = settle_promotion(registry, registered, approval_timeout_s)
+    registered = settle_promotion(registry, registered, promotion.approval_timeout_s)
     record = registered.registration
     size = tidy_registered_run(
         run_dir, model_dir, keep, {"name": record.name, "version": record.version, "location": registered.location}
@@ -221,7 +207,7 @@ def check_inputs(arguments: dict[str, Any]) -> None:
         training.image_size,
         arguments["model_name"],
         arguments["registry"],
-        arguments["promote_to"],
+        arguments["promotion"].promote_to,
         model.weights_path,
     )
 

@@ -166,8 +166,10 @@ def registry_cli(registry, *args, env=None):
     )
 
 
-def register_test_model(registry, model, name=NAME, accuracy=0.9, **options):
-    """A registration by its own task run of flow run ``run-1``."""
+def register_test_model(registry, model, name=NAME, accuracy=0.9, **promotion):
+    """A registration by its own task run of flow run ``run-1``; ``promotion``: PromotionPolicy's fields."""
+    from tasks.registry import PromotionPolicy
+
     return register_model(
         registry,
         name,
@@ -178,7 +180,7 @@ def register_test_model(registry, model, name=NAME, accuracy=0.9, **options):
         flow_run_id="run-1",
         task_run_id=uuid.uuid4().hex,
         tags={"team": "vision"},
-        **options,
+        promotion=PromotionPolicy(**promotion) if promotion else None,
     )
 
 

@@ -25,7 +25,7 @@ from tasks.approval import settle_promotion
 from tasks.evaluate import evaluate_scores
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ModelDirectory
-from tasks.registry import resolve
+from tasks.registry import PromotionPolicy, resolve
 from tasks.registry.card import model_card_key
 from tasks.registry.manage import model_versions, show_version
 from tasks.registry.prefect_tasks import register
@@ -55,8 +55,7 @@ def register_with_approval(trained_model, colour_image_dirs, evaluation):
             evaluation.figures(),
             {"train": str(train), "validation": str(val)},
             {"epochs": 2},
-            promote_to="production",
-            approval=True,
+            promotion=PromotionPolicy(promote_to="production", approval=True),
         )
         return settle_promotion(registry, registered, timeout_s)
 
@@ -146,6 +145,9 @@ def test_no_answer_in_time_is_not_promoted_and_the_run_completes(prefect_server,
 def test_the_pipeline_and_its_deployments_take_approval_as_parameters():
     from flows.pipeline import train_pipeline
 
-    properties = train_pipeline.parameters.properties
+    # One promotion parameter (PromotionPolicy) in the run form: its approval fields, with their defaults.
+    schema = train_pipeline.parameters
+    assert schema.properties["promotion"]["$ref"] == "#/definitions/PromotionPolicy"
+    properties = schema.definitions["PromotionPolicy"]["properties"]
     assert properties["approval"]["default"] is False and properties["approval_timeout_s"]["default"] == 3600
     assert "pauses on a form" in properties["approval"]["description"]

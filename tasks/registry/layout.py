@@ -80,6 +80,36 @@ class PromotionRule(BaseModel):
         return gain > 0 and gain >= self.min_improvement
 
 
+class PromotionPolicy(BaseModel):
+    """Whether a new version takes an alias, and how that is decided: champion/challenger on a figure (the
+    ``PromotionRule``) and, when asked, a person's approval. The one parameter the pipeline flow, the register task
+    and the command line (``--promote-to`` … ``--approval-timeout-s``) pass."""
+
+    promote_to: str | None = Field(
+        None, description="alias (e.g. production) the new version takes only if it beats the alias's current version"
+    )
+    promotion_metric: str = Field(
+        "accuracy", description="figure compared for promotion (accuracy, f1_macro, auc_ovr, log_loss, ...)"
+    )
+    lower_is_better: bool | None = Field(
+        None, description="a lower figure is better; empty: yes for figures named ...loss (log_loss), else no"
+    )
+    min_improvement: float = Field(
+        0.0, description="how much better than the champion the new version must be (in the figure's units)"
+    )
+    approval: bool = Field(
+        False,
+        description="with promote_to: a new version that beats the champion takes the alias only once a person "
+        "approves it (the run pauses on a form)",
+    )
+    approval_timeout_s: int = Field(
+        3600, gt=0, description="how long the run waits for that answer; no answer in time: not promoted"
+    )
+
+    def rule(self) -> PromotionRule:
+        return PromotionRule.for_metric(self.promotion_metric, self.lower_is_better, self.min_improvement)
+
+
 class Approval(BaseModel):
     """A person's answer to "move ``alias`` to this version?" (or the lack of one, ``timed out``).
 

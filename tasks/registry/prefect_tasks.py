@@ -16,6 +16,7 @@ from tasks.console import quiet_console
 from tasks.model_directory import ModelDirectory
 from tasks.registry import (
     Promotion,
+    PromotionPolicy,
     Registration,
     default_model_name,
     lineage,
@@ -128,20 +129,16 @@ def register(
     figures: dict[str, float | int | None],
     datasets: dict[str, str],
     params: dict[str, Any],
-    promote_to: str | None = None,
-    promotion_metric: str = "accuracy",
-    lower_is_better: bool | None = None,
-    min_improvement: float = 0.0,
-    approval: bool = False,
+    promotion: PromotionPolicy | None = None,
     training_run_id: str | None = None,
 ) -> RegisteredModel:
     """Register with the evaluation's ``figures`` (plus the training's best top-1 and epochs), parameters and the
     lineage of ``datasets`` (role -> ImageDirectory).
 
     ``name`` defaults to ``<training data set>-<architecture>``. ``training_run_id``: the run that began the
-    training, when this run replaces a lost one (else this run): one version per training. Artifacts ``registered-model``, the model card
-    ``model-card-<name>`` and, with ``promote_to``, ``promotion`` (champion/challenger on ``promotion_metric``;
-    with ``approval``, the alias waits for a person: ``tasks.approval``).
+    training, when this run replaces a lost one (else this run): one version per training. Artifacts
+    ``registered-model``, the model card ``model-card-<name>`` and, with ``promotion.promote_to``, ``promotion``
+    (champion/challenger on its figure; with its ``approval``, the alias waits for a person: ``tasks.approval``).
     """
     trained = ModelDirectory(model_dir)
     training = trained.metrics()
@@ -164,13 +161,10 @@ def register(
         flow_run_id=flow_run.get_id(),
         task_run_id=task_run.get_id(),
         training_run_id=training_run_id or flow_run.get_id(),
-        promote_to=promote_to,
-        promotion_metric=promotion_metric,
-        lower_is_better=lower_is_better,
-        min_improvement=min_improvement,
-        approval=approval,
+        promotion=promotion,
     )
-    markdown, description = registered_model_markdown(registration, location, promotion_metric)
+    metric = (promotion or PromotionPolicy()).promotion_metric
+    markdown, description = registered_model_markdown(registration, location, metric)
     create_markdown_artifact(key="registered-model", markdown=markdown, description=description)
     if registration.promotion:
         publish_promotion(registration.promotion)

@@ -53,19 +53,11 @@ def _judge(
     )
 
 
-def challenge(
-    registry: Registry,
-    name: str,
-    alias: str,
-    metric: str,
-    metrics: dict[str, Any],
-    lower_is_better: bool | None = None,
-    min_improvement: float = 0.0,
-) -> Promotion:
-    """Should a version with ``metrics`` take ``alias`` now? (See ``_judge`` and ``PromotionRule.for_metric``.)"""
+def challenge(registry: Registry, name: str, alias: str, rule: PromotionRule, metrics: dict[str, Any]) -> Promotion:
+    """Should a version with ``metrics`` take ``alias`` now, by ``rule``? (See ``_judge``.)"""
     backend = backend_of(registry)
-    rule = PromotionRule.for_metric(metric, lower_is_better, min_improvement)
-    return _judge(backend, name, alias, rule, check_metric(metrics, metric), _alias(backend, name, check_alias(alias)))
+    value = check_metric(metrics, rule.metric)
+    return _judge(backend, name, alias, rule, value, _alias(backend, name, check_alias(alias)))
 
 
 def promote(backend: RegistryBackend, registration: Registration, alias: str, rule: PromotionRule) -> Promotion:

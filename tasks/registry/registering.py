@@ -24,7 +24,7 @@ from tasks.registry.layout import (
     REGISTRATION_FILE,
     Claim,
     DatasetLineage,
-    PromotionRule,
+    PromotionPolicy,
     Registration,
     check_alias,
     check_model_name,
@@ -115,29 +115,27 @@ def register_model(
     task_run_id: str | None = None,
     training_run_id: str | None = None,
     tags: dict[str, str] | None = None,
-    promote_to: str | None = None,
-    promotion_metric: str = "accuracy",
-    lower_is_better: bool | None = None,
-    min_improvement: float = 0.0,
-    approval: bool = False,
+    promotion: PromotionPolicy | None = None,
 ) -> tuple[Registration, str]:
     """Store a trained model as the next version of ``name``; returns its record and location.
 
     With ``flow_run_id`` (and ``task_run_id``) the call is idempotent: a version that run already committed
     with the same files is returned, not registered again; with ``training_run_id``, so is any version of that
-    training (a run that replaced a lost one, and the lost run, register one version between them). With ``promote_to``, the version takes that alias
-    if it beats the alias's current version on ``promotion_metric`` (lower is better for ``lower_is_better``;
-    None: for a figure named ``...loss``) by at least ``min_improvement``; the returned record carries the
-    final verdict (``registration.json`` keeps the one made at commit time). With ``approval`` too, the alias
-    is left where it is and a version that beats the champion is marked ``awaiting_approval``: a person's
-    answer moves it (``manage.decide_promotion``).
+    training (a run that replaced a lost one, and the lost run, register one version between them).
+
+    With ``promotion.promote_to``, the version takes that alias if it beats the alias's current version by the
+    policy's rule (``PromotionPolicy.rule``); the returned record carries the final verdict (``registration.json``
+    keeps the one made at commit time). With ``promotion.approval`` too, the alias is left where it is and a
+    version that beats the champion is marked ``awaiting_approval``: a person's answer moves it
+    (``manage.decide_promotion``).
     """
     backend = backend_of(registry)
     check_model_name(name)
-    rule = PromotionRule.for_metric(promotion_metric, lower_is_better, min_improvement)
-    if promote_to:
-        check_alias(promote_to)
-        check_metric(metrics, promotion_metric)
+    policy = promotion or PromotionPolicy()
+    alias, rule = policy.promote_to, policy.rule()
+    if alias:
+        check_alias(alias)
+        check_metric(metrics, rule.metric)
     files = _hash_model_files(model_dir)
     registration = _committed_by(backend, name, flow_run_id, task_run_id, training_run_id, files)
     if registration is None:
@@ -151,14 +149,8 @@ def register_model(
             for file_name in files:
                 backend.upload(version_key(name, version, file_name), model_dir.root / file_name)
                 stored.append(version_key(name, version, file_name))
-            verdict = (
-                challenge(
-                    backend, name, promote_to, promotion_metric, metrics, rule.lower_is_better, rule.min_improvement
-                )
-                if promote_to
-                else None
-            )
-            if verdict and approval:
+            verdict = challenge(backend, name, alias, rule, metrics) if alias else None
+            if verdict and policy.approval:
                 verdict = verdict.model_copy(update={"promoted": False, "awaiting_approval": verdict.promoted})
             registration = Registration(
                 name=name,
@@ -179,7 +171,6 @@ def register_model(
                 raise RuntimeError(
                     f"{backend.location}/{name}/{version} was committed by another registration despite our claim"
                 )
-    if promote_to and not approval:
-        promotion = promote(backend, registration, promote_to, rule)
-        registration = registration.model_copy(update={"promotion": promotion})
+    if alias and not policy.approval:
+        registration = registration.model_copy(update={"promotion": promote(backend, registration, alias, rule)})
     return registration, f"{backend.location}/{version_key(name, registration.version)}"

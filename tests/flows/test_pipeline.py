@@ -16,7 +16,7 @@ from flows.pipeline import train_pipeline
 from tasks import ImageDirectory, InvalidDatasetError
 from tasks.convert import ConversionLimits
 from tasks.model_directory import ModelDirectory, ModelSpec
-from tasks.registry import list_versions, read_registration, resolve
+from tasks.registry import PromotionPolicy, list_versions, read_registration, resolve
 from tasks.runs import folder_size
 from tasks.score import score_images
 from tasks.training.config import TrainingParams
@@ -57,8 +57,7 @@ def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset,
         training=training,
         registry=str(tmp_path / "registry"),
         work_dir=str(tmp_path / "runs"),
-        promote_to="production",
-        promotion_metric="f1_macro",
+        promotion=PromotionPolicy(promote_to="production", promotion_metric="f1_macro"),
         export_onnx=True,
     )
 

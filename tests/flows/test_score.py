@@ -11,7 +11,7 @@ import pytest
 from flows.score import compare_models, score_pipeline
 from tasks import ModelDirectory
 from tasks.onnx_export import export_onnx
-from tasks.registry import register_model
+from tasks.registry import PromotionPolicy, register_model
 from tasks.storage import s3_client
 from tests.helpers import COLOURS, artifacts_and_task_runs, write_class_folders, write_image
 
@@ -30,7 +30,7 @@ def register_twice(registry, trained_model, tmp_path):
         metrics={"accuracy": 0.8},
         params={},
         datasets={},
-        promote_to="production",
+        promotion=PromotionPolicy(promote_to="production"),
     )
     with_onnx = export_onnx(ModelDirectory(shutil.copytree(trained_model, tmp_path / "with-onnx")))
     register_model(registry, NAME, with_onnx, metrics={"accuracy": 0.9}, params={}, datasets={})

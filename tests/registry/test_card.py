@@ -10,7 +10,7 @@ from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 from tasks.evaluate import evaluate_scores
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ModelDirectory
-from tasks.registry import lineage
+from tasks.registry import PromotionPolicy, lineage
 from tasks.registry.card import model_card_key
 from tasks.registry.prefect_tasks import register
 from tasks.score import score_images
@@ -37,7 +37,7 @@ def test_the_model_card_follows_registrations_and_alias_moves(
             evaluation.figures(),
             {"train": str(train), "validation": str(val)},
             {"epochs": 2},
-            promote_to=promote_to,
+            promotion=PromotionPolicy(promote_to=promote_to),
         )
 
     first, second = register_once("production"), register_once(None)

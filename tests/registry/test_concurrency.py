@@ -22,6 +22,7 @@ from tasks.model_directory import MODEL_FILES, WEIGHTS_FILE
 from tasks.registry import (
     CLAIM_FILE,
     REGISTRATION_FILE,
+    PromotionPolicy,
     fetch_model,
     list_versions,
     open_backend,
@@ -63,7 +64,7 @@ def register_as(
         params={},
         datasets={},
         tags={"worker": str(worker)},
-        promote_to=promote,
+        promotion=PromotionPolicy(promote_to=promote),
     )
     return registration.version
 
@@ -72,14 +73,15 @@ def register_as(
 REGISTER = """
 import pathlib, sys, time
 from tasks.model_directory import ModelDirectory
-from tasks.registry import register_model, resolve
+from tasks.registry import PromotionPolicy, register_model, resolve
 registry, name, model, worker, go, promote = sys.argv[1:7]
 if go:
     pathlib.Path(f"{go}.ready-{worker}").touch()
     while not pathlib.Path(go).exists():
         time.sleep(0.001)
 registration, _ = register_model(registry, name, ModelDirectory(model), metrics={"accuracy": int(worker) / 10},
-                                 params={}, datasets={}, tags={"worker": worker}, promote_to=promote or None)
+                                 params={}, datasets={}, tags={"worker": worker},
+                                 promotion=PromotionPolicy(promote_to=promote or None))
 print(registration.version)
 """
 

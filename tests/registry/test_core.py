@@ -14,6 +14,7 @@ from tasks.registry import (
     REGISTRATION_FILE,
     CorruptRegistryRecordError,
     ModelIntegrityError,
+    PromotionPolicy,
     default_model_name,
     fetch_model,
     list_versions,
@@ -125,9 +126,7 @@ def test_lower_is_better_figures_and_a_minimum_improvement(registry, trained_mod
             metrics={"log_loss": loss},
             params={},
             datasets={},
-            promote_to="production",
-            promotion_metric="log_loss",
-            **rule,
+            promotion=PromotionPolicy(promote_to="production", promotion_metric="log_loss", **rule),
         )[0].promotion
 
     assert attempt(0.40).promoted
@@ -289,7 +288,7 @@ def test_a_retry_after_a_failure_past_the_commit_returns_the_same_version(tmp_pa
             metrics={"accuracy": 0.9},
             params={},
             datasets={},
-            promote_to="production",
+            promotion=PromotionPolicy(promote_to="production"),
             **ids,
         )
     assert list_versions(registry, NAME) == [1, 2] and resolve(registry, f"{NAME}@production").version == 1
@@ -302,7 +301,7 @@ def test_a_retry_after_a_failure_past_the_commit_returns_the_same_version(tmp_pa
         metrics={"accuracy": 0.9},
         params={},
         datasets={},
-        promote_to="production",
+        promotion=PromotionPolicy(promote_to="production"),
         **ids,
     )
     assert again.version == 2 and list_versions(registry, NAME) == [1, 2], "the retry found its own version"
