@@ -20,7 +20,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType
 from prefect.runtime import task_run
 
-from tasks.launch import NewEpochs, launch_training, read_metrics
+from tasks.launch import launch_training
+from tasks.launch_output import NewEpochs, read_metrics
 from tasks.model_directory import TRAINING_CURVES_FILE, ModelDirectory, TrainingMetrics
 from tasks.nodes import Rendezvous, run_nodes
 from tasks.plots import plot_training_curves, png_markdown, significant
@@ -129,13 +130,13 @@ def train_node(
 ) -> str:
     """One node's launcher of a multi-node training (flows/train_node.py); not retried alone: the train task
     that submitted the nodes retries them all together."""
-    at = params.model_copy(update={"rendezvous_endpoint": rendezvous.endpoint})
+    node_params = params.model_copy(update={"rendezvous_endpoint": rendezvous.endpoint})
     model_dir = launch_training(
         train_dir,
         validation_dir,
         model_spec_dir,
         output_dir,
-        at,
+        node_params,
         run_id=rendezvous.id,
         is_host=rendezvous.is_host,
         log=get_run_logger().log,

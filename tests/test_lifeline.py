@@ -13,7 +13,8 @@ import pytest
 
 from tasks import InvalidDatasetError, InvalidModelDirectoryError, OutputInUseError, TrainingFailedError
 from tasks.errors import TrainingHungError, TrainingTimeoutError
-from tasks.launch import LineLevels, WatchLimits, build_torchrun_command, launch_training, worker_environment
+from tasks.launch import WatchLimits, build_torchrun_command, launch_training, worker_environment
+from tasks.launch_output import LineLevels
 from tasks.lifeline import HangWatch, TrainingHang, read_heartbeats
 from tasks.model_directory import LOGS_DIR
 from tasks.training.config import TrainingParams

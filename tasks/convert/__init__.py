@@ -6,10 +6,12 @@
     listing.py     one walk of a local folder: what can be read, what was skipped and why
     labelling.py   which file has which label: class folders, a labels file, or none
     storing.py     checking and storing one image, whose fault a failure is, the journal a stopped run goes on from
-    conversion.py  the plan, the space check, the threads, the manifest; the ``convert`` Prefect task
+    resuming.py    the partial folder a conversion fills and goes on from; a storage fault's one error
+    conversion.py  the plan, the space check, the threads, the manifest (``convert_to_image_directory``)
+    prefect_tasks.py  the ``convert`` Prefect task and its artifacts; the only module here that imports Prefect
 
 ``from tasks.convert import convert`` (the task) and ``convert_to_image_directory`` (the plain function)
-are loaded lazily, so that the sources, listing and labelling modules import no Prefect.
+are loaded lazily, so that importing the package imports no Prefect.
 """
 
 from __future__ import annotations
@@ -22,4 +24,5 @@ __all__ = ["ConversionLimits", "convert", "convert_to_image_directory"]
 def __getattr__(name: str):
     if name not in __all__:
         raise AttributeError(f"module 'tasks.convert' has no attribute {name!r}")
-    return getattr(importlib.import_module("tasks.convert.conversion"), name)
+    module = "tasks.convert.prefect_tasks" if name == "convert" else "tasks.convert.conversion"
+    return getattr(importlib.import_module(module), name)

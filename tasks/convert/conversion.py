@@ -21,22 +21,20 @@ with the same settings (``conversion_hash``) is returned as it is.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import shutil
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from PIL import Image
 from pydantic import BaseModel, Field
 
-from tasks.convert.labelling import SingleClass, SourceFile, plan_source, read_labels_file, some
+from tasks.convert.labelling import SingleClass, SourceFile, examples_of, plan_source, read_labels_file
 from tasks.convert.listing import list_folder
+from tasks.convert.resuming import converted_before, resumable_folder, storage_error
 from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
 from tasks.convert.storing import (
     DecodeBudget,
@@ -47,8 +45,8 @@ from tasks.convert.storing import (
     space_needed,
     writing,
 )
-from tasks.errors import InvalidDatasetError, OutputStorageError
-from tasks.fileio import megabytes, require_space
+from tasks.errors import InvalidDatasetError
+from tasks.fileio import require_space
 from tasks.image_directory import (
     FORMAT_VERSION,
     IMAGE_EXTENSIONS,
@@ -89,50 +87,6 @@ class ConversionLimits(BaseModel):
         gt=0,
         description="Decoded pixels, in bytes, that all decoding threads may hold at once",
     )
-
-
-def _storage_error(
-    output: Path, error: OSError, partial: Path, stored: dict[str, ImageRecord], planned: list[tuple[int, str]]
-) -> OutputStorageError:
-    """The conversion's one error when the output could not be written: where, the space, what was kept.
-    ``planned``: each image's source size and stored path; what is left is estimated at the size ratio of
-    what was stored (a normalised image may be larger than its source)."""
-    done_source = sum(size for size, path in planned if path in stored)
-    done = sum(record.size_bytes for record in stored.values())
-    left = sum(size for size, path in planned if path not in stored)
-    more = left * done / done_source if done_source else left
-    return OutputStorageError(
-        f"cannot write the converted images to {output}: [Errno {error.errno}] {error.strerror}; "
-        f"{megabytes(shutil.disk_usage(partial).free)} free there, about {megabytes(int(more))} more needed; "
-        f"no image was quarantined for it and no manifest written. The {len(stored)} images stored so far are "
-        f"kept in {partial}: once the storage is fixed, the same conversion goes on from there"
-    )
-
-
-@contextlib.contextmanager
-def _resumable_folder(output: Path, conversion_hash: str) -> Iterator[Path]:
-    """The folder a conversion fills, beside ``output``: ``.<name>.partial-<hash>``, the same for every attempt
-    with the same content and settings. On success it replaces ``output`` whole (and partial folders of other
-    settings go); stopped by its storage, or interrupted, it stays for the next attempt to go on from; any other
-    failure removes it."""
-    partial = output.parent / f".{output.name}.partial-{conversion_hash[:16]}"
-    try:
-        with writing():
-            partial.mkdir(parents=True, exist_ok=True)
-    except WriteFailed as failed:
-        raise _storage_error(output, failed.error, output.parent, {}, []) from None
-    try:
-        yield partial
-    except (OutputStorageError, KeyboardInterrupt):
-        raise
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    if output.exists():
-        shutil.rmtree(output)
-    partial.rename(output)
-    for other in output.parent.glob(f".{output.name}.partial-*"):
-        shutil.rmtree(other, ignore_errors=True)
 
 
 def stored_paths(
@@ -178,14 +132,6 @@ def _check_locations(source: Source, output: Path) -> None:
         raise InvalidDatasetError(f"output {output} and source {source.location} must not contain each other")
     if output.exists() and any(output.iterdir()) and not (output / MANIFEST_NAME).is_file():
         raise InvalidDatasetError(f"output {output} exists and is not an ImageDirectory: choose an empty or new folder")
-
-
-def _previous(output: Path, conversion_hash: str) -> ImageDirectory | None:
-    try:
-        previous = ImageDirectory(output)
-    except (InvalidDatasetError, ValueError):
-        return None
-    return previous if previous.manifest.conversion_hash == conversion_hash else None
 
 
 def convert_to_image_directory(
@@ -274,12 +220,12 @@ def _convert(
         "max_image_pixels": max_image_pixels,
     }
     conversion_hash = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-    if (previous := _previous(output, conversion_hash)) is not None:
+    if (previous := converted_before(output, conversion_hash)) is not None:
         return previous
     table = (read_labels_file(labels_data, labels), labels) if labels_data is not None else None
     store = StoreSettings(normalisation, max_image_pixels, DecodeBudget(decode_memory_bytes))
     progress.phase = "unpacking or downloading the source"
-    with origin.open() as opened, _resumable_folder(output, conversion_hash) as partial:
+    with origin.open() as opened, resumable_folder(output, conversion_hash) as partial:
         progress.phase = "listing the images"
         plan, labels_source = plan_source(
             opened.folder, list_folder(opened.folder), labels=table, labeled=labeled, single_class=single_class
@@ -303,7 +249,7 @@ def _convert(
                 results = list(pool.map(writer, plan.files, targets))
         except WriteFailed as failed:
             planned = [(f.path.stat().st_size, t.as_posix()) for f, t in zip(plan.files, targets)]
-            raise _storage_error(output, failed.error, partial, journal.records, planned) from None
+            raise storage_error(output, failed.error, partial, journal.records, planned) from None
         images = [r for r in results if isinstance(r, ImageRecord)]
         quarantined = opened.skipped + plan.refused + [r for r in results if isinstance(r, QuarantinedFile)]
         if not images:
@@ -317,7 +263,7 @@ def _convert(
         if renamed:
             warnings.append(
                 f"{len(renamed)} files whose names collide once made safe (or differ only in letter case or Unicode "
-                f"normalisation) were stored under new names: {some(renamed, quoted=False)}"
+                f"normalisation) were stored under new names: {examples_of(renamed, quoted=False)}"
             )
         if unreadable := [c for c in classes if not counts[c]]:
             warnings.append(f"classes whose every image was quarantined, left out: {', '.join(map(repr, unreadable))}")
@@ -326,7 +272,7 @@ def _convert(
         if bombs := [repr(r.source_path) for r in images if r.width * r.height > Image.MAX_IMAGE_PIXELS]:
             warnings.append(
                 f"Pillow's DecompressionBombWarning: {len(bombs)} stored images have more than Image.MAX_IMAGE_PIXELS "
-                f"({Image.MAX_IMAGE_PIXELS:,}) pixels, kept because max_image_pixels allows them: {some(bombs, quoted=False)}"
+                f"({Image.MAX_IMAGE_PIXELS:,}) pixels, kept because max_image_pixels allows them: {examples_of(bombs, quoted=False)}"
             )
         manifest = ImageDirectoryManifest(
             labeled=plan.labeled,
@@ -345,67 +291,6 @@ def _convert(
             with writing():
                 ImageDirectory.write(partial, manifest)
         except WriteFailed as failed:
-            raise _storage_error(output, failed.error, partial, journal.records, []) from None
+            raise storage_error(output, failed.error, partial, journal.records, []) from None
         journal.remove()
     return ImageDirectory(output)
-
-
-# --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger  # noqa: E402
-from prefect.artifacts import create_table_artifact  # noqa: E402
-
-from tasks.retrying import stage_task  # noqa: E402
-
-
-@stage_task("convert")
-def convert(
-    source: str,
-    output: str,
-    role: str,
-    labels: str | None = None,
-    labeled: bool | None = None,
-    normalisation: Normalisation | None = None,
-    single_class: SingleClass = "labeled",
-    limits: ConversionLimits = ConversionLimits(),
-) -> str:
-    """Convert ``source`` for ``role`` ('train', 'validation', 'score'); artifact ``<role>-images``.
-
-    Quarantined files go to the ``<role>-quarantined`` table; S3 and network failures are retried,
-    problems with the input are not.
-    """
-    image_dir = convert_to_image_directory(
-        source,
-        output,
-        labels=labels,
-        labeled=labeled,
-        single_class=single_class,
-        normalisation=normalisation,
-        **limits.model_dump(),
-    )
-    manifest, logger = image_dir.manifest, get_run_logger()
-    rows = [
-        {"class": c, "folder": manifest.class_folders.get(c, c), "images": manifest.counts[c]} for c in manifest.classes
-    ]
-    create_table_artifact(
-        key=f"{role}-images",
-        table=rows or [{"class": "(unlabeled)", "folder": "", "images": len(manifest.images)}],
-        description=f"{role}: {len(manifest.images)} images in {len(manifest.classes)} classes from {manifest.source}; "
-        f"{len(manifest.quarantined)} quarantined" + "".join(f"\n\nWarning: {w}" for w in manifest.warnings),
-    )
-    if manifest.quarantined:
-        create_table_artifact(
-            key=f"{role}-quarantined",
-            table=[q.model_dump() for q in manifest.quarantined],
-            description=f"{role}: files left out of the ImageDirectory, with the reason",
-        )
-    for warning in manifest.warnings:
-        logger.warning("%s: %s", role, warning)
-    logger.info(
-        "%s: %d images, %d classes, %d quarantined -> %s",
-        role,
-        len(manifest.images),
-        len(manifest.classes),
-        len(manifest.quarantined),
-        image_dir.root,
-    )
-    return str(image_dir.root)

@@ -56,7 +56,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
 
 
-def some(items: list[str], *, quoted: bool = True) -> str:
+def examples_of(items: list[str], *, quoted: bool = True) -> str:
     """The first few of ``items`` for a message, then "and N more"."""
     more = f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
     return ", ".join(repr(n) if quoted else n for n in items[:_SHOWN]) + more
@@ -80,9 +80,9 @@ def find_base_folder(listing: FolderListing, single_class: SingleClass = "labele
     """
     base = PurePosixPath()
     while True:
-        here = [f for f in listing.files if f.parent == base]
+        at_base = [f for f in listing.files if f.parent == base]
         folders = [d for d in listing.folders if d.parent == base and not d.name.startswith(".")]
-        if any(is_image_name(f.name) or f.name in LABELS_FILE_NAMES for f in here) or len(folders) != 1:
+        if any(is_image_name(f.name) or f.name in LABELS_FILE_NAMES for f in at_base) or len(folders) != 1:
             return base
         if single_class == "labeled" and any(f.parent == folders[0] and is_image_name(f.name) for f in listing.files):
             return base
@@ -170,7 +170,7 @@ def _plan_class_folders(root: Path, base: PurePosixPath, images: list[PurePosixP
             plan.files.append(_source_file(root, base, relative, label))
     empty = sorted(name for name in folders if name not in {i.parts[0] for i in images if len(i.parts) > 1})
     if empty:
-        plan.warnings.append(f"class folders without images, left out: {some(empty)}")
+        plan.warnings.append(f"class folders without images, left out: {examples_of(empty)}")
     for label, names in sorted(spellings.items()):
         if len(names) > 1:
             plan.warnings.append(
@@ -205,13 +205,13 @@ def _plan_labels_file(
     if missing and len(missing) == len(labels):
         raise InvalidDatasetError(
             f"none of the {len(labels)} images named in the labels file {name} was found below "
-            f"{(root / base).name or root / base} (e.g. {some(missing)}); names are paths below the folder "
+            f"{(root / base).name or root / base} (e.g. {examples_of(missing)}); names are paths below the folder "
             "that holds the images, e.g. 'cat_1.jpg'"
         )
     if missing:
-        plan.warnings.append(f"{len(missing)} images named in {name} are missing: {some(missing)}")
+        plan.warnings.append(f"{len(missing)} images named in {name} are missing: {examples_of(missing)}")
     if unnamed:
-        plan.warnings.append(f"{len(unnamed)} images are not in {name} and were left out: {some(unnamed)}")
+        plan.warnings.append(f"{len(unnamed)} images are not in {name} and were left out: {examples_of(unnamed)}")
     return plan
 
 
@@ -308,11 +308,11 @@ def plan_source(
     if stray:
         plan.warnings.append(
             f"{len(stray)} files beside the wrapper folders above {base.as_posix()!r} were ignored: "
-            f"{some([f.as_posix() for f in stray])}"
+            f"{examples_of([f.as_posix() for f in stray])}"
         )
     if skipped := [q.path for q in hidden + listing.skipped]:
         plan.warnings.append(
             f"{len(skipped)} hidden entries, links or special files were skipped (reasons in the quarantined list): "
-            f"{some(skipped)}"
+            f"{examples_of(skipped)}"
         )
     return plan, labels_source

@@ -18,7 +18,7 @@ from tasks.image_directory import MANIFEST_NAME, QuarantinedFile
 IGNORED_NAMES = frozenset({"__MACOSX", ".DS_Store", "Thumbs.db", "desktop.ini", MANIFEST_NAME})
 
 
-def litter(name: str) -> bool:
+def is_os_litter(name: str) -> bool:
     """Files that operating systems leave behind (and a manifest of an ImageDirectory given as a source)."""
     return name in IGNORED_NAMES or name.startswith("._")  # "._x": macOS AppleDouble metadata of x
 
@@ -52,7 +52,7 @@ def _link_problem(path: Path, root: Path) -> str | None:
 
 
 def list_folder(root: Path) -> FolderListing:
-    """Walk ``root`` once, following links that stay inside it; litter is left out without a word."""
+    """Walk ``root`` once, following links that stay inside it; OS litter (__MACOSX, .DS_Store, Thumbs.db) is left out without a word."""
     root = root.resolve()
     listing = FolderListing()
 
@@ -63,29 +63,31 @@ def list_folder(root: Path) -> FolderListing:
         with os.scandir(folder) as scan:
             entries = sorted(scan, key=lambda e: e.name)
         for entry in entries:
-            path, here = Path(entry.path), relative / entry.name
-            if litter(entry.name):
+            path, relative_path = Path(entry.path), relative / entry.name
+            if is_os_litter(entry.name):
                 continue
             if entry.is_symlink() and (problem := _link_problem(path, root)):
-                skip(here, problem)
+                skip(relative_path, problem)
                 continue
             try:
                 mode = path.stat().st_mode
             except OSError as error:
-                skip(here, f"cannot be read: {error.strerror}")
+                skip(relative_path, f"cannot be read: {error.strerror}")
                 continue
             if stat.S_ISDIR(mode):
                 real = path.resolve()
                 if real in chain:  # a link back to a folder that holds it
-                    skip(here, f"link to {os.readlink(path)!r}, a folder that holds it: following it would loop")
+                    skip(
+                        relative_path, f"link to {os.readlink(path)!r}, a folder that holds it: following it would loop"
+                    )
                     continue
-                listing.folders.append(here)
-                visit(path, here, chain | {real})
+                listing.folders.append(relative_path)
+                visit(path, relative_path, chain | {real})
             elif stat.S_ISREG(mode):
-                listing.files.append(here)
+                listing.files.append(relative_path)
             else:
                 kind = next((k for test, k in _SPECIAL_KINDS.items() if test(mode)), "not a regular file")
-                skip(here, f"{kind}, not a regular file: only files, folders and links to them are read")
+                skip(relative_path, f"{kind}, not a regular file: only files, folders and links to them are read")
 
     visit(root, PurePosixPath(), frozenset({root}))
     listing.files.sort()

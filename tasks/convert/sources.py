@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tasks.convert.archives import extract_archive, refuse_oversize
-from tasks.convert.listing import list_folder, litter
+from tasks.convert.listing import is_os_litter, list_folder
 from tasks.errors import InvalidDatasetError, OutputStorageError
 from tasks.fileio import megabytes, sha256_file
 from tasks.image_directory import QuarantinedFile
@@ -168,7 +168,7 @@ def _sort_s3_objects(listed: list[S3Object]) -> S3Listing:
     for obj in listed:
         if problem := _s3_key_problem(obj.relative):
             skipped.append(QuarantinedFile(path=obj.relative, reason=problem))
-        elif not litter(PurePosixPath(obj.relative).name):
+        elif not is_os_litter(PurePosixPath(obj.relative).name):
             # Hidden keys come down too: the folder rules then apply (a hidden folder of images beside the
             # class folders is a class, ".net"; other hidden entries are skipped and reported).
             objects.append(obj)

@@ -37,11 +37,11 @@ from tasks.registry.layout import (
     check_model_name,
     closest_first,
     is_model_name,
-    numbered,
     parse_alias,
     parse_reference,
     parse_registration,
     version_key,
+    version_numbers,
 )
 from tasks.registry.locations import open_backend
 from tasks.registry.status import is_deleted, read_status
@@ -84,7 +84,7 @@ def versions_with_status(
 ) -> Iterator[tuple[Registration, VersionStatus | None]]:
     """Committed, undeleted versions of ``name`` with their status record (None: never changed); corrupt ones
     are left out with a warning (``strict``: raise ``CorruptRegistryRecordError``, which names the file)."""
-    versions = numbered(backend.list_keys(check_model_name(name)), name, REGISTRATION_FILE)
+    versions = version_numbers(backend.list_keys(check_model_name(name)), name, REGISTRATION_FILE)
     for version in sorted(versions, reverse=newest_first):
         try:
             record = _record(backend, name, version)
@@ -125,7 +125,7 @@ def read_registration(registry: Registry, name: str, version: int) -> Registrati
 
 def _holds_versions(backend: RegistryBackend, name: str) -> bool:
     """Whether ``name`` has any version record at all (committed, archived or damaged)."""
-    return bool(numbered(backend.list_keys(check_model_name(name)), name, REGISTRATION_FILE))
+    return bool(version_numbers(backend.list_keys(check_model_name(name)), name, REGISTRATION_FILE))
 
 
 def _alias(backend: RegistryBackend, name: str, alias: str) -> AliasRecord | None:
@@ -185,7 +185,7 @@ def model_names(registry: Registry) -> list[str]:
     backend = backend_of(registry)
     keys = backend.list_keys("")
     names = sorted({key.split("/", 1)[0] for key in keys if is_model_name(key.split("/", 1)[0])})
-    return [name for name in names if numbered(keys, name, REGISTRATION_FILE)]
+    return [name for name in names if version_numbers(keys, name, REGISTRATION_FILE)]
 
 
 def no_model_message(registry: Registry, name: str) -> str:

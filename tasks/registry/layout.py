@@ -298,7 +298,7 @@ def alias_key(name: str, alias: str) -> str:
     return f"{check_model_name(name)}/{ALIASES_FOLDER}/{check_alias(alias)}.json"
 
 
-def numbered(keys: list[str], name: str, file_name: str | None = None) -> set[int]:
+def version_numbers(keys: list[str], name: str, file_name: str | None = None) -> set[int]:
     """The versions of ``name`` among ``keys`` (relative to the registry root) that hold ``file_name``
     (any file when None)."""
     found = set()

@@ -28,8 +28,8 @@ from tasks.registry.layout import (
     Registration,
     check_alias,
     check_model_name,
-    numbered,
     version_key,
+    version_numbers,
 )
 from tasks.registry.promotion import challenge, check_metric, promote
 from tasks.storage import is_s3_uri
@@ -78,7 +78,7 @@ def _committed_by(
 
 def _claim_version(backend: RegistryBackend, name: str, claim: bytes) -> int:
     # Start above every number in use, claimed or not: versions registered before claims existed have none.
-    version = max(numbered(backend.list_keys(name), name), default=0) + 1
+    version = max(version_numbers(backend.list_keys(name), name), default=0) + 1
     while not _create_owned(backend, version_key(name, version, CLAIM_FILE), claim):
         version += 1
     return version
