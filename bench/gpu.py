@@ -30,7 +30,7 @@ from tasks.image_directory import ImageDirectory
 from tasks.launch import launch_training
 from tasks.model import write_untrained_model_directory
 from tasks.model_directory import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 from tasks.training.loop import autocast, make_optimizer
 from tasks.transformations import ImageTransformations
 from tasks.vision.images import ImageFiles
@@ -114,7 +114,9 @@ def figures(images: int | None = None, ceiling_seconds: float | None = None) -> 
         params = TrainingParams(
             epochs=2, batch_size=batch, image_size=size, data_workers=workers, learning_rate=0.1, print_frequency=10**6
         )
-        model_dir = launch_training(image_dir, image_dir, spec, scratch / "model", params, log=lambda level, line: None)
+        model_dir = launch_training(
+            TrainingFolders(image_dir, image_dir, spec, scratch / "model"), params, log=lambda level, line: None
+        )
         training = model_dir.metrics().epochs[-1].train_images_per_s
     on_device = device_ceiling(architecture, size, batch, steps=40 if cuda else 3)
 

@@ -20,7 +20,7 @@ from tasks.launch import launch_training
 from tasks.model import write_untrained_model_directory
 from tasks.model_directory import ModelSpec
 from tasks.registry import lineage, register_model
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 
 PARAMS = TrainingParams(epochs=1, processes_per_node=1, device="cpu")
 
@@ -30,7 +30,9 @@ def plain_functions(train_source: Path, validation_source: Path, out: Path) -> N
     validation = convert_to_image_directory(validation_source, out / "data" / "validation")
     check_training_data(train, validation)
     spec = write_untrained_model_directory(out / "model_spec", ModelSpec())
-    model_dir = launch_training(train.root, validation.root, spec, out / "model", PARAMS, log=lambda level, line: None)
+    model_dir = launch_training(
+        TrainingFolders(train.root, validation.root, spec, out / "model"), PARAMS, log=lambda level, line: None
+    )
     scores = score_images(model_dir, validation)
     scores.to_csv(out / "scores.csv", index=False)
     evaluation = evaluate_scores(scores)

@@ -30,7 +30,7 @@ from tasks import convert_to_image_directory, export_digits
 from tasks.launch import launch_training, worker_environment
 from tasks.model import write_untrained_model_directory
 from tasks.model_directory import ModelSpec, driver_log_path
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 
 IMAGE_SIZE = 32
 _PEAK = re.compile(r"peak memory (\d+) MB")
@@ -46,7 +46,7 @@ def digits(scratch: Path) -> tuple[Path, Path, Path, Path]:
 
 def run_worker(train: Path, val: Path, spec: Path, output: Path, params: TrainingParams, on_metrics=None):
     options = {"on_metrics": on_metrics} if on_metrics else {}
-    return launch_training(train, val, spec, output, params, log=lambda level, line: None, **options)
+    return launch_training(TrainingFolders(train, val, spec, output), params, log=lambda level, line: None, **options)
 
 
 def plain_loop_images_per_s(train_source: Path, params: TrainingParams, epochs: int = 2) -> float:

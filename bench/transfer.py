@@ -41,7 +41,7 @@ from tasks.image_directory import ImageDirectory
 from tasks.launch import launch_training
 from tasks.model import write_untrained_model_directory
 from tasks.model_directory import ModelSpec
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 
 PRETRAIN_CLASSES = ("0", "1", "2", "3", "4")
 FINE_TUNE_CLASSES = ("5", "6", "7", "8", "9")
@@ -81,9 +81,8 @@ def train(train_root: Path, validation_root: Path, spec: ModelSpec, params: Trai
     train_dir = convert_to_image_directory(train_root, out / "data" / "train")
     validation_dir = convert_to_image_directory(validation_root, out / "data" / "validation")
     spec_dir = write_untrained_model_directory(out / "model_spec", spec)
-    model_dir = launch_training(
-        train_dir.root, validation_dir.root, spec_dir, out / "model", params, log=lambda level, line: None
-    )
+    folders = TrainingFolders(train_dir.root, validation_dir.root, spec_dir, out / "model")
+    model_dir = launch_training(folders, params, log=lambda level, line: None)
     return model_dir.metrics().best_top1
 
 

@@ -36,7 +36,7 @@ from tasks.runs import Keep, tidy_registered_run
 from tasks.score import score
 from tasks.split import split
 from tasks.train import train
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 from tasks.validate import validate_labels
 from tasks.workdir import join, local_folder, store
 
@@ -151,15 +151,13 @@ def train_pipeline(
     validate_labels(train_dir, validation_dir)
     spec_dir = untrained_model_directory(str(here / "model_spec"), spec)
     # Where every training node reads them: the same folders, or their copies stored in the S3 run folder.
-    stored = [
-        store(local, join(run_dir, *parts))
-        for local, parts in (
-            (train_dir, ("data", "train")),
-            (validation_dir, ("data", "validation")),
-            (spec_dir, ("model_spec",)),
-        )
-    ]
-    model_dir = train(*stored, join(run_dir, "model"), training)
+    folders = TrainingFolders(
+        train_dir=store(train_dir, join(run_dir, "data", "train")),
+        validation_dir=store(validation_dir, join(run_dir, "data", "validation")),
+        model_spec_dir=store(spec_dir, join(run_dir, "model_spec")),
+        output_dir=join(run_dir, "model"),
+    )
+    model_dir = train(folders, training)
     if export_onnx:
         model_dir = export_and_check_onnx(model_dir, validation_dir)
     scores = score(model_dir, validation_dir, join(run_dir, "scores.csv")).table

@@ -9,15 +9,12 @@ from prefect import flow
 
 from tasks.nodes import find_rendezvous
 from tasks.train import train_node
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 
 
 @flow(name="train-node", log_prints=True)
 def train_node_flow(
-    train_dir: str,
-    validation_dir: str,
-    model_spec_dir: str,
-    output_dir: str,
+    folders: TrainingFolders,
     params: TrainingParams,
     node_rank: int,
     rendezvous_key: str,
@@ -25,13 +22,11 @@ def train_node_flow(
     """Launch this host's share of a multi-node training (processes_per_node processes) and wait for it.
 
     Args:
-        train_dir: Training ImageDirectory.
-        validation_dir: Validation ImageDirectory.
-        model_spec_dir: UntrainedModelDirectory.
-        output_dir: ModelDirectory every node writes into (rank 0 the model files, each rank its log).
+        folders: The training's ImageDirectories and UntrainedModelDirectory, and the ModelDirectory every node
+            writes into (rank 0 the model files, each rank its log).
         params: Training parameters, the same on every node.
         node_rank: This node's number among the runs the train stage submitted (names it in logs).
         rendezvous_key: Prefect Variable where the first node to start publishes its endpoint (and the rendezvous id).
     """
     rendezvous = find_rendezvous(params, node_rank, rendezvous_key)
-    return train_node(train_dir, validation_dir, model_spec_dir, output_dir, params, rendezvous)
+    return train_node(folders, params, rendezvous)

@@ -51,14 +51,14 @@ from tasks.model_directory import (
     TrainingMetrics,
     driver_log_path,
 )
-from tasks.training.config import TrainingParams, training_flags
-from tasks.workdir import TrainingFolders, stage_training
+from tasks.training.config import TrainingFolders, TrainingParams, training_flags
+from tasks.workdir import StagedTraining, stage_training
 
 WORKER_MODULE = "tasks.training.worker"
 
 
 def build_torchrun_command(
-    folders: TrainingFolders,
+    folders: TrainingFolders | StagedTraining,
     params: TrainingParams,
     *,
     run_id: str = "image-classifier",
@@ -248,10 +248,7 @@ def run_training(
 
 
 def launch_training(
-    train_dir: str | os.PathLike[str],
-    validation_dir: str | os.PathLike[str],
-    model_spec_dir: str | os.PathLike[str],
-    output_dir: str | os.PathLike[str],
+    folders: TrainingFolders,
     params: TrainingParams,
     *,
     run_id: str = "image-classifier",
@@ -267,7 +264,7 @@ def launch_training(
     Everything that starts training (the train task, each node of a multi-node training, tests, benchmarks)
     comes through here. Any location may be ``s3://``: the inputs are fetched to this host's cache and the
     output kept in step with its S3 folder while training runs (tasks/workdir.py)."""
-    staged = stage_training(str(train_dir), str(validation_dir), str(model_spec_dir), str(output_dir))
+    staged = stage_training(folders)
     command = build_torchrun_command(staged, params, run_id=run_id, is_host=is_host)
     # One short line at INFO; the whole command (tens of flags and paths) at DEBUG, for whoever needs to rerun it.
     nodes = f"{params.nodes} nodes x " if str(params.nodes) != "1" else ""

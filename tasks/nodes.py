@@ -20,6 +20,7 @@ parent flow run is cancelled (they are its subflows).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
@@ -32,7 +33,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel
 
 from tasks.errors import NodesNotJoinedError, PipelineInputError, TrainingNodeFailedError
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 
 NODE_DEPLOYMENT = "train-node/train-node"
 # Long enough for a worker to see a cancellation and stop its flow run's processes.
@@ -77,15 +78,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def node_run_parameters(
-    train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str, params: TrainingParams, key: str
-) -> list[dict]:
+def node_run_parameters(folders: TrainingFolders, params: TrainingParams, key: str) -> list[dict]:
     """The parameters of each node's flow run (flows/train_node.py): one per node, up to ``max`` of ``min:max``."""
     shared = dict(
-        train_dir=train_dir,
-        validation_dir=validation_dir,
-        model_spec_dir=model_spec_dir,
-        output_dir=output_dir,
+        folders=dataclasses.asdict(folders),
         params=params.model_dump(mode="json"),
         rendezvous_key=key,
     )
@@ -262,10 +258,7 @@ def check_nodes(client, runs: Sequence, deployment: str, params: TrainingParams,
 
 
 def run_nodes(
-    train_dir: str,
-    validation_dir: str,
-    model_spec_dir: str,
-    output_dir: str,
+    folders: TrainingFolders,
     params: TrainingParams,
     *,
     on_poll: Callable[[], None] = lambda: None,
@@ -286,7 +279,7 @@ def run_nodes(
             ) from None
         runs: list = []
         try:
-            parameters = node_run_parameters(train_dir, validation_dir, model_spec_dir, output_dir, params, key)
+            parameters = node_run_parameters(folders, params, key)
             for rank, node_parameters in enumerate(parameters):
                 runs.append(submit_node(deployment, rank, node_parameters, log))
             joined_by = time.monotonic() + params.join_timeout_s

@@ -26,7 +26,7 @@ from tasks.model_directory import TRAINING_CURVES_FILE, ModelDirectory, Training
 from tasks.nodes import Rendezvous, run_nodes
 from tasks.plots import plot_training_curves, png_markdown, significant
 from tasks.retrying import stage_task
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 from tasks.workdir import mirror_of
 
 
@@ -65,7 +65,7 @@ def progress_artifact(total_epochs: int) -> UUID:
 
 # One retry: the worker resumes from its last checkpoint, so a retry costs at most one epoch.
 @stage_task("train", retries=1, retry_delay_seconds=5)
-def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str, params: TrainingParams) -> str:
+def train(folders: TrainingFolders, params: TrainingParams) -> str:
     """Artifacts ``training-progress`` (live, "3 of 5 epochs"), ``training-curves`` (live too: a new version
     per epoch seen) and ``training-metrics``."""
     logger = get_run_logger()
@@ -82,26 +82,21 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
                     metrics, Path(scratch) / TRAINING_CURVES_FILE, f"so far: {epochs_done(metrics, params.epochs)}"
                 )
 
-    mirror = mirror_of(output_dir)
+    mirror = mirror_of(folders.output_dir)
     if params.max_nodes == 1:
         model_dir = launch_training(
-            train_dir,
-            validation_dir,
-            model_spec_dir,
-            output_dir,
+            folders,
             params,
-            run_id=Path(output_dir).parent.name,
+            run_id=Path(folders.output_dir).parent.name,
             log=logger.log,
             on_metrics=on_metrics,
         )
     else:
         # One flow run per node through the work pool (tasks/nodes.py); they write into output_dir, watched here.
-        read = mirror.remote_metrics if mirror else lambda: read_metrics(Path(output_dir))
-        run_nodes(
-            train_dir, validation_dir, model_spec_dir, output_dir, params, on_poll=NewEpochs(read, on_metrics).poll
-        )
+        read = mirror.remote_metrics if mirror else lambda: read_metrics(Path(folders.output_dir))
+        run_nodes(folders, params, on_poll=NewEpochs(read, on_metrics).poll)
         # On S3: the stages after training read the model from this host's copy.
-        model_dir = ModelDirectory(mirror.download_all() if mirror else output_dir)
+        model_dir = ModelDirectory(mirror.download_all() if mirror else folders.output_dir)
     metrics = model_dir.metrics()
     update_progress_artifact(progress, 100.0, description=epochs_done(metrics, params.epochs))
     curves = model_dir.root / TRAINING_CURVES_FILE
@@ -120,22 +115,12 @@ def train(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: 
 
 
 @task(name="train-node", cache_policy=NO_CACHE)
-def train_node(
-    train_dir: str,
-    validation_dir: str,
-    model_spec_dir: str,
-    output_dir: str,
-    params: TrainingParams,
-    rendezvous: Rendezvous,
-) -> str:
+def train_node(folders: TrainingFolders, params: TrainingParams, rendezvous: Rendezvous) -> str:
     """One node's launcher of a multi-node training (flows/train_node.py); not retried alone: the train task
     that submitted the nodes retries them all together."""
     node_params = params.model_copy(update={"rendezvous_endpoint": rendezvous.endpoint})
     model_dir = launch_training(
-        train_dir,
-        validation_dir,
-        model_spec_dir,
-        output_dir,
+        folders,
         node_params,
         run_id=rendezvous.id,
         is_host=rendezvous.is_host,

@@ -49,6 +49,7 @@ from tasks.storage import (
     read_s3_object,
     upload_files,
 )
+from tasks.training.config import TrainingFolders
 
 CACHE_VARIABLE = "IMAGE_CLASSIFIER_CACHE"
 logger = logging.getLogger(__name__)
@@ -194,19 +195,13 @@ def mirror_of(output: str) -> OutputMirror | None:
 
 
 @dataclass(frozen=True)
-class TrainingFolders:
-    """Where a training reads (two ImageDirectories, an UntrainedModelDirectory) and writes (a ModelDirectory)."""
+class StagedTraining:
+    """A training's folders (TrainingFolders) on this host, and its output's S3 folder when it has one."""
 
-    train_dir: str | os.PathLike[str]
-    validation_dir: str | os.PathLike[str]
-    model_spec_dir: str | os.PathLike[str]
-    output_dir: str | os.PathLike[str]
-
-
-@dataclass(frozen=True)
-class StagedTraining(TrainingFolders):
-    """A training's folders on this host, and its output's S3 folder when it has one."""
-
+    train_dir: Path
+    validation_dir: Path
+    model_spec_dir: Path
+    output_dir: Path
     mirror: OutputMirror | None = None
 
     def sync(self) -> None:
@@ -228,17 +223,17 @@ class StagedTraining(TrainingFolders):
             self.mirror.finish()
 
 
-def stage_training(train_dir: str, validation_dir: str, model_spec_dir: str, output_dir: str) -> StagedTraining:
+def stage_training(folders: TrainingFolders) -> StagedTraining:
     """Fetch a training's inputs to this host; with an S3 output, first download its stored epochs, so that the
     worker resumes from the uploaded checkpoint (a retry on another host)."""
-    mirror = mirror_of(output_dir)
+    mirror = mirror_of(folders.output_dir)
     if mirror:
         mirror.sync()
     return StagedTraining(
-        fetch_image_directory(train_dir),
-        fetch_image_directory(validation_dir),
-        fetch_folder(model_spec_dir),
-        local_folder(output_dir),
+        fetch_image_directory(folders.train_dir),
+        fetch_image_directory(folders.validation_dir),
+        fetch_folder(folders.model_spec_dir),
+        local_folder(folders.output_dir),
         mirror,
     )
 

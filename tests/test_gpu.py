@@ -20,7 +20,7 @@ from tasks.launch import launch_training
 from tasks.model_directory import ModelSpec
 from tasks.registry import read_registration
 from tasks.score import score_images
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 
 pytestmark = [
     pytest.mark.gpu,
@@ -95,7 +95,9 @@ def test_more_processes_than_gpus_is_an_input_error(colour_image_dirs, resnet_sp
     train, val = colour_image_dirs
     params = TrainingParams(epochs=1, processes_per_node=torch.cuda.device_count() + 1, device="cuda")
     with pytest.raises(InvalidTrainingSetupError) as error:
-        launch_training(train, val, resnet_spec, tmp_path / "model", params, log=lambda level, line: None)
+        launch_training(
+            TrainingFolders(train, val, resnet_spec, tmp_path / "model"), params, log=lambda level, line: None
+        )
     assert isinstance(error.value, PipelineInputError), "not retried"
     assert f"this host has {torch.cuda.device_count()} CUDA device(s)" in str(error.value)
 
@@ -104,5 +106,7 @@ def test_more_processes_than_gpus_is_an_input_error(colour_image_dirs, resnet_sp
 def test_two_gpus_train_with_nccl(colour_image_dirs, resnet_spec, tmp_path):
     train, val = colour_image_dirs
     params = TrainingParams(epochs=1, processes_per_node=2)
-    model_dir = launch_training(train, val, resnet_spec, tmp_path / "model", params, log=lambda level, line: None)
+    model_dir = launch_training(
+        TrainingFolders(train, val, resnet_spec, tmp_path / "model"), params, log=lambda level, line: None
+    )
     assert "rank 0/2 on cuda:0 (nccl, bf16 autocast, channels_last)" in rank_log(model_dir.root)

@@ -17,8 +17,7 @@ from tasks.launch import WatchLimits, build_torchrun_command, launch_training, w
 from tasks.launch_output import LineLevels
 from tasks.lifeline import HangWatch, TrainingHang, read_heartbeats
 from tasks.model_directory import LOGS_DIR
-from tasks.training.config import TrainingParams
-from tasks.workdir import TrainingFolders
+from tasks.training.config import TrainingFolders, TrainingParams
 from tests.helpers import alive, processes_of, write_class_folders
 
 pytestmark = pytest.mark.integration
@@ -49,7 +48,7 @@ def launch_in_thread(data, spec, output, params):
     def target():
         try:
             outcome["result"] = launch_training(
-                *data, spec, output, params, log=lambda level, line: None, poll_seconds=0.2
+                TrainingFolders(*data, spec, output), params, log=lambda level, line: None, poll_seconds=0.2
             )
         except Exception as error:  # inspected by the test
             outcome["error"] = error
@@ -64,8 +63,9 @@ def test_workers_die_with_the_flow_process_killed_by_sigkill(tmp_path, colour_im
     train, val = colour_image_dirs
     script = textwrap.dedent(f"""
         from tasks.launch import launch_training
-        from tasks.training.config import TrainingParams
-        launch_training({str(train)!r}, {str(val)!r}, {str(resnet_spec)!r}, {str(output)!r}, TrainingParams(**{LONG!r}))
+        from tasks.training.config import TrainingFolders, TrainingParams
+        folders = TrainingFolders({str(train)!r}, {str(val)!r}, {str(resnet_spec)!r}, {str(output)!r})
+        launch_training(folders, TrainingParams(**{LONG!r}))
     """)
     flow_process = subprocess.Popen(
         [sys.executable, "-c", script],
@@ -116,10 +116,7 @@ def test_a_new_attempt_never_trains_beside_an_earlier_attempts_workers(tmp_path,
         params = TrainingParams(epochs=1, batch_size=4, device="cpu")
         with pytest.raises(OutputInUseError, match=f"pid {earlier.pid}"):
             launch_training(
-                train,
-                val,
-                resnet_spec,
-                output,
+                TrainingFolders(train, val, resnet_spec, output),
                 params,
                 log=lambda level, line: None,
                 limits=WatchLimits(output_lock_wait_s=2),
@@ -129,7 +126,7 @@ def test_a_new_attempt_never_trains_beside_an_earlier_attempts_workers(tmp_path,
         earlier.kill()
         earlier.wait()
     # Once it is gone, the folder is free again and the retry resumes from its checkpoint.
-    model_dir = launch_training(train, val, resnet_spec, output, params, log=lambda level, line: None)
+    model_dir = launch_training(TrainingFolders(train, val, resnet_spec, output), params, log=lambda level, line: None)
     assert model_dir.metrics().epochs
 
 
@@ -156,7 +153,7 @@ def test_training_past_its_time_limit_is_stopped(tmp_path, colour_image_dirs, re
     params = TrainingParams(**LONG, timeout_minutes=0.25)
     started = time.monotonic()
     with pytest.raises(TrainingTimeoutError, match="past its limit of 0.25 minutes"):
-        launch_training(*colour_image_dirs, resnet_spec, output, params, log=lambda level, line: None)
+        launch_training(TrainingFolders(*colour_image_dirs, resnet_spec, output), params, log=lambda level, line: None)
     assert time.monotonic() - started < 60
     assert not processes_of(output)
 
@@ -199,7 +196,7 @@ def test_input_errors_inside_the_worker_keep_their_type(tmp_path, colour_image_d
     expected = InvalidDatasetError if broken == "train" else InvalidModelDirectoryError
     params = TrainingParams(epochs=1, processes_per_node=2, device="cpu")
     with pytest.raises(expected) as error:
-        launch_training(*data, spec, tmp_path / "model", params, log=lambda level, line: None)
+        launch_training(TrainingFolders(*data, spec, tmp_path / "model"), params, log=lambda level, line: None)
     assert not isinstance(error.value, TrainingFailedError)
     assert "raised by training rank" in str(error.value) and "driver_log_" in str(error.value)
 
@@ -211,7 +208,9 @@ def test_a_last_batch_of_one_image_trains(tmp_path, resnet_spec):
     val = convert_to_image_directory(write_class_folders(tmp_path / "src-val", 2, seed=4), tmp_path / "val").root
     # 33 images in batches of 16 on one process: 16 + 16 + 1; the images are 16 px, trained at 32 px (1x1 at the end).
     params = TrainingParams(epochs=1, batch_size=16, processes_per_node=1, device="cpu", image_size=32)
-    model_dir = launch_training(train, val, resnet_spec, tmp_path / "model", params, log=lambda level, line: None)
+    model_dir = launch_training(
+        TrainingFolders(train, val, resnet_spec, tmp_path / "model"), params, log=lambda level, line: None
+    )
     assert [e.epoch for e in model_dir.metrics().epochs] == [1]
 
 

@@ -225,13 +225,13 @@ from tasks.errors import OutputStorageError
 from tasks.launch import launch_training
 from tasks.model import write_untrained_model_directory
 from tasks.model_directory import ModelSpec
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 mount, train, validation, spec = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
 spec = write_untrained_model_directory(spec, ModelSpec(architecture="shufflenet_v2_x0_5", pretrained=False))
 output, filler, outcome = mount / "model", mount / "filler", {}
 params = TrainingParams(epochs=2, batch_size=4, processes_per_node=1, device="cpu")
 quiet = lambda level, line: None
-launch_training(train, validation, spec, output, params.model_copy(update={"epochs": 1}), log=quiet)
+launch_training(TrainingFolders(train, validation, spec, output), params.model_copy(update={"epochs": 1}), log=quiet)
 
 def fill_once_training_starts(level, line):
     # Logged after the check for room and before the first batch: the next save is a whole epoch away.
@@ -239,13 +239,13 @@ def fill_once_training_starts(level, line):
         filler.write_bytes(bytes(shutil.disk_usage(mount).free - 256 * 1024))
 
 try:
-    launch_training(train, validation, spec, output, params, log=fill_once_training_starts)
+    launch_training(TrainingFolders(train, validation, spec, output), params, log=fill_once_training_starts)
 except OutputStorageError as error:
     outcome["error"] = str(error)
     outcome["left"] = sorted(p.name for p in output.rglob("*.tmp"))
 filler.unlink()
 lines = []
-model = launch_training(train, validation, spec, output, params, log=lambda level, line: lines.append(line))
+model = launch_training(TrainingFolders(train, validation, spec, output), params, log=lambda level, line: lines.append(line))
 outcome["epochs"] = len(model.metrics().epochs)
 outcome["resumed"] = [line.split("INFO ")[-1] for line in lines if "resuming from" in line]
 print(json.dumps(outcome))

@@ -22,13 +22,12 @@ from tasks.model_directory import (
     TrainingMetrics,
     driver_log_path,
 )
-from tasks.training.config import TrainingParams, params_from_flags
+from tasks.training.config import TrainingFolders, TrainingParams, params_from_flags
 from tasks.training.loop import make_optimizer, warmup_poly_schedule
 from tasks.training.worker import get_args_parser
 from tasks.transformations import ImageTransformations
 from tasks.vision.images import ImageFiles
 from tasks.vision.transforms import eval_transform, train_transform
-from tasks.workdir import TrainingFolders
 from tests.helpers import run_worker, write_class_folders
 
 DIRS = TrainingFolders(train_dir="/d/train", validation_dir="/d/val", model_spec_dir="/d/spec", output_dir="/d/model")
@@ -288,7 +287,7 @@ def test_staged_weights_changed_after_the_model_stage_are_refused_by_the_worker_
         staged.write(b"changed on its way to the node")
     params = TrainingParams(epochs=1, processes_per_node=2, device="cpu")
     with pytest.raises(PretrainedWeightsError) as error:
-        launch_training(train, val, spec_dir, tmp_path / "model", params, log=lambda level, line: None)
+        launch_training(TrainingFolders(train, val, spec_dir, tmp_path / "model"), params, log=lambda level, line: None)
     assert str(error.value).startswith(f"{spec_dir / STAGED_WEIGHTS_FILE} has sha256 ")
     assert "the staged file changed after the model stage checked it" in str(error.value)
     assert isinstance(error.value, PipelineInputError) and not isinstance(error.value, TrainingFailedError)
@@ -300,7 +299,9 @@ def test_cuda_asked_for_where_there_is_none_is_an_input_error(tmp_path, colour_i
     train, val = colour_image_dirs
     params = TrainingParams(epochs=1, processes_per_node=2, device="cuda")
     with pytest.raises(InvalidTrainingSetupError, match="device is 'cuda' but torch .* sees no CUDA device"):
-        launch_training(train, val, resnet_spec, tmp_path / "model", params, log=lambda level, line: None)
+        launch_training(
+            TrainingFolders(train, val, resnet_spec, tmp_path / "model"), params, log=lambda level, line: None
+        )
 
 
 @pytest.mark.integration
@@ -313,9 +314,8 @@ def test_failing_worker_raises_typed_error_with_rank_and_log_tail(tmp_path, colo
     params = TrainingParams(epochs=1, processes_per_node=2)
     logged: list[tuple[int, str]] = []
     with pytest.raises(TrainingFailedError) as error:
-        launch_training(
-            train, val, spec_dir, tmp_path / "model", params, log=lambda level, line: logged.append((level, line))
-        )
+        folders = TrainingFolders(train, val, spec_dir, tmp_path / "model")
+        launch_training(folders, params, log=lambda level, line: logged.append((level, line)))
     failure = error.value
     assert failure.returncode != 0 and failure.rank in (0, 1)
     assert "TRAINING FAILED on rank" in failure.log_tail and "Traceback" in failure.log_tail

@@ -5,9 +5,30 @@ Defaults are Azure ML's "Train PyTorch Model" component's.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrainingFolders:
+    """Where a training reads (two ImageDirectories, an UntrainedModelDirectory) and writes (a ModelDirectory):
+    paths or s3:// URIs. The pipeline builds it once and passes it whole: to the train task, to each node's flow
+    run (a parameter of train-node), to ``launch_training``."""
+
+    train_dir: str = Field(description="training ImageDirectory")
+    validation_dir: str = Field(description="validation ImageDirectory")
+    model_spec_dir: str = Field(description="UntrainedModelDirectory")
+    output_dir: str = Field(
+        description="ModelDirectory every node writes into (rank 0 the model files, each rank its log)"
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _path_as_text(cls, value: object) -> object:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
 class TrainingParams(BaseModel):

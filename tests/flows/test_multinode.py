@@ -22,7 +22,7 @@ from tasks.nodes import (
     reachable_address,
 )
 from tasks.registry import list_versions, read_registration
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 from tasks.workdir import CACHE_VARIABLE
 from tests.helpers import processes_of, training_processes
 
@@ -34,10 +34,12 @@ def test_each_node_run_gets_what_the_node_flow_takes():
 
     node_flow = load_flow_from_entrypoint(str(PROJECT_ROOT / "flows" / "train_node.py:train_node_flow"))
     params = TrainingParams(nodes="2:3")
-    parameters = node_run_parameters("/d/train", "/d/val", "/d/spec", "/d/model", params, "rendezvous-1")
+    folders = TrainingFolders("/d/train", "/d/val", "/d/spec", "/d/model")
+    parameters = node_run_parameters(folders, params, "rendezvous-1")
     assert [p["node_rank"] for p in parameters] == [0, 1, 2]
     for node in parameters:
-        assert node_flow.validate_parameters(node)["params"] == params
+        taken = node_flow.validate_parameters(node)
+        assert (taken["folders"], taken["params"]) == (folders, params)
 
 
 def test_nodes_is_a_number_or_torchruns_min_max():
@@ -267,7 +269,7 @@ def test_two_nodes_train_through_the_pool_with_no_shared_files_and_register_one_
     assert [r.parameters["node_rank"] for r in runs] == [0, 1]
     assert all(r.state.is_completed() for r in runs), [(r.name, r.state) for r in runs]
     for run in runs:
-        locations = [run.parameters[k] for k in ("train_dir", "validation_dir", "model_spec_dir", "output_dir")]
+        locations = list(run.parameters["folders"].values())
         assert all(location.startswith(s3_work) for location in locations), locations
     ran_on = [
         [h for h in HOSTS if f"Flow run '{r.name}' submitted" in (stack.logs / f"{h}.log").read_text()] for r in runs

@@ -15,7 +15,7 @@ from tasks.fileio import sha256_file
 from tasks.launch import launch_training
 from tasks.launch_output import read_metrics
 from tasks.model_directory import CHECKPOINT_FILE, WEIGHTS_FILE, ModelDirectory, driver_log_path
-from tasks.training.config import TrainingParams
+from tasks.training.config import TrainingFolders, TrainingParams
 from tests.helpers import worker_pids
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ TIMING_FIELDS = {"train_images_per_s", "seconds"}
 
 def launch(data, spec, output, params, **options):
     train, val = data
-    return launch_training(train, val, spec, output, params, log=lambda level, line: None, **options)
+    return launch_training(TrainingFolders(train, val, spec, output), params, log=lambda level, line: None, **options)
 
 
 def figures(model_dir: ModelDirectory) -> list[dict]:
