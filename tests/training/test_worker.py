@@ -1,13 +1,20 @@
-"""The worker's epoch loop on its own (one process, CPU, a tiny linear model): no torchrun needed."""
+"""The torchrun worker: its epoch loop on its own (one process, CPU, a tiny linear model), and what a real run
+leaves (a complete ModelDirectory, a checkpoint a restart resumes from); no Prefect imported."""
 
+import json
 import logging
+import subprocess
+import sys
 
+import pytest
 import torch
 from torch import nn
 
 from tasks.lifeline import Heartbeat
+from tasks.model_directory import CHECKPOINT_FILE, MODEL_FILES, ModelDirectory, driver_log_path
 from tasks.training import loop, worker
 from tasks.training.config import TrainingParams
+from tests.helpers import run_worker
 
 
 def run_epoch(tmp_path, params: TrainingParams, batches: int = 6) -> None:
@@ -47,3 +54,59 @@ def test_slow_batches_still_log_a_line_every_progress_interval(tmp_path, caplog,
     with caplog.at_level(logging.INFO, logger=worker.logger.name):
         run_epoch(tmp_path, TrainingParams(epochs=1, print_frequency=1000))
     assert len(progress_lines(caplog)) == 6
+
+
+@pytest.mark.integration
+def test_worker_imports_no_prefect():
+    code = "import sys, tasks.training.worker; sys.exit('prefect' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_trained_model_directory_is_complete(trained_model, colour_image_dirs):
+    model_dir = ModelDirectory(trained_model)
+    assert all((trained_model / name).is_file() for name in MODEL_FILES)
+    assert model_dir.classes == ["blue", "green", "red"] and model_dir.spec.num_classes == 3
+    assert model_dir.spec.image_size == 32  # 16 px images round up to the 32 px minimum
+    metrics = model_dir.metrics()
+    assert [e.epoch for e in metrics.epochs] == [1, 2] and metrics.world_size == 2
+    assert metrics.best_top1 == max(e.top1 for e in metrics.epochs)
+    for epoch in metrics.epochs:
+        assert epoch.lr > 0 and epoch.train_images_per_s > 0 and 0 <= epoch.top1 <= epoch.top5 <= 1
+    state = torch.load(model_dir.weights_path, weights_only=True)
+    assert state["fc.weight"].shape == (3, 512)
+    for rank in (0, 1):
+        log = driver_log_path(trained_model, rank).read_text()
+        assert "training resnet18 on 24 images" in log
+        # 1024 MB per machine, 512 MB to each of the 2 processes: every 32 px image fits
+        assert "decoded images kept in memory: 24 of 24 training, 12 of 12 validation" in log
+    header = (trained_model / "training_log.csv").read_text().splitlines()[0]
+    assert header == "epoch,lr,train_images_per_s,train_loss,train_error,val_loss,top1,top5,seconds"
+
+
+@pytest.mark.integration
+def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs, resnet_spec):
+    train, val = colour_image_dirs
+    args = [
+        "--train",
+        str(train),
+        "--validation",
+        str(val),
+        "--model-spec",
+        str(resnet_spec),
+        "--output",
+        str(tmp_path / "model"),
+        "--batch-size",
+        "8",
+        "--learning-rate",
+        "0.01",
+    ]
+    first = run_worker(*args, "--epochs", "1")
+    assert first.returncode == 0, first.stderr
+    checkpoint = torch.load(tmp_path / "model" / CHECKPOINT_FILE, weights_only=True)
+    assert checkpoint["epoch"] == 1 and checkpoint["config"]["params"]["epochs"] == 1
+
+    second = run_worker(*args, "--epochs", "2")
+    assert second.returncode == 0, second.stderr
+    assert "resuming from" in second.stdout and "after epoch 1" in second.stdout
+    metrics = json.loads((tmp_path / "model" / "metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]

@@ -1,0 +1,82 @@
+"""The training's images: the transforms against the usual PIL pipeline, and the decoded-image cache's budget."""
+
+import pytest
+import torch
+
+from tasks.transformations import ImageTransformations
+from tasks.vision.images import ImageFiles
+from tasks.vision.transforms import eval_transform, train_transform
+from tests.helpers import write_class_folders
+
+
+def test_transforms_compute_what_the_usual_pil_pipeline_computes():
+    """Our two-stage transforms (cacheable decode, then crop/normalise on tensors) against the torchvision
+    composition everyone writes on PIL images: same random crops from the same seed, same values to the bit."""
+    from PIL import Image
+    from torchvision import transforms as T
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    generator = torch.Generator().manual_seed(0)
+    for shape, size in (((8, 8, 3), 32), ((37, 50, 3), 64), ((200, 300, 3), 224)):
+        image = Image.fromarray(torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator).numpy())
+        usual_train = T.Compose(
+            [
+                T.Resize((size, size)),
+                T.RandomCrop(size, padding=size // 8, padding_mode="edge"),
+                T.ToTensor(),
+                T.Normalize(mean, std),
+            ]
+        )
+        usual_eval = T.Compose([T.Resize((size, size)), T.ToTensor(), T.Normalize(mean, std)])
+        torch.manual_seed(3)
+        expected = [usual_train(image) for _ in range(4)]
+        torch.manual_seed(3)
+        ours = [train_transform(ImageTransformations(), size, mean, std)(image) for _ in range(4)]
+        assert all(torch.equal(a, b) for a, b in zip(expected, ours))
+        assert torch.equal(usual_eval(image), eval_transform(ImageTransformations(), size, mean, std)(image))
+        # The worker normalises whole uint8 batches (on the GPU there): the same bits as image by image.
+        transform = train_transform(ImageTransformations(), size, mean, std)
+        torch.manual_seed(3)
+        pixels = torch.stack([transform.augment(transform.decode(image)) for _ in range(4)])
+        assert pixels.dtype == torch.uint8 and torch.equal(transform.normalize(pixels), torch.stack(expected))
+        # Other options too: the torchvision classes on PIL images, ours on uint8 tensors, the same bits.
+        options = ImageTransformations(
+            resize={"size": size + 8, "keep_aspect_ratio": True},
+            center_crop=True,
+            random_crop={"padding": 0.25, "padding_mode": "reflect"},
+            random_horizontal_flip=True,
+        )
+        usual_train = T.Compose(
+            [
+                T.Resize(size + 8),
+                T.CenterCrop(size),
+                T.RandomCrop(size, padding=size // 4, padding_mode="reflect"),
+                T.RandomHorizontalFlip(),
+                T.ToTensor(),
+                T.Normalize(mean, std),
+            ]
+        )
+        torch.manual_seed(3)
+        expected = [usual_train(image) for _ in range(4)]
+        torch.manual_seed(3)
+        assert all(torch.equal(a, train_transform(options, size, mean, std)(image)) for a in expected)
+        usual_eval = T.Compose([T.Resize(size + 8), T.CenterCrop(size), T.ToTensor(), T.Normalize(mean, std)])
+        assert torch.equal(usual_eval(image), eval_transform(options, size, mean, std)(image))
+
+
+def test_decoded_images_are_kept_in_memory_up_to_the_budget(tmp_path):
+    source = write_class_folders(tmp_path / "images", per_class=3)
+    samples = [(path, 0) for path in sorted(source.rglob("*.png"))]
+    transform = eval_transform(ImageTransformations(), 32, (0.5,) * 3, (0.5,) * 3)
+    uncached = [image for image, _ in ImageFiles(samples, transform)]
+    per_image = 3 * 32 * 32
+    cached = ImageFiles(samples, transform, cache_bytes=5 * per_image + 7)
+    assert cached.cache_capacity == 5 and cached.cached_images == 0
+    first = [image for image, _ in cached]
+    assert cached.cached_images == 5
+    for path, _ in samples:
+        path.unlink()  # later epochs read the first five from memory, the rest from disk
+    assert all(torch.equal(a, b) for a, b in zip(uncached, first))
+    assert all(torch.equal(cached[i][0], uncached[i]) for i in range(5))
+    with pytest.raises(FileNotFoundError):
+        cached[5]
