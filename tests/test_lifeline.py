@@ -251,10 +251,7 @@ def test_the_train_task_does_not_retry_an_input_error_raised_in_the_worker(prefe
     @flow
     def train_once():
         return train_task(
-            str(colour_image_dirs[0]),
-            str(val),
-            str(empty_spec),
-            str(tmp_path / "model"),
+            TrainingFolders(colour_image_dirs[0], val, empty_spec, tmp_path / "model"),
             TrainingParams(epochs=1, device="cpu"),
             return_state=True,
         )

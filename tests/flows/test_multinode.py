@@ -4,7 +4,6 @@ the pipeline run as a person runs it (`python -m flows.pipeline --nodes 2`), rea
 
 import os
 import subprocess
-import sys
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -12,8 +11,7 @@ from uuid import uuid4
 
 import pytest
 
-from deployments.local import PROJECT_ROOT, PrefectStack
-from tasks.model_directory import ModelDirectory, driver_log_path
+from deployments.local import PROJECT_ROOT
 from tasks.nodes import (
     ELASTIC_FINISH_GRACE_SECONDS,
     node_run_parameters,
@@ -24,9 +22,16 @@ from tasks.nodes import (
 from tasks.registry import list_versions, read_registration
 from tasks.training.config import TrainingFolders, TrainingParams
 from tasks.workdir import CACHE_VARIABLE
-from tests.helpers import processes_of, training_processes
-
-HOSTS = ("host-a", "host-b")
+from tests.flows.nodes_stack import (
+    HOSTS,
+    host_env,
+    node_runs,
+    nodes_stack,
+    pipeline_command,
+    run_pipeline,
+    start_host,
+)
+from tests.helpers import training_processes
 
 
 def test_each_node_run_gets_what_the_node_flow_takes():
@@ -105,98 +110,10 @@ def test_node_0_publishes_its_address_towards_the_prefect_server_unless_told_ano
     assert reachable_address("http://127.0.0.1:4200/api", override="gpu-0.example.org") == "gpu-0.example.org"
 
 
-def host_env(folder) -> dict[str, str]:
-    """A "host"'s own cache (tasks/workdir.py): nothing it fetches or trains is seen by another."""
-    return {CACHE_VARIABLE: str(folder / "cache")}
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_endpoint):
-    """A server, the pools and deployments as `make deploy` makes them, and one worker per "host" (limit 1), each
-    in a folder of its own with a cache of its own; the moto server stands for S3."""
-    # Two "hosts" share this machine's cores: one compute thread per training process.
-    settings = {
-        "PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "2",
-        "OMP_NUM_THREADS": "1",
-        "AWS_ENDPOINT_URL": s3_endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    with PrefectStack(home=tmp_path_factory.mktemp("prefect-home"), settings=settings) as running:
-        running.deploy()
-        running.workers, running.folders = {}, {}
-        for host in HOSTS:
-            running.folders[host] = tmp_path_factory.mktemp(host)
-            start_host(running, host)
+    with nodes_stack(tmp_path_factory, s3_endpoint) as running:
         yield running
-
-
-def start_host(stack, host: str) -> None:
-    folder = stack.folders[host]
-    stack.workers[host] = stack.start_worker("gpu", host, limit=1, cwd=folder, env=host_env(folder))
-
-
-def pipeline_command(colour_image_dirs, work: str, name: str, *flags: str) -> list[str]:
-    """`python -m flows.pipeline` with 2 nodes (unless ``flags`` say otherwise): run against the stack's server, the
-    parent flow runs here and its nodes on the pool; registry and runs under ``work`` (a folder or an S3 URI)."""
-    train, val = colour_image_dirs
-    return [
-        sys.executable,
-        "-m",
-        "flows.pipeline",
-        "--no-pretrained",
-        "--train-data",
-        str(train),
-        "--validation-data",
-        str(val),
-        "--model-name",
-        name,
-        "--registry",
-        f"{work}/registry",
-        "--work-dir",
-        f"{work}/runs",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "4",
-        "--device",
-        "cpu",
-        "--nodes",
-        "2",
-        *flags,
-    ]
-
-
-def run_pipeline(
-    stack, colour_image_dirs, work, name: str, *flags: str, env=None
-) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.monotonic()
-    command = pipeline_command(colour_image_dirs, str(work), name, *flags)
-    result = subprocess.run(
-        command, env={**stack.env, **(env or {})}, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=500
-    )
-    return result, time.monotonic() - started
-
-
-def run_folders(work: Path) -> list[Path]:
-    """The run folders in a work dir (``logs/`` holds the command line's log files)."""
-    return [p for p in work.iterdir() if p.name != "logs"]
-
-
-def node_runs(stack, parent_flow_run_id=None):
-    """The runs of the train-node deployment (of one parent flow run when given), node 0 first."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("train-node/train-node")
-        runs = [r for r in client.read_flow_runs() if r.deployment_id == deployment.id]
-        parents = {r.id: client.read_task_run(r.parent_task_run_id).flow_run_id for r in runs if r.parent_task_run_id}
-        variables = client.read_variables()
-    if parent_flow_run_id is not None:
-        runs = [r for r in runs if str(parents.get(r.id)) == str(parent_flow_run_id)]
-    return sorted(runs, key=lambda r: r.parameters["node_rank"]), parents, variables
 
 
 @pytest.fixture(scope="module")
@@ -371,110 +288,6 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(
     )
     runs, _, _ = node_runs(stack, registration.flow_run_id)
     assert sorted(r.state.type.value for r in runs) == ["COMPLETED", "FAILED"], [(r.name, r.state) for r in runs]
-
-
-def test_stopping_the_parent_run_cancels_every_node_and_leaves_nothing_running(stack, colour_image_dirs, tmp_path):
-    """SIGTERM to the parent flow's process (what its worker sends when the run is cancelled) while both nodes
-    train: the train task cancels both node runs, waits for them to end, and every training process is gone."""
-    import signal
-
-    command = pipeline_command(colour_image_dirs, tmp_path, "colours-stopped", "--epochs", "200", "--patience", "300")
-    parent = subprocess.Popen(
-        command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not [p for p in (tmp_path / "runs").glob("*/model/metrics.json")]:
-            assert parent.poll() is None and time.monotonic() < deadline, parent.stdout.read()[-5000:]
-            time.sleep(0.5)
-        os.kill(parent.pid, signal.SIGTERM)
-        output, _ = parent.communicate(timeout=200)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-    (run_dir,) = run_folders(tmp_path / "runs")
-    runs, _, _ = node_runs(stack)
-    mine = [r for r in runs if r.parameters["output_dir"] == str(run_dir / "model")]
-    assert len(mine) == 2 and all(r.state.is_cancelled() for r in mine), [(r.name, r.state) for r in mine] + [
-        output[-3000:]
-    ]
-    assert not processes_of(run_dir), "a training process was left running"
-
-
-def test_too_few_workers_fail_the_gang_within_its_join_timeout_and_leave_nothing_running(
-    stack, colour_image_dirs, tmp_path
-):
-    stack.stop_process(stack.workers.pop("host-b"))
-    join_timeout = 20
-    result, seconds = run_pipeline(
-        stack, colour_image_dirs, tmp_path, "colours-gang", "--join-timeout-s", str(join_timeout)
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    # A setup error: the command line's one "error: …" line, not a traceback.
-    assert "error: only 1 of 2 training nodes started within 20 s (join_timeout_s)" in output, output[-5000:]
-    assert "Traceback" not in output, output[-5000:]
-    assert "work pool 'gpu'" in output and "host-a" in output and "Every node run was cancelled; none trained" in output
-    # Conversion and the flow's start take some seconds; cancelling the node that started, a few more.
-    assert seconds < join_timeout + 120, seconds
-
-    (run_dir,) = run_folders(tmp_path / "runs")
-    assert not processes_of(run_dir), "a training process was left running"
-    assert not (run_dir / "model" / "metrics.json").exists(), "a node trained alone"
-    runs, parents, _ = node_runs(stack)
-    mine = [r for r in runs if r.parameters["output_dir"] == str(run_dir / "model")]
-    assert len(mine) == 2 and all(r.state.is_cancelled() for r in mine), [(r.name, r.state) for r in mine]
-
-
-def test_elastic_nodes_train_with_the_minimum_and_take_in_a_node_that_comes_late(stack, colour_image_dirs, tmp_path):
-    """nodes 1:2 with one worker: node 0 trains alone (world size 1); a second host's worker starts mid-training,
-    its node joins, torchrun rescales to world size 2 and the run resumes from the last checkpoint."""
-    if "host-b" in stack.workers:
-        stack.stop_process(stack.workers.pop("host-b"))
-    command = pipeline_command(
-        colour_image_dirs,
-        tmp_path,
-        "colours-elastic",
-        "--nodes",
-        "1:2",
-        "--epochs",
-        "60",
-        "--patience",
-        "100",
-        "--processes-per-node",
-        "1",
-        "--keep",
-        "all",  # the run's model folder is read below, checkpoints and all
-    )
-    parent = subprocess.Popen(
-        command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not (
-            metrics := [
-                ModelDirectory(p).metrics()
-                for p in (tmp_path / "runs").glob("*/model")
-                if (p / "metrics.json").is_file()
-            ]
-        ):
-            assert parent.poll() is None and time.monotonic() < deadline, parent.stdout.read()[-5000:]
-            time.sleep(0.5)
-        assert metrics[0].world_size == 1 and len(metrics[0].epochs) < 60, "training did not start alone"
-        start_host(stack, "host-b")
-        output, _ = parent.communicate(timeout=400)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-    assert parent.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
-
-    (model_dir,) = [ModelDirectory(p) for p in (tmp_path / "runs").glob("*/model")]
-    assert model_dir.metrics().world_size == 2 and len(model_dir.metrics().epochs) == 60
-    logs = "".join(driver_log_path(model_dir.root, rank).read_text() for rank in (0, 1))
-    assert "world size 2 (the checkpoint's was 1)" in logs
-    assert list_versions(tmp_path / "registry", "colours-elastic") == [1]
-    runs, _, _ = node_runs(stack, read_registration(tmp_path / "registry", "colours-elastic", 1).flow_run_id)
-    assert all(r.state.is_completed() for r in runs), [(r.name, r.state) for r in runs]
 
 
 def test_the_kubernetes_gpu_job_template_fills_in_and_the_server_takes_it(stack):

@@ -1,0 +1,110 @@
+"""The multi-node tests' stack: a Prefect server with the pools and deployments `make deploy` makes, one `prefect
+worker` per "host" on the `gpu` pool (a folder and a cache of its own each), the moto server standing for S3; and
+the pipeline run as a person runs it. Each test file that uses it starts its own (``nodes_stack``), so that the
+files run in parallel."""
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from deployments.local import PROJECT_ROOT, PrefectStack
+from tasks.workdir import CACHE_VARIABLE
+
+HOSTS = ("host-a", "host-b")
+
+
+def host_env(folder) -> dict[str, str]:
+    """A "host"'s own cache (tasks/workdir.py): nothing it fetches or trains is seen by another."""
+    return {CACHE_VARIABLE: str(folder / "cache")}
+
+
+@contextmanager
+def nodes_stack(tmp_path_factory, s3_endpoint) -> Iterator[PrefectStack]:
+    """A server, the pools and deployments as `make deploy` makes them, and one worker per "host" (limit 1), each
+    in a folder of its own with a cache of its own; the moto server stands for S3."""
+    # Two "hosts" share this machine's cores: one compute thread per training process.
+    settings = {
+        "PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "2",
+        "OMP_NUM_THREADS": "1",
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    with PrefectStack(home=tmp_path_factory.mktemp("prefect-home"), settings=settings) as running:
+        running.deploy()
+        running.workers, running.folders = {}, {}
+        for host in HOSTS:
+            running.folders[host] = tmp_path_factory.mktemp(host)
+            start_host(running, host)
+        yield running
+
+
+def start_host(stack, host: str) -> None:
+    folder = stack.folders[host]
+    stack.workers[host] = stack.start_worker("gpu", host, limit=1, cwd=folder, env=host_env(folder))
+
+
+def pipeline_command(colour_image_dirs, work: str, name: str, *flags: str) -> list[str]:
+    """`python -m flows.pipeline` with 2 nodes (unless ``flags`` say otherwise): run against the stack's server, the
+    parent flow runs here and its nodes on the pool; registry and runs under ``work`` (a folder or an S3 URI)."""
+    train, val = colour_image_dirs
+    return [
+        sys.executable,
+        "-m",
+        "flows.pipeline",
+        "--no-pretrained",
+        "--train-data",
+        str(train),
+        "--validation-data",
+        str(val),
+        "--model-name",
+        name,
+        "--registry",
+        f"{work}/registry",
+        "--work-dir",
+        f"{work}/runs",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--nodes",
+        "2",
+        *flags,
+    ]
+
+
+def run_pipeline(
+    stack, colour_image_dirs, work, name: str, *flags: str, env=None
+) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    command = pipeline_command(colour_image_dirs, str(work), name, *flags)
+    result = subprocess.run(
+        command, env={**stack.env, **(env or {})}, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=500
+    )
+    return result, time.monotonic() - started
+
+
+def run_folders(work: Path) -> list[Path]:
+    """The run folders in a work dir (``logs/`` holds the command line's log files)."""
+    return [p for p in work.iterdir() if p.name != "logs"]
+
+
+def node_runs(stack, parent_flow_run_id=None):
+    """The runs of the train-node deployment (of one parent flow run when given), node 0 first."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("train-node/train-node")
+        runs = [r for r in client.read_flow_runs() if r.deployment_id == deployment.id]
+        parents = {r.id: client.read_task_run(r.parent_task_run_id).flow_run_id for r in runs if r.parent_task_run_id}
+        variables = client.read_variables()
+    if parent_flow_run_id is not None:
+        runs = [r for r in runs if str(parents.get(r.id)) == str(parent_flow_run_id)]
+    return sorted(runs, key=lambda r: r.parameters["node_rank"]), parents, variables
