@@ -55,6 +55,19 @@ def heartbeat_seconds(config: dict) -> int:
     return max(frequencies)
 
 
+def runs_of(deployment_ids: list[str]) -> dict[str, ResourceSpecification]:
+    """A trigger's resources: the flow runs of ``deployment_ids``."""
+    return {
+        "match": ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
+        "match_related": ResourceSpecification(
+            {
+                "prefect.resource.role": "deployment",
+                "prefect.resource.id": [f"prefect.deployment.{id}" for id in deployment_ids],
+            }
+        ),
+    }
+
+
 def zombie_automation(deployment_ids: list[str], within: timedelta) -> Automation:
     """Sets a run of one of ``deployment_ids`` Crashed when, after a heartbeat, neither another heartbeat nor
     a final state came ``within`` that time."""
@@ -65,13 +78,7 @@ def zombie_automation(deployment_ids: list[str], within: timedelta) -> Automatio
             "is set Crashed: its host or worker was lost. Made by `make deploy` (deployments/automations.py)."
         ),
         trigger=EventTrigger(
-            match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
-            match_related=ResourceSpecification(
-                {
-                    "prefect.resource.role": "deployment",
-                    "prefect.resource.id": [f"prefect.deployment.{id}" for id in deployment_ids],
-                }
-            ),
+            **runs_of(deployment_ids),
             after={"prefect.flow-run.heartbeat"},
             expect={"prefect.flow-run.heartbeat", *FINAL_EVENTS},
             for_each={"prefect.resource.id"},
@@ -102,13 +109,7 @@ def rerun_automation(deployment_ids: list[str]) -> Automation:
             "folder). Made by `make deploy` (deployments/automations.py)."
         ),
         trigger=EventTrigger(
-            match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
-            match_related=ResourceSpecification(
-                {
-                    "prefect.resource.role": "deployment",
-                    "prefect.resource.id": [f"prefect.deployment.{id}" for id in deployment_ids],
-                }
-            ),
+            **runs_of(deployment_ids),
             expect={"prefect.flow-run.Crashed"},
             posture=Posture.Reactive,
             threshold=1,

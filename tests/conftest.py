@@ -18,7 +18,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 import pytest  # noqa: E402
 
 from deployments.local import free_port  # noqa: E402
-from tests.helpers import FileServer, run_worker, write_class_folders  # noqa: E402
+from tests.helpers import FileServer, run_worker, s3_settings, write_class_folders  # noqa: E402
 
 
 @pytest.fixture
@@ -155,10 +155,8 @@ def s3_bucket(s3_endpoint, monkeypatch):
 
     from tasks.storage import s3_client
 
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for variable, value in s3_settings(s3_endpoint).items():
+        monkeypatch.setenv(variable, value)
     name = f"bucket-{uuid.uuid4().hex[:12]}"
     s3_client().create_bucket(Bucket=name)
     return name

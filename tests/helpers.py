@@ -166,6 +166,16 @@ def registry_cli(registry, *args, env=None):
     )
 
 
+def s3_settings(endpoint: str) -> dict[str, str]:
+    """The environment that points boto3 at the loopback S3 endpoint, with the test credentials it takes."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
 def register_test_model(registry, model, name=NAME, accuracy=0.9, **promotion):
     """A registration by its own task run of flow run ``run-1``; ``promotion``: PromotionPolicy's fields."""
     from tasks.registry import PromotionPolicy

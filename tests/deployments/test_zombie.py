@@ -27,7 +27,7 @@ from deployments.automations import (
 )
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.workdir import CACHE_VARIABLE
-from tests.helpers import training_processes
+from tests.helpers import s3_settings, training_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -43,10 +43,7 @@ def stack(tmp_path_factory, s3_endpoint):
     (another host's); every process reaches the loopback S3 endpoint."""
     settings = {
         "OMP_NUM_THREADS": "1",
-        "AWS_ENDPOINT_URL": s3_endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
+        **s3_settings(s3_endpoint),
     }
     with PrefectStack(home=tmp_path_factory.mktemp("prefect-home"), settings=settings) as running:
         running.deploy()

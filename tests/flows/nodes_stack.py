@@ -12,6 +12,7 @@ from pathlib import Path
 
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.workdir import CACHE_VARIABLE
+from tests.helpers import s3_settings
 
 HOSTS = ("host-a", "host-b")
 
@@ -29,10 +30,7 @@ def nodes_stack(tmp_path_factory, s3_endpoint) -> Iterator[PrefectStack]:
     settings = {
         "PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "2",
         "OMP_NUM_THREADS": "1",
-        "AWS_ENDPOINT_URL": s3_endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
+        **s3_settings(s3_endpoint),
     }
     with PrefectStack(home=tmp_path_factory.mktemp("prefect-home"), settings=settings) as running:
         running.deploy()
