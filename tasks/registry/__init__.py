@@ -36,14 +36,13 @@ from tasks.registry.layout import (
     DatasetLineage,
     ModelReference,
     Promotion,
-    PromotionPolicy,
     Registration,
     check_model_name,
     default_model_name,
     parse_reference,
 )
 from tasks.registry.locations import open_backend
-from tasks.registry.promotion import challenge
+from tasks.registry.promotion import PromotionPolicy, PromotionRule, challenge
 from tasks.registry.registering import register_model
 
 __all__ = [
@@ -57,6 +56,7 @@ __all__ = [
     "ModelReference",
     "Promotion",
     "PromotionPolicy",
+    "PromotionRule",
     "Registration",
     "RegistryBackend",
     "challenge",

@@ -32,13 +32,12 @@ from tasks.registry.layout import (
     Approval,
     ModelReference,
     Promotion,
-    PromotionRule,
     Registration,
     VersionStatus,
     closest_first,
     version_key,
 )
-from tasks.registry.promotion import promote
+from tasks.registry.promotion import PromotionRule, promote
 from tasks.registry.status import change_status, read_status
 
 _CONDITION = re.compile(r"\s*(?P<metric>[A-Za-z0-9_.-]+)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<value>[-+0-9.eE]+)\s*")

@@ -1,15 +1,75 @@
-"""Champion and challenger: the figure a promotion is judged on, the judgement against the alias's current
-version, and the alias moved (by compare-and-swap, tasks/registry/core.py) when the challenger wins. A person's
-approval (tasks/approval.py, manage.decide_promotion) comes between the judgement and the move when asked for."""
+"""Champion and challenger, in one place: the policy a run is given (``PromotionPolicy``: which alias, on which
+figure, whether a person approves), the rule it judges by (``PromotionRule``), the judgement against the alias's
+current version, and the alias moved (by compare-and-swap, tasks/registry/core.py) when the challenger wins. A
+person's approval (tasks/approval.py, manage.decide_promotion) comes between the judgement and the move when asked
+for. The verdict recorded with a version is ``layout.Promotion``."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from tasks.errors import PipelineInputError
 from tasks.registry.backends import RegistryBackend
 from tasks.registry.core import Registry, _alias, _move_alias, backend_of, read_registration
-from tasks.registry.layout import AliasRecord, Promotion, PromotionRule, Registration, check_alias
+from tasks.registry.layout import AliasRecord, Promotion, Registration, check_alias
+
+
+class PromotionRule(BaseModel):
+    """How a challenger is judged: on ``metric``, in its direction, by at least ``min_improvement``."""
+
+    metric: str = "accuracy"
+    lower_is_better: bool = False
+    min_improvement: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+    @classmethod
+    def for_metric(
+        cls, metric: str, lower_is_better: bool | None = None, min_improvement: float = 0.0
+    ) -> PromotionRule:
+        """``lower_is_better`` None: a figure named ``...loss`` (e.g. ``log_loss``) is lower-is-better."""
+        if not isinstance(min_improvement, (int, float)) or not 0 <= min_improvement < float("inf"):
+            raise PipelineInputError(
+                f"minimum improvement {min_improvement!r} is not allowed: use a number >= 0, "
+                "in the promotion figure's units (e.g. 0.01 for one point of accuracy)"
+            )
+        direction = metric.endswith("loss") if lower_is_better is None else lower_is_better
+        return cls(metric=metric, lower_is_better=direction, min_improvement=min_improvement)
+
+    def beats(self, challenger: float, champion: float) -> bool:
+        """Strictly better, and by at least ``min_improvement``."""
+        gain = champion - challenger if self.lower_is_better else challenger - champion
+        return gain > 0 and gain >= self.min_improvement
+
+
+class PromotionPolicy(BaseModel):
+    """Whether a new version takes an alias, and how that is decided: champion/challenger on a figure (the
+    ``PromotionRule``) and, when asked, a person's approval. The one parameter the pipeline flow, the register task
+    and the command line (``--promote-to`` … ``--approval-timeout-s``) pass."""
+
+    promote_to: str | None = Field(
+        None, description="alias (e.g. production) the new version takes only if it beats the alias's current version"
+    )
+    promotion_metric: str = Field(
+        "accuracy", description="figure compared for promotion (accuracy, f1_macro, auc_ovr, log_loss, ...)"
+    )
+    lower_is_better: bool | None = Field(
+        None, description="a lower figure is better; empty: yes for figures named ...loss (log_loss), else no"
+    )
+    min_improvement: float = Field(
+        0.0, description="how much better than the champion the new version must be (in the figure's units)"
+    )
+    approval: bool = Field(
+        False,
+        description="with promote_to: a new version that beats the champion takes the alias only once a person "
+        "approves it (the run pauses on a form)",
+    )
+    approval_timeout_s: int = Field(
+        3600, gt=0, description="how long the run waits for that answer; no answer in time: not promoted"
+    )
+
+    def rule(self) -> PromotionRule:
+        return PromotionRule.for_metric(self.promotion_metric, self.lower_is_better, self.min_improvement)
 
 
 def check_metric(metrics: dict[str, Any], metric: str) -> float:

@@ -24,14 +24,13 @@ from tasks.registry.layout import (
     REGISTRATION_FILE,
     Claim,
     DatasetLineage,
-    PromotionPolicy,
     Registration,
     check_alias,
     check_model_name,
     version_key,
     version_numbers,
 )
-from tasks.registry.promotion import challenge, check_metric, promote
+from tasks.registry.promotion import PromotionPolicy, challenge, check_metric, promote
 from tasks.storage import is_s3_uri
 
 
