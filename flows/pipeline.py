@@ -132,24 +132,26 @@ def train_pipeline(
     spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
     resolve_pretrained_weights(spec)  # in the cache (or the one offline error) before any conversion work
     run_dir = takeover.run_dir if takeover else run_folder(work_dir)  # a retried run finds its checkpoints again
-    here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
+    local_run = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
     train_source, validation_source = resolve_sources(
         train_data, validation_data, str(local_folder(work_dir)), validation_fraction
     )
     if validation_source is None:  # one set given: split it, the first side for training
-        source_dir = convert(train_source, str(here / "data" / "source"), "source", limits=conversion)
+        source_dir = convert(train_source, str(local_run / "data" / "source"), "source", limits=conversion)
         train_dir, validation_dir = split(
             source_dir,
-            str(here / "data" / "train"),
-            str(here / "data" / "validation"),
+            str(local_run / "data" / "train"),
+            str(local_run / "data" / "validation"),
             fraction=1 - validation_fraction,
             seed=training.random_seed,
         )
     else:
-        train_dir = convert(train_source, str(here / "data" / "train"), "train", limits=conversion)
-        validation_dir = convert(validation_source, str(here / "data" / "validation"), "validation", limits=conversion)
+        train_dir = convert(train_source, str(local_run / "data" / "train"), "train", limits=conversion)
+        validation_dir = convert(
+            validation_source, str(local_run / "data" / "validation"), "validation", limits=conversion
+        )
     validate_labels(train_dir, validation_dir)
-    spec_dir = untrained_model_directory(str(here / "model_spec"), spec)
+    spec_dir = untrained_model_directory(str(local_run / "model_spec"), spec)
     # Where every training node reads them: the same folders, or their copies stored in the S3 run folder.
     folders = TrainingFolders(
         train_dir=store(train_dir, join(run_dir, "data", "train")),
@@ -161,7 +163,7 @@ def train_pipeline(
     if export_onnx:
         model_dir = export_and_check_onnx(model_dir, validation_dir)
     scores = score(model_dir, validation_dir, join(run_dir, "scores.csv")).table
-    evaluation = evaluate(scores, str(here / "confusion_matrix.png"))
+    evaluation = evaluate(scores, str(local_run / "confusion_matrix.png"))
     show_misclassified(scores, validation_dir)
     registered = register(
         registry,
