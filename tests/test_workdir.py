@@ -7,6 +7,7 @@ from tasks.errors import InvalidDatasetError, InvalidStorageURIError
 from tasks.fileio import write_text_atomic
 from tasks.model_directory import EpochMetrics, TrainingMetrics
 from tasks.storage import list_s3_names, parse_s3_uri, read_s3_object, s3_client
+from tasks.training.config import TrainingFolders
 from tasks.workdir import CACHE_VARIABLE, OutputMirror, fetch_image_directory, publish, stage_training
 
 
@@ -93,7 +94,7 @@ def test_the_host_ahead_uploads_its_epochs_and_a_host_behind_downloads_them(s3_b
 
     # A node run retried on a third host starts from what was uploaded.
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "c"))
-    staged = stage_training(str(tmp_path), str(tmp_path), str(tmp_path), output)
+    staged = stage_training(TrainingFolders(tmp_path, tmp_path, tmp_path, output))
     assert (staged.output_dir / "checkpoints" / "last.pt").read_bytes() == b"epoch 2"
 
 
