@@ -23,9 +23,10 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from tasks.errors import RerunLimitError, UnknownRunError
-from tasks.model_directory import METRICS_FILE, TrainingMetrics
+from tasks.model_directory import METRICS_FILE
 from tasks.runs import mark_run, run_folder_location
 from tasks.storage import is_s3_uri, read_s3_object
+from tasks.workdir import epochs_in, join
 
 MAX_RERUNS = 2  # a training is run at most 1 + MAX_RERUNS times when its hosts keep being lost
 
@@ -73,13 +74,12 @@ def epochs_stored(model_location: str) -> int | None:
     """Complete epochs in the training output at ``model_location`` (a path or s3:// URI): its metrics.json,
     written after each epoch's checkpoint; None when there is none."""
     if is_s3_uri(model_location):
-        data = read_s3_object(f"{model_location.rstrip('/')}/{METRICS_FILE}")
+        data = read_s3_object(join(model_location, METRICS_FILE))
     else:
         path = Path(model_location) / METRICS_FILE
         data = path.read_bytes() if path.is_file() else None
-    if data is None:
-        return None
-    return len(TrainingMetrics.model_validate_json(data).epochs) or None
+    epochs = epochs_in(data)  # -1 when there is none
+    return epochs if epochs > 0 else None
 
 
 def _lost(run) -> LostRun:
@@ -129,7 +129,7 @@ def take_over_lost_run(replaces_run: str, work_dir: str) -> Takeover:
     first = chain[-1]
     run_dir = run_folder_location(work_dir, f"{first.name}-{first.id[:8]}")
     reachable = is_s3_uri(run_dir) or Path(run_dir).is_dir()
-    stored = epochs_stored(f"{run_dir.rstrip('/')}/model") if reachable else None
+    stored = epochs_stored(join(run_dir, "model")) if reachable else None
     if not reachable:
         why = (
             f"the lost run's folder {run_dir} is not on this host (work_dir {work_dir!r} was on the lost host's "
