@@ -17,7 +17,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 import pytest  # noqa: E402
 
-from deployments.local import free_port  # noqa: E402
+from deployments.local import PROJECT_ROOT, free_port  # noqa: E402
 from tests.helpers import FileServer, run_worker, s3_settings, write_class_folders  # noqa: E402
 
 
@@ -122,13 +122,14 @@ def prefect_server():
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
-    """A real HTTP S3 endpoint on loopback: moto's server mode in its own process (not in-process patching)."""
+    """A real HTTP S3 endpoint on loopback: moto's server mode in its own process (``tests.s3_server``)."""
     import time
     import urllib.request
 
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "tests.s3_server", "-H", "127.0.0.1", "-p", str(port)],
+        cwd=PROJECT_ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
