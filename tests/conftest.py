@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -40,75 +41,103 @@ def scratch(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture(scope="session")
-def colour_image_dirs(tmp_path_factory) -> tuple[Path, Path]:
+def built_once(tmp_path_factory, worker_id):
+    """``built_once(name, build)``: ``build(folder)``'s paths, built by the first test process that asks and reused
+    by the others (pytest-xdist's processes share the parent of their base temp folders; the rest wait on a lock).
+    Session fixtures that train or convert cost the same CPU once, not once per process."""
+    import json
+
+    from filelock import FileLock
+
+    def once(name: str, build: Callable[[Path], Path | tuple[Path, ...]]) -> Path | tuple[Path, ...]:
+        if worker_id == "master":
+            return build(tmp_path_factory.mktemp(name))
+        root = tmp_path_factory.getbasetemp().parent / "built-once"
+        root.mkdir(exist_ok=True)
+        record = root / f"{name}.json"
+        with FileLock(str(root / f"{name}.lock")):
+            if not record.is_file():
+                built = build(root / name)
+                record.write_text(json.dumps([str(p) for p in built] if isinstance(built, tuple) else str(built)))
+            paths = json.loads(record.read_text())
+        return tuple(Path(p) for p in paths) if isinstance(paths, list) else Path(paths)
+
+    return once
+
+
+@pytest.fixture(scope="session")
+def colour_image_dirs(built_once) -> tuple[Path, Path]:
     """Converted (train, validation) ImageDirectories of the colour classes."""
     from tasks import convert_to_image_directory
 
-    base = tmp_path_factory.mktemp("colours")
-    train = convert_to_image_directory(write_class_folders(base / "src-train", 8, seed=1), base / "train").root
-    val = convert_to_image_directory(write_class_folders(base / "src-val", 4, seed=2), base / "validation").root
-    return train, val
+    def build(base: Path) -> tuple[Path, Path]:
+        train = convert_to_image_directory(write_class_folders(base / "src-train", 8, seed=1), base / "train").root
+        val = convert_to_image_directory(write_class_folders(base / "src-val", 4, seed=2), base / "validation").root
+        return train, val
+
+    return built_once("colours", build)
 
 
 @pytest.fixture(scope="session")
-def resnet_spec(tmp_path_factory) -> Path:
+def resnet_spec(built_once) -> Path:
     from tasks.model import write_untrained_model_directory
     from tasks.model_directory import ModelSpec
 
-    return write_untrained_model_directory(tmp_path_factory.mktemp("spec"), ModelSpec(architecture="resnet18"))
-
-
-@pytest.fixture(scope="session")
-def trained_model(tmp_path_factory, colour_image_dirs, resnet_spec) -> Path:
-    """A ModelDirectory trained for real by torchrun with 2 processes (2 epochs)."""
-    train, val = colour_image_dirs
-    output = tmp_path_factory.mktemp("trained") / "model"
-    result = run_worker(
-        "--train",
-        str(train),
-        "--validation",
-        str(val),
-        "--model-spec",
-        str(resnet_spec),
-        "--output",
-        str(output),
-        "--epochs",
-        "2",
-        "--learning-rate",
-        "0.01",
-        "--batch-size",
-        "4",
+    return built_once(
+        "spec", lambda folder: write_untrained_model_directory(folder, ModelSpec(architecture="resnet18"))
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return output
 
 
 @pytest.fixture(scope="session")
-def digits_subset(tmp_path_factory) -> tuple[Path, Path]:
+def trained_model(built_once, colour_image_dirs, resnet_spec) -> Path:
+    """A ModelDirectory trained for real by torchrun with 2 processes (2 epochs); tests read it, never change it."""
+    train, val = colour_image_dirs
+
+    def build(folder: Path) -> Path:
+        output = folder / "model"
+        result = run_worker(
+            *("--train", str(train), "--validation", str(val), "--model-spec", str(resnet_spec)),
+            *("--output", str(output), "--epochs", "2", "--learning-rate", "0.01", "--batch-size", "4"),
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return output
+
+    return built_once("trained", build)
+
+
+@pytest.fixture(scope="session")
+def digits_subset(built_once) -> tuple[Path, Path]:
     """The bundled digits, cut to 30 training and 10 validation images per class."""
     from tasks.datasets import export_digits
 
-    base = tmp_path_factory.mktemp("digits")
-    train, val = export_digits(base / "full")
-    subsets = []
-    for split, keep in ((train, 30), (val, 10)):
-        target = base / "digits" / split.name
-        for class_dir in sorted(split.iterdir()):
-            for image in sorted(class_dir.iterdir())[:keep]:
-                (target / class_dir.name).mkdir(parents=True, exist_ok=True)
-                shutil.copy(image, target / class_dir.name / image.name)
-        subsets.append(target)
-    return subsets[0], subsets[1]
+    def build(base: Path) -> tuple[Path, Path]:
+        train, val = export_digits(base / "full")
+        subsets = []
+        for split, keep in ((train, 30), (val, 10)):
+            target = base / "digits" / split.name
+            for class_dir in sorted(split.iterdir()):
+                for image in sorted(class_dir.iterdir())[:keep]:
+                    (target / class_dir.name).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(image, target / class_dir.name / image.name)
+            subsets.append(target)
+        return subsets[0], subsets[1]
+
+    return built_once("digits", build)
 
 
 @pytest.fixture(scope="session")
-def digits_image_dirs(tmp_path_factory, digits_subset) -> tuple[Path, Path]:
+def digits_image_dirs(built_once, digits_subset) -> tuple[Path, Path]:
     """The digits subset converted: 300 training and 100 validation ImageDirectory images."""
     from tasks import convert_to_image_directory
 
-    base = tmp_path_factory.mktemp("digits-converted")
     train, val = digits_subset
-    return convert_to_image_directory(train, base / "train").root, convert_to_image_directory(val, base / "val").root
+    return built_once(
+        "digits-converted",
+        lambda base: (
+            convert_to_image_directory(train, base / "train").root,
+            convert_to_image_directory(val, base / "val").root,
+        ),
+    )
 
 
 @pytest.fixture(scope="session")
