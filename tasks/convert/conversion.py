@@ -32,7 +32,8 @@ from pathlib import Path, PurePosixPath
 from PIL import Image
 from pydantic import BaseModel, Field
 
-from tasks.convert.labelling import SingleClass, SourceFile, examples_of, plan_source, read_labels_file
+from tasks.convert.labelling import SingleClass, SourceFile, examples_of, plan_source
+from tasks.convert.labels_file import read_labels_file
 from tasks.convert.listing import list_folder
 from tasks.convert.resuming import converted_before, resumable_folder, storage_error
 from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source

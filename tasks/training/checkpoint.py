@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import atomic_write, require_space, storage_faults
-from tasks.model_directory import TrainingMetrics
+from tasks.model_directory import CHECKPOINT_FILE, TrainingMetrics
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from tasks.training.distributed import DistributedEnv
+    from tasks.training.loop import EpochContext
+
+logger = logging.getLogger(__name__)
 
 
 def tensor_bytes(state) -> int:
@@ -96,3 +106,36 @@ def rescale_schedule(optimizer, scheduler, base_lr: float, step: int) -> float:
     for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
         group["initial_lr"], group["lr"] = base, base * factor(step)
     return optimizer.param_groups[0]["lr"]
+
+
+def resume_or_start(
+    output: Path, ctx: EpochContext, model: nn.Module, classes: list[str], env: DistributedEnv, steps: int
+) -> TrainingMetrics:
+    """The metrics so far: from the newest checkpoint any rank holds (weights, optimiser and schedule restored), or
+    new. A checkpoint of another world size gets the learning rate and step of this one."""
+    checkpoint_path, params = output / CHECKPOINT_FILE, ctx.params
+    if env.is_main:
+        check_space_for_checkpoints(output, model)
+    state = newest_checkpoint(read_checkpoint(checkpoint_path))
+    metrics = restore_checkpoint(state, checkpoint_path, model, ctx.optimizer, ctx.scheduler, classes)
+    if metrics is None:
+        return TrainingMetrics(world_size=env.world_size)
+    logger.info("resuming from %s after epoch %d", checkpoint_path, len(metrics.epochs))
+    if metrics.world_size != env.world_size:
+        # Another number of processes (an elastic rescale, a retry on other hosts): the rate scales with the world
+        # size and an epoch has another number of batches, so the checkpoint's rate and step would be wrong.
+        done = len(metrics.epochs) * steps
+        lr = rescale_schedule(ctx.optimizer, ctx.scheduler, params.learning_rate * env.world_size, done)
+        logger.info(
+            "world size %d (the checkpoint's was %d): learning rate %g (base %g = %g x %d), at step %d of %d",
+            env.world_size,
+            metrics.world_size,
+            lr,
+            params.learning_rate * env.world_size,
+            params.learning_rate,
+            env.world_size,
+            done,
+            params.epochs * steps,
+        )
+        metrics.world_size = env.world_size
+    return metrics

@@ -48,15 +48,7 @@ from tasks.model_directory import (
     driver_log_path,
     read_model_spec,
 )
-from tasks.training.checkpoint import (
-    check_space_for_checkpoints,
-    newest_checkpoint,
-    read_checkpoint,
-    rescale_schedule,
-    restore_checkpoint,
-    save_checkpoint,
-    saved_or_storage_fault,
-)
+from tasks.training.checkpoint import resume_or_start, save_checkpoint, saved_or_storage_fault
 from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
 from tasks.training.data import TrainingData, check_same_classes
 from tasks.training.distributed import (
@@ -125,39 +117,6 @@ def build_model(
     if env.world_size == 1:
         return model, model, frozen
     return model, DistributedDataParallel(model, device_ids=[env.local_rank] if device.type == "cuda" else None), frozen
-
-
-def resume_or_start(
-    output: Path, ctx: EpochContext, model: nn.Module, classes: list[str], env: DistributedEnv, steps: int
-) -> TrainingMetrics:
-    """The metrics so far: from the newest checkpoint any rank holds (weights, optimiser and schedule restored), or
-    new. A checkpoint of another world size gets the learning rate and step of this one."""
-    checkpoint_path, params = output / CHECKPOINT_FILE, ctx.params
-    if env.is_main:
-        check_space_for_checkpoints(output, model)
-    state = newest_checkpoint(read_checkpoint(checkpoint_path))
-    metrics = restore_checkpoint(state, checkpoint_path, model, ctx.optimizer, ctx.scheduler, classes)
-    if metrics is None:
-        return TrainingMetrics(world_size=env.world_size)
-    logger.info("resuming from %s after epoch %d", checkpoint_path, len(metrics.epochs))
-    if metrics.world_size != env.world_size:
-        # Another number of processes (an elastic rescale, a retry on other hosts): the rate scales with the world
-        # size and an epoch has another number of batches, so the checkpoint's rate and step would be wrong.
-        done = len(metrics.epochs) * steps
-        lr = rescale_schedule(ctx.optimizer, ctx.scheduler, params.learning_rate * env.world_size, done)
-        logger.info(
-            "world size %d (the checkpoint's was %d): learning rate %g (base %g = %g x %d), at step %d of %d",
-            env.world_size,
-            metrics.world_size,
-            lr,
-            params.learning_rate * env.world_size,
-            params.learning_rate,
-            env.world_size,
-            done,
-            params.epochs * steps,
-        )
-        metrics.world_size = env.world_size
-    return metrics
 
 
 def log_plan(spec: TrainedModelSpec, model: nn.Module, data: TrainingData, ctx: EpochContext) -> None:
