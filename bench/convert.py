@@ -40,10 +40,10 @@ def write_images(root: Path, count: int, size: int) -> None:
         Image.fromarray(pixels).save(folder / f"{i:05d}.jpg", quality=90)
 
 
-def plain_loop(source: Path, output: Path) -> int:
+def plain_loop(source: Path, output: Path, pattern: str = "*.jpg") -> int:
     """What one would write without the stage: decode, copy and hash each image, one after another."""
     done = 0
-    for path in sorted(source.rglob("*.jpg")):
+    for path in sorted(source.rglob(pattern)):
         with Image.open(path) as image:
             image.load()
         target = output / path.relative_to(source)

@@ -77,12 +77,10 @@ def peak_mb() -> float:
 def run_stage(stage: str, work: Path) -> dict:
     """Stage ``stage`` on the data under ``work``: seconds, images, peak and held memory (MB above the process
     after its imports)."""
-    import hashlib
-
     import torch
-    from PIL import Image
     from torch.utils.data import DistributedSampler
 
+    from bench.convert import plain_loop
     from tasks import convert_to_image_directory
     from tasks.image_directory import ImageDirectory
     from tasks.split import split_image_directory
@@ -97,17 +95,8 @@ def run_stage(stage: str, work: Path) -> dict:
     started = time.perf_counter()
     held = None
     if stage == "plain":
-        copies = work / "plain"
-        count = 0
-        for path in sorted(source.rglob("*.png")):
-            with Image.open(path) as image:
-                image.load()
-            target = copies / path.relative_to(source)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-            hashlib.sha256(target.read_bytes()).hexdigest()
-            count += 1
-        shutil.rmtree(copies)
+        count = plain_loop(source, work / "plain", "*.png")
+        shutil.rmtree(work / "plain")
     elif stage == "convert":
         count = len(convert_to_image_directory(source, converted))
     elif stage == "split":
