@@ -107,9 +107,9 @@ def run_stage(stage: str, work: Path) -> dict:
         count = len(ImageDirectory(converted))
     elif stage in ("index", "imagefolder"):
         if stage == "index":
-            directory = ImageDirectory(converted)
+            # As the worker holds it: the datasets built from the manifest, the manifest let go.
             transform = eval_transform(ImageTransformations(), SIDE, (0.5,) * 3, (0.25,) * 3)
-            dataset = ImageFiles(directory.samples(), transform)
+            dataset = ImageFiles(ImageDirectory(converted).samples(), transform)
         else:
             from torchvision.datasets import ImageFolder
 

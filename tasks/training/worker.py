@@ -209,6 +209,7 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
     trained_spec = TrainedModelSpec(**spec.model_dump(), num_classes=len(classes), image_size=image_size)
     model, trains, frozen = build_model(spec, len(classes), args.model_spec, params, env, device)
     data = TrainingData.load(train_dir, val_dir, trained_spec, params, env, device)
+    del train_dir, val_dir  # their manifests, a Python object per image: the datasets hold paths and labels
     optimizer = make_optimizer(model, params.learning_rate * env.world_size, params, spec.architecture)
     steps = len(data.train_loader)
     schedule = warmup_poly_schedule(params.warmup_epochs * steps, params.epochs * steps)
