@@ -84,5 +84,10 @@ def table(figures: list[Figure]) -> str:
                 {True: "yes", False: "NO", None: "-"}[f.met],
             )
         )
+    return aligned(rows)
+
+
+def aligned(rows: list[tuple[str, ...]]) -> str:
+    """Rows of cells as text columns, each as wide as its widest cell."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)

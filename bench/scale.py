@@ -5,7 +5,7 @@
     python -m bench.scale --imagenet               # and N = 1,281,167 (ImageNet's training set), if the disk allows
 
 For each N, synthetic 16x16 PNGs in 10 class folders (every one distinct) are written once, then each stage runs
-in a fresh process, so that its peak resident memory (``ru_maxrss``) is its own:
+in a fresh process, so that its peak resident memory (VmHWM, ``tasks.memory.peak_rss_mb``) is its own:
 
 - plain: a single-process PIL loop that opens, decodes, copies and hashes each image (what conversion must do);
 - convert: ``convert_to_image_directory``;
@@ -26,19 +26,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import sys
 import tempfile
 import time
 from multiprocessing import Pool
 from pathlib import Path
 
-from bench.harness import Figure, in_fresh_process, table
+from bench.harness import Figure, aligned, in_fresh_process, table
+from tasks.memory import peak_rss_mb
 
 CLASSES = 10
 SIDE = 16
 IMAGENET = 1_281_167
+DEFAULT_SIZES = [10_000, 100_000, 300_000]
 STAGES = ("plain", "convert", "split", "validate", "index", "imagefolder", "score")
 
 
@@ -65,10 +65,6 @@ def write_images(root: Path, count: int) -> None:
 def rss_mb() -> float:
     """This process's resident memory now."""
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # --- one stage, in its own process --------------------------------------------------------------------------
@@ -100,11 +96,11 @@ def run_stage(stage: str, work: Path) -> dict:
     elif stage == "convert":
         count = len(convert_to_image_directory(source, converted))
     elif stage == "split":
-        split_image_directory(converted, work / "train", work / "validation", 0.8)
-        count = len(ImageDirectory(converted))
+        first, second = split_image_directory(converted, work / "train", work / "validation", 0.8)
+        count = len(first) + len(second)
     elif stage == "validate":
-        check_training_data(ImageDirectory(work / "train"), ImageDirectory(work / "validation"))
-        count = len(ImageDirectory(converted))
+        report = check_training_data(ImageDirectory(work / "train"), ImageDirectory(work / "validation"))
+        count = sum(report.train_counts.values()) + sum(report.validation_counts.values())
     elif stage in ("index", "imagefolder"):
         if stage == "index":
             # As the worker holds it: the datasets built from the manifest, the manifest let go.
@@ -127,7 +123,7 @@ def run_stage(stage: str, work: Path) -> dict:
     else:
         raise ValueError(f"unknown stage {stage!r}: one of {', '.join(STAGES)}")
     seconds = time.perf_counter() - started
-    return {"stage": stage, "images": count, "seconds": seconds, "peak_mb": peak_mb() - base, "held_mb": held}
+    return {"stage": stage, "images": count, "seconds": seconds, "peak_mb": peak_rss_mb() - base, "held_mb": held}
 
 
 def train_small_model(root: Path) -> None:
@@ -194,8 +190,7 @@ def report(results: dict[int, dict[str, dict]]) -> tuple[str, list[Figure]]:
         rows.append(
             (stage, *cells, f"{per_image:.2f} KB/img", f"{at_imagenet:,.0f} MB, {time_at_imagenet / 60:,.0f} min")
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    text = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)
+    text = aligned(rows)
 
     small, large = sizes[0], sizes[-1]
     at = results[large]
@@ -242,7 +237,7 @@ def report(results: dict[int, dict[str, dict]]) -> tuple[str, list[Figure]]:
 
 def figures(sizes: list[int] | None = None) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as workdir:
-        results = measure(sizes or [10_000, 100_000, 300_000], Path(workdir))
+        results = measure(sizes or DEFAULT_SIZES, Path(workdir))
     text, found = report(results)
     print(text)
     return found
@@ -250,7 +245,7 @@ def figures(sizes: list[int] | None = None) -> list[Figure]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 300_000], help="numbers of images")
+    parser.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES, help="numbers of images")
     parser.add_argument("--imagenet", action="store_true", help=f"also N = {IMAGENET:,} (about 5 GB of disk)")
     parser.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -260,7 +255,6 @@ def main() -> None:
         return
     sizes = sorted(set(args.sizes + ([IMAGENET] if args.imagenet else [])))
     print(table(figures(sizes)))
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
