@@ -115,9 +115,7 @@ def measure(model_dir: ModelDirectory, images: ImageDirectory, runtime: str, rep
 
 def limited(image_dir: ImageDirectory, limit: int) -> ImageDirectory:
     """The same directory with only its first ``limit`` images (in memory: nothing on disk changes)."""
-    subset = ImageDirectory(image_dir.root)
-    subset.manifest.images = subset.manifest.images[:limit]
-    return subset
+    return ImageDirectory(image_dir.root).head(limit)
 
 
 def figures(

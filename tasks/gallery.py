@@ -48,7 +48,8 @@ def gallery_markdown(scores: pd.DataFrame, images: ImageDirectory, count: int = 
             description,
         )
     # The table names images as the user did; the manifest knows where each is stored.
-    stored = {record.source_path or record.path: images.root / record.path for record in images.manifest.images}
+    index = images.index
+    stored = {s or p: images.root / p for s, p in zip(index.source_path, index.path)}
     rows = []
     for row in mistakes.to_dict(orient="records"):
         name, true, predicted = row[IMAGE_COLUMN], row[LABEL_COLUMN], row[SCORED_LABELS]

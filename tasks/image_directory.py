@@ -2,7 +2,8 @@
 
 Layout::
 
-    <root>/image_directory.json          the manifest below
+    <root>/image_directory.json          the manifest below: classes, counts, source, settings, warnings (JSON)
+    <root>/.image_index/*.npy            one record per image, as memory-mapped columns (``tasks.image_index``)
     <root>/<class folder>/<image file>   labeled directories (one folder per class, see ``class_folders``)
     <root>/<image file>                  unlabeled directories (for scoring; sub-folders of the source are kept)
 
@@ -10,25 +11,32 @@ Class indices are positions in ``classes``. A class's folder is its name made sa
 Windows (``safe_name``): most names are unchanged, and the manifest keeps the readable name. Later stages
 read images through ``ImageDirectory.samples()``; none of them walks raw sources again.
 
-FORMAT_VERSION stays 1 while fields are only added with defaults: older manifests still load, and older
-readers ignore the new fields.
+The manifest is written last: a directory with a manifest is complete. It names each index file's sha256 and
+holds the images' ``content_hash``, so neither needs the index read. Format 2 moved the per-image records out of
+the JSON (format 1 listed them under ``images``: about 2 KB an image in every process that loaded it); a format 1
+directory still opens, its records read into an index in memory. FORMAT_VERSION stays 2 while fields are only
+added with defaults.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import unicodedata
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import write_text_atomic
+from tasks.image_index import INDEX_FOLDER, ImageIndex, IndexWriter, Row
 
 MANIFEST_NAME = "image_directory.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"})
 
 # Characters Windows refuses in names (and "%", which escapes them); names Windows reserves for devices.
@@ -116,11 +124,17 @@ class SplitRecord(BaseModel):
 
 
 class ImageDirectoryManifest(BaseModel):
+    """``image_directory.json``: what a person reads about an ImageDirectory; the images' records are its index."""
+
     format_version: int = FORMAT_VERSION
     labeled: bool
     classes: list[str] = Field(description="ordered class names; a class's index is its position")
     counts: dict[str, int] = Field(description="images per class")
-    images: list[ImageRecord]
+    image_count: int = Field(0, description="images in the directory (rows of its index)")
+    content_hash: str = Field(
+        "", description="sha256 over every image's path, label and sha256 in path order: same content, same hash"
+    )
+    index_files: dict[str, str] = Field({}, description=f"sha256 of each file in {INDEX_FOLDER}/")
     source: str = Field(description="where the images came from: a folder, an archive or an s3:// URI")
     quarantined: list[QuarantinedFile] = []
     class_folders: dict[str, str] = Field({}, description="folder (below the root) holding each class's images")
@@ -132,17 +146,35 @@ class ImageDirectoryManifest(BaseModel):
     warnings: list[str] = Field([], description="problems worth a look that did not stop the conversion")
     split: SplitRecord | None = Field(None, description="set when this directory is one side of a split")
 
-    @property
-    def content_hash(self) -> str:
-        """A digest of the labelled content: same files and labels give the same hash."""
-        digest = hashlib.sha256()
-        for record in sorted(self.images, key=lambda r: r.path):
-            digest.update(f"{record.path}\0{record.label}\0{record.sha256}\n".encode())
-        return digest.hexdigest()
+
+def index_rows(records: Iterable[ImageRecord], classes: Sequence[str]) -> Iterator[Row]:
+    """ImageRecords as index rows (labels as positions in ``classes``)."""
+    position = {name: i for i, name in enumerate(classes)}
+    for r in records:
+        label = -1 if r.label is None else position[r.label]
+        yield Row(r.path, r.source_path, label, r.sha256, r.size_bytes, r.width, r.height, r.mode)
+
+
+class ImageSamples(Sequence[tuple[Path, int]]):
+    """(absolute image path, class index) per image, read from the index on demand (-1 when unlabeled)."""
+
+    def __init__(self, root: Path, index: ImageIndex) -> None:
+        self.root, self.paths, self.labels = root, index.path, index.label
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.root / self.paths[i], int(self.labels[i])
+
+    def __iter__(self) -> Iterator[tuple[Path, int]]:
+        return zip((self.root / p for p in self.paths), self.labels.tolist())
 
 
 class ImageDirectory:
-    """A converted image directory on local disk, opened through its manifest."""
+    """A converted image directory on local disk: its manifest, and its index opened on first use."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -152,10 +184,61 @@ class ImageDirectory:
                 f"{self.root} is not an ImageDirectory: {MANIFEST_NAME} is missing. "
                 "Run the convert stage (tasks.convert_to_image_directory) on your images first."
             )
-        self.manifest = ImageDirectoryManifest.model_validate_json(manifest_path.read_text(encoding="utf-8"))
+        data = json.loads(manifest_path.read_bytes())
+        self._index: ImageIndex | None = None
+        version = data.get("format_version", 1) if isinstance(data, dict) else None
+        if version == 1 and isinstance(data.get("images"), list):
+            # Format 1 (records in the JSON): read them into an index in memory.
+            records = [ImageRecord.model_validate(r) for r in data.pop("images")]
+            self._index = ImageIndex.from_rows(index_rows(records, data["classes"]))
+            data |= {"image_count": len(records), "content_hash": self._index.content_hash(data["classes"])}
+        elif version != FORMAT_VERSION:
+            raise InvalidDatasetError(
+                f"{manifest_path} is in format {version!r}; this version reads formats 1 and {FORMAT_VERSION}: "
+                "convert the images again with this version (tasks.convert_to_image_directory)"
+            )
+        self.manifest = ImageDirectoryManifest.model_validate(data)
+
+    @property
+    def index(self) -> ImageIndex:
+        """The images' records (memory-mapped columns)."""
+        if self._index is None:
+            folder = self.root / INDEX_FOLDER
+            try:
+                index = ImageIndex.open(folder)
+            except (OSError, ValueError) as error:
+                raise InvalidDatasetError(
+                    f"{self.root}: its index {folder} cannot be read ({error}): convert the images again"
+                ) from None
+            if len(index) != self.manifest.image_count:
+                raise InvalidDatasetError(
+                    f"{self.root}: its index holds {len(index)} images, its manifest {self.manifest.image_count}: "
+                    "convert the images again"
+                )
+            self._index = index
+        return self._index
 
     @classmethod
-    def write(cls, root: Path, manifest: ImageDirectoryManifest) -> None:
+    def write(
+        cls, root: Path, manifest: ImageDirectoryManifest, index: ImageIndex | IndexWriter | Iterable[ImageRecord]
+    ) -> None:
+        """Write ``index`` (an index, a writer to finish, or records) and then the manifest, with the image count,
+        the content hash and the index files' hashes filled in."""
+        folder = root / INDEX_FOLDER
+        if isinstance(index, IndexWriter):
+            files = index.finish()
+        else:
+            if not isinstance(index, ImageIndex):
+                index = ImageIndex.from_rows(index_rows(index, manifest.classes))
+            files = index.save(folder)
+        written = ImageIndex.open(folder)
+        manifest = manifest.model_copy(
+            update={
+                "image_count": len(written),
+                "content_hash": written.content_hash(manifest.classes),
+                "index_files": files,
+            }
+        )
         write_text_atomic(root / MANIFEST_NAME, manifest.model_dump_json(indent=2))
 
     @property
@@ -166,18 +249,32 @@ class ImageDirectory:
     def classes(self) -> list[str]:
         return list(self.manifest.classes)
 
-    def __len__(self) -> int:
-        return len(self.manifest.images)
+    @property
+    def content_hash(self) -> str:
+        return self.manifest.content_hash
 
-    def samples(self) -> list[tuple[Path, int]]:
-        """(absolute image path, class index) pairs; the index is -1 when unlabeled."""
-        index = {name: i for i, name in enumerate(self.manifest.classes)}
-        return [
-            (self.root / record.path, index[record.label] if record.label is not None else -1)
-            for record in self.manifest.images
-        ]
+    def __len__(self) -> int:
+        return self.manifest.image_count
+
+    def samples(self) -> ImageSamples:
+        """(absolute image path, class index) pairs, read on demand; the index is -1 when unlabeled."""
+        return ImageSamples(self.root, self.index)
+
+    def records(self) -> list[ImageRecord]:
+        """Every image's record as an object: for a few images (a test, a report), not for a data set's worth."""
+        classes, rows = self.manifest.classes, (self.index.row(i) for i in range(len(self)))
+        return [ImageRecord(**{**r._asdict(), "label": classes[r.label] if r.label >= 0 else None}) for r in rows]
+
+    def head(self, count: int) -> ImageDirectory:
+        """This directory with only its first ``count`` images, in memory (nothing on disk changes)."""
+        subset = ImageDirectory(self.root)
+        subset._index = self.index.take(np.arange(min(count, len(self))))
+        subset.manifest.image_count = len(subset._index)
+        return subset
 
     def median_side(self) -> int:
         """Median of the images' longer sides, in pixels (0 for an empty directory)."""
-        sides = sorted(max(r.width, r.height) for r in self.manifest.images)
-        return sides[len(sides) // 2] if sides else 0
+        if not len(self):
+            return 0
+        sides = np.sort(np.maximum(self.index.width, self.index.height))
+        return int(sides[len(sides) // 2])

@@ -17,14 +17,14 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from tasks.errors import ClassTooSmallToSplitError, InvalidDatasetError, NotLabeledDatasetError, PipelineInputError
 from tasks.fileio import staged_directory
-from tasks.image_directory import MANIFEST_NAME, ImageDirectory, ImageDirectoryManifest, ImageRecord, SplitRecord
+from tasks.image_directory import MANIFEST_NAME, ImageDirectory, ImageDirectoryManifest, SplitRecord
+from tasks.image_index import ImageIndex
 
 SIDES = ("first", "second")
 
@@ -34,38 +34,65 @@ def check_fraction(fraction: float, name: str = "fraction") -> None:
         raise PipelineInputError(f"{name} {fraction!r} is not allowed: give a share strictly between 0 and 1, e.g. 0.2")
 
 
-def duplicate_groups(images: list[ImageRecord]) -> list[list[ImageRecord]]:
-    """Images grouped by content (sha256), each group and the groups in path order: a group is never split.
+class Groups:
+    """The images of an index grouped by content (sha256): a group is never split. Groups are numbered in path
+    order of their first image, and each group's images are in path order, so the split does not depend on the
+    index's order: the same content_hash, the same split."""
 
-    Path order makes the split independent of the manifest's order: the same content_hash, the same split.
-    """
-    groups: dict[str, list[ImageRecord]] = {}
-    for record in sorted(images, key=lambda r: r.path):
-        groups.setdefault(record.sha256, []).append(record)
-    return list(groups.values())
+    def __init__(self, index: ImageIndex) -> None:
+        self.index = index
+        order = index.path.sorted_order()
+        digests = np.ascontiguousarray(index.sha256[order]).view("S32").ravel()
+        _, first, inverse = np.unique(digests, return_index=True, return_inverse=True)
+        # Number the groups by their first image in path order.
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+        self.of_image = np.empty(len(order), dtype=np.int64)  # the group of each image (index order)
+        self.of_image[order] = rank[inverse.ravel()]
+        self.first_image = order[np.sort(first)]  # each group's first image (path order), by group number
+        self.sizes = np.bincount(self.of_image, minlength=len(first))
 
+    def __len__(self) -> int:
+        return len(self.sizes)
 
-def mixed_label_groups(groups: list[list[ImageRecord]]) -> list[list[ImageRecord]]:
-    """Groups of identical images that carry different labels."""
-    return [g for g in groups if len({r.label for r in g}) > 1]
+    def members(self, group: int) -> np.ndarray:
+        """The images of ``group``, in path order."""
+        images = np.flatnonzero(self.of_image == group)
+        return images[self.index.path.take(images).sorted_order()]
+
+    def shared(self) -> list[int]:
+        """The groups of more than one image."""
+        return np.flatnonzero(self.sizes > 1).tolist()
+
+    def mixed(self) -> list[int]:
+        """Groups of identical images that carry different labels."""
+        labels = self.index.label
+        first_label = labels[self.first_image][self.of_image]
+        return np.unique(self.of_image[labels != first_label]).tolist()
+
+    def describe(self, group: int, classes: list[str]) -> str:
+        return " = ".join(
+            f"{self.index.path[i]!r} ({classes[self.index.label[i]]})" for i in self.members(group).tolist()
+        )
 
 
 def plan_split(
-    manifest: ImageDirectoryManifest, fraction: float, seed: int, where: str = "the source"
-) -> tuple[list[ImageRecord], list[ImageRecord]]:
-    """The images of the first and the second side, each in the manifest's order.
+    directory: ImageDirectory, fraction: float, seed: int, where: str = "the source"
+) -> tuple[np.ndarray, np.ndarray]:
+    """The positions of the images of the first and the second side, each in the index's order.
 
     A group of identical images is stratified by the label of its first image (in path order) and moved whole.
     """
     check_fraction(fraction)
+    manifest = directory.manifest
     if not manifest.labeled:
         raise NotLabeledDatasetError(
             f"{where} is not labeled: splitting keeps every class on both sides, so it needs class folders or a labels file"
         )
-    by_class: dict[str, list[list[ImageRecord]]] = {c: [] for c in manifest.classes}
-    for group in duplicate_groups(manifest.images):
-        by_class[group[0].label].append(group)
-    if too_small := {c: len(groups) for c, groups in by_class.items() if len(groups) < 2}:
+    groups = Groups(directory.index)
+    group_class = directory.index.label[groups.first_image]
+    by_class = [np.flatnonzero(group_class == c) for c in range(len(manifest.classes))]
+    if too_small := {c: len(g) for c, g in zip(manifest.classes, by_class) if len(g) < 2}:
         found = ", ".join(
             f"{c!r} ({manifest.counts[c]} images, {distinct} distinct)"
             if manifest.counts[c] != distinct
@@ -82,15 +109,12 @@ def plan_split(
     # test_size=0.05: four of the small ones get none). The counts are set per class here; a seeded
     # permutation picks which groups.
     rng = np.random.default_rng(seed)
-    first: set[str] = set()
-    for groups in by_class.values():
-        keep = min(max(math.floor(fraction * len(groups) + 0.5), 1), len(groups) - 1)
-        for i in rng.permutation(len(groups))[:keep]:
-            first.update(r.path for r in groups[i])
-    return (
-        [r for r in manifest.images if r.path in first],
-        [r for r in manifest.images if r.path not in first],
-    )
+    chosen = np.zeros(len(groups), dtype=bool)
+    for class_groups in by_class:
+        keep = min(max(math.floor(fraction * len(class_groups) + 0.5), 1), len(class_groups) - 1)
+        chosen[class_groups[rng.permutation(len(class_groups))[:keep]]] = True
+    first = chosen[groups.of_image]
+    return np.flatnonzero(first), np.flatnonzero(~first)
 
 
 def _contains(outer: Path, inner: Path) -> bool:
@@ -120,14 +144,13 @@ def _link_or_copy(source: Path, destination: Path) -> None:
 
 
 def _side_manifest(
-    source: ImageDirectoryManifest, images: list[ImageRecord], record: SplitRecord, warnings: list[str]
+    source: ImageDirectoryManifest, index: ImageIndex, record: SplitRecord, warnings: list[str]
 ) -> ImageDirectoryManifest:
-    counts = Counter(r.label for r in images)
+    counts = np.bincount(index.label, minlength=len(source.classes))
     return ImageDirectoryManifest(
         labeled=True,
         classes=source.classes,
-        counts={c: counts[c] for c in source.classes},
-        images=images,
+        counts={c: int(n) for c, n in zip(source.classes, counts)},
         source=source.source,
         class_folders=source.class_folders,
         labels_source=source.labels_source,
@@ -157,7 +180,7 @@ def split_image_directory(
     outputs = Path(first_output).resolve(), Path(second_output).resolve()
     _check_locations(source.root.resolve(), outputs)
     manifest = source.manifest
-    sides = plan_split(manifest, fraction, seed, where=str(source.root))
+    sides = plan_split(source, fraction, seed, where=str(source.root))
     records = [
         SplitRecord(
             source=str(source.root.resolve()),
@@ -170,38 +193,41 @@ def split_image_directory(
     ]
     if (previous := _previous(outputs, records)) is not None:
         return previous
-    mixed = mixed_label_groups(duplicate_groups(manifest.images))
+    groups = Groups(source.index)
+    mixed = groups.mixed()
     warnings = (
         [
             f"{len(mixed)} groups of identical images carry different labels, each group kept on one side: "
-            + "; ".join(" = ".join(f"{r.path!r} ({r.label})" for r in g) for g in mixed[:5])
+            + "; ".join(groups.describe(g, manifest.classes) for g in mixed[:5])
         ]
         if mixed
         else []
     )
     # Nested: the second side is renamed into place first, but neither unless both were filled.
     with staged_directory(outputs[0]) as first_staging, staged_directory(outputs[1]) as second_staging:
-        for staging, images, record in zip((first_staging, second_staging), sides, records):
-            for image in images:
-                _link_or_copy(source.root / image.path, staging / image.path)
-            ImageDirectory.write(staging, _side_manifest(manifest, images, record, warnings))
+        for staging, rows, record in zip((first_staging, second_staging), sides, records):
+            index = source.index.take(rows)
+            for path in index.path:
+                _link_or_copy(source.root / path, staging / path)
+            ImageDirectory.write(staging, _side_manifest(manifest, index, record, warnings), index)
     return ImageDirectory(outputs[0]), ImageDirectory(outputs[1])
 
 
 def split_markdown(source: ImageDirectory, first: ImageDirectory, second: ImageDirectory) -> str:
     """The ``split`` artifact: settings, images per class on each side, identical images kept together."""
     record, names = first.manifest.split, (first.root.name, second.root.name)
-    groups = [g for g in duplicate_groups(source.manifest.images) if len(g) > 1]
+    groups = Groups(source.index)
+    shared = groups.shared()
     rows = "".join(
         f"| {c} | {source.manifest.counts[c]} | {first.manifest.counts[c]} | {second.manifest.counts[c]} |\n"
         for c in source.classes
     )
     duplicates = (
-        f"Identical images: {len(groups)} groups ({sum(map(len, groups))} images), each kept on one side"
-        if groups
+        f"Identical images: {len(shared)} groups ({int(groups.sizes[shared].sum())} images), each kept on one side"
+        if shared
         else "Identical images: none"
     )
-    mixed = mixed_label_groups(groups)
+    mixed = groups.mixed()
     return (
         f"### Split of {source.root}\n\n"
         f"{len(source)} images: {len(first)} to {names[0]}, {len(second)} to {names[1]}; "

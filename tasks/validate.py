@@ -7,8 +7,7 @@ that are in both sets (same sha256), which make validation figures look better t
 
 from __future__ import annotations
 
-from collections import Counter
-
+import numpy as np
 from pydantic import BaseModel, Field, computed_field
 
 from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
@@ -51,10 +50,14 @@ def differing_classes_message(train_classes: set[str], validation_classes: set[s
 
 def find_leakage(train: ImageDirectory, validation: ImageDirectory) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Training images whose content (sha256) is also in validation: per-class counts and a few examples."""
-    in_validation = {r.sha256: r.path for r in validation.manifest.images}
-    leaked = [(r.label, r.path, in_validation[r.sha256]) for r in train.manifest.images if r.sha256 in in_validation]
-    counts = Counter(label for label, _, _ in leaked)
-    return {c: counts[c] for c in train.classes if counts[c]}, [(t, v) for _, t, v in leaked[:_EXAMPLES]]
+    train_digests, val_digests = (np.ascontiguousarray(d.index.sha256).view("S32").ravel() for d in (train, validation))
+    leaked = np.flatnonzero(np.isin(train_digests, val_digests))
+    counts = np.bincount(train.index.label[leaked], minlength=len(train.classes))
+    examples = []
+    for i in leaked[:_EXAMPLES].tolist():
+        match = int(np.flatnonzero(val_digests == train_digests[i])[0])
+        examples.append((train.index.path[i], validation.index.path[match]))
+    return {c: int(n) for c, n in zip(train.classes, counts) if n}, examples
 
 
 def check_training_data(

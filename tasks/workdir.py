@@ -19,6 +19,7 @@ resumes from the newest one wherever it now runs. Plain paths pass through every
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -30,7 +31,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import atomic_write, sha256_file
-from tasks.image_directory import MANIFEST_NAME, ImageDirectoryManifest
+from tasks.image_directory import MANIFEST_NAME, ImageDirectory
+from tasks.image_index import INDEX_FOLDER, file_hashes
 from tasks.model_directory import (
     CHECKPOINT_FILE,
     CLASSES_FILE,
@@ -106,17 +108,21 @@ def fetch_image_directory(location: str) -> Path:
     target = cache_root() / "images" / hashlib.sha256(data).hexdigest()[:32]
     if (target / MANIFEST_NAME).is_file():
         return target
-    manifest = ImageDirectoryManifest.model_validate_json(data)
+    index_files = json.loads(data).get("index_files", {})
     target.parent.mkdir(parents=True, exist_ok=True)
     download = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.download-"))
     try:
-        download_files(location, [record.path for record in manifest.images], download)
-        wrong = [r.path for r in manifest.images if sha256_file(download / r.path) != r.sha256]
+        download_files(location, [f"{INDEX_FOLDER}/{name}" for name in index_files], download)
+        if index_files and file_hashes(download / INDEX_FOLDER) != index_files:
+            raise InvalidDatasetError(f"{location}: its index differs from the sha256s its manifest gives")
+        (download / MANIFEST_NAME).write_bytes(data)
+        index = ImageDirectory(download).index
+        download_files(location, index.path, download)
+        wrong = [p for p, sha in zip(index.path, index.sha256) if sha256_file(download / p) != sha.tobytes().hex()]
         if wrong:
             raise InvalidDatasetError(
                 f"{location}: {len(wrong)} images differ from their manifest's sha256, e.g. {wrong[0]}"
             )
-        (download / MANIFEST_NAME).write_bytes(data)
         try:
             os.rename(download, target)
         except OSError:

@@ -24,7 +24,7 @@ def test_digits_export_is_a_stratified_seeded_split(tmp_path):
     assert sorted(p.name for p in other_seed.rglob("*.png")) != names
 
     image_dir = convert_to_image_directory(train, tmp_path / "converted")
-    assert image_dir.manifest.images[0].width == 8 and image_dir.manifest.images[0].mode == "L"
+    assert image_dir.records()[0].width == 8 and image_dir.records()[0].mode == "L"
 
 
 @pytest.mark.slow

@@ -89,7 +89,7 @@ def test_scores_name_images_as_the_user_did_not_as_stored(trained_model, tmp_pat
     for i, name in enumerate(names):
         write_image(tmp_path / "flat" / "wrapper" / name, COLOURS["green"], seed=i)
     images = convert_to_image_directory(tmp_path / "flat", tmp_path / "out", single_class="unlabeled")
-    assert "a%3Ab.png" in {r.path for r in images.manifest.images}
+    assert "a%3Ab.png" in {r.path for r in images.records()}
     table = score_images(ModelDirectory(trained_model), images)
     assert sorted(table["image"]) == sorted(f"wrapper/{name}" for name in names)
 

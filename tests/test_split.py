@@ -26,7 +26,7 @@ def converted(tmp_path: Path, sizes: dict[str, int], copies: dict[str, str] | No
 
 
 def paths(image_dir: ImageDirectory) -> set[str]:
-    return {r.path for r in image_dir.manifest.images}
+    return {r.path for r in image_dir.records()}
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -104,7 +104,7 @@ def test_sides_record_the_split_and_the_source_is_untouched(tmp_path):
         assert record.source == str(source.root.resolve())
         assert record.source_content_hash == source.manifest.content_hash
         assert side.manifest.source == source.manifest.source and side.manifest.conversion_hash is None
-    image = first.manifest.images[0].path
+    image = first.records()[0].path
     assert (first.root / image).stat().st_ino == (source.root / image).stat().st_ino  # hard-linked, not copied
 
 

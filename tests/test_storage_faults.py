@@ -27,7 +27,7 @@ logging.getLogger("tasks.convert.conversion").handlers[0].emit = lambda record: 
 logging.getLogger("tasks.convert.conversion").setLevel(logging.INFO)
 try:
     folder = convert_to_image_directory(source, output / "images", normalisation=Normalisation(mode=mode) if mode else None)
-    print(json.dumps({"images": len(folder.manifest.images), "quarantined": [q.model_dump() for q in folder.manifest.quarantined],
+    print(json.dumps({"images": len(folder), "quarantined": [q.model_dump() for q in folder.manifest.quarantined],
                       "said": said, "left": sorted(os.listdir(output)), "files": sorted(p.name for p in folder.root.rglob("*"))}))
 except OutputStorageError as error:
     print(json.dumps({"error": str(error), "left": sorted(os.listdir(output))}))

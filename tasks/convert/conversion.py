@@ -25,10 +25,12 @@ import hashlib
 import json
 import logging
 import os
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
+import numpy as np
 from PIL import Image
 from pydantic import BaseModel, Field
 
@@ -60,6 +62,7 @@ from tasks.image_directory import (
     class_folders,
     safe_name,
 )
+from tasks.image_index import INDEX_FOLDER, IndexWriter, Row
 from tasks.progress import every_while, run_logger
 from tasks.storage import is_s3_uri, read_bytes
 
@@ -114,6 +117,48 @@ def stored_paths(
         taken.add(candidate.as_posix().casefold())
         paths.append(candidate)
     return paths, renamed
+
+
+def in_order(pool: ThreadPoolExecutor, function, *iterables, window: int = 1024) -> Iterator:
+    """``pool.map`` with at most ``window`` calls submitted ahead of the result being read: the same results in
+    the same order, with memory that does not grow with the number of calls."""
+    pending: deque = deque()
+    for arguments in zip(*iterables):
+        pending.append(pool.submit(function, *arguments))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+class _Found:
+    """What the stored images add up to, as each record goes into the index."""
+
+    def __init__(self, classes: list[str], index: IndexWriter) -> None:
+        self.position = {name: i for i, name in enumerate(classes)}
+        self.index = index
+        self.counts: Counter[str | None] = Counter()
+        self.bombs, self.bomb_examples = 0, []
+
+    def add(self, record: ImageRecord) -> None:
+        label = -1 if record.label is None else self.position[record.label]
+        self.index.append(
+            Row(
+                record.path,
+                record.source_path,
+                label,
+                record.sha256,
+                record.size_bytes,
+                record.width,
+                record.height,
+                record.mode,
+            )
+        )
+        self.counts[record.label] += 1
+        if record.width * record.height > Image.MAX_IMAGE_PIXELS:
+            self.bombs += 1
+            if len(self.bomb_examples) < 5:
+                self.bomb_examples.append(repr(record.source_path))
 
 
 def read_location(location: str) -> bytes:
@@ -241,24 +286,32 @@ def _convert(
                 "%s: %d images stored by an earlier attempt are reused", output, len(journal.records)
             )
         needed = space_needed(todo, normalisation)
+        planned_bytes = sum(f.path.stat().st_size for f in plan.files)
+        del todo
         require_space(partial, needed, "the conversion", "the images' size", "output")
         writer = ImageWriter(partial, store, journal)
         progress.writer, progress.total = writer, len(plan.files)
-        # Decoding, hashing and file I/O run in C and release the GIL: threads overlap them.
+        index = IndexWriter(partial / INDEX_FOLDER)
+        found = _Found(classes, index)
+        quarantined = opened.skipped + plan.refused
         try:
+            # Decoding, hashing and file I/O run in C and release the GIL: threads overlap them. The records go
+            # to the index as they come, in the planned order, so memory does not grow with the images.
             with ThreadPoolExecutor(max_workers=threads or min(16, 2 * (os.cpu_count() or 1))) as pool:
-                results = list(pool.map(writer, plan.files, targets))
+                for result in in_order(pool, writer, plan.files, targets):
+                    if isinstance(result, ImageRecord):
+                        found.add(result)
+                    elif isinstance(result, QuarantinedFile):
+                        quarantined.append(result)
         except WriteFailed as failed:
-            planned = [(f.path.stat().st_size, t.as_posix()) for f, t in zip(plan.files, targets)]
-            raise storage_error(output, failed.error, partial, journal.records, planned) from None
-        images = [r for r in results if isinstance(r, ImageRecord)]
-        quarantined = opened.skipped + plan.refused + [r for r in results if isinstance(r, QuarantinedFile)]
-        if not images:
+            index.close()
+            raise storage_error(output, failed.error, partial, journal, planned_bytes - journal.source_bytes) from None
+        counts = found.counts
+        if not index.count:
             raise InvalidDatasetError(
                 f"{origin.location} holds no readable images (looked for {', '.join(sorted(IMAGE_EXTENSIONS))}; "
                 f"{len(quarantined)} files quarantined{': ' + quarantined[0].reason if quarantined else ''})"
             )
-        counts = Counter(r.label for r in images)
         kept = [c for c in classes if counts[c]]
         warnings = list(plan.warnings)
         if renamed:
@@ -270,16 +323,16 @@ def _convert(
             warnings.append(f"classes whose every image was quarantined, left out: {', '.join(map(repr, unreadable))}")
         if plan.labeled and len(kept) == 1:
             warnings.append(f"only one class ({kept[0]!r}): training a classifier needs at least two")
-        if bombs := [repr(r.source_path) for r in images if r.width * r.height > Image.MAX_IMAGE_PIXELS]:
+        if found.bombs:
             warnings.append(
-                f"Pillow's DecompressionBombWarning: {len(bombs)} stored images have more than Image.MAX_IMAGE_PIXELS "
-                f"({Image.MAX_IMAGE_PIXELS:,}) pixels, kept because max_image_pixels allows them: {examples_of(bombs, quoted=False)}"
+                f"Pillow's DecompressionBombWarning: {found.bombs} stored images have more than Image.MAX_IMAGE_PIXELS "
+                f"({Image.MAX_IMAGE_PIXELS:,}) pixels, kept because max_image_pixels allows them: "
+                f"{examples_of(found.bomb_examples, quoted=False)}"
             )
         manifest = ImageDirectoryManifest(
             labeled=plan.labeled,
             classes=kept,
             counts={c: counts[c] for c in kept},
-            images=images,
             source=origin.location,
             quarantined=quarantined,
             class_folders={c: folders[c] for c in kept},
@@ -288,10 +341,12 @@ def _convert(
             conversion_hash=conversion_hash,
             warnings=warnings,
         )
+        # Classes whose every image was quarantined are left out: the later ones move up a place.
+        index.relabel = np.cumsum([bool(counts[c]) for c in classes], dtype=np.int32) - 1
         try:
             with writing():
-                ImageDirectory.write(partial, manifest)
+                ImageDirectory.write(partial, manifest, index)
         except WriteFailed as failed:
-            raise storage_error(output, failed.error, partial, journal.records, []) from None
+            raise storage_error(output, failed.error, partial, journal, 0) from None
         journal.remove()
     return ImageDirectory(output)

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tasks.image_directory import MANIFEST_NAME, QuarantinedFile
+from tasks.image_index import INDEX_FOLDER
 
 # An ImageDirectory given as a source is read as the class folders it is, without its manifest.
-IGNORED_NAMES = frozenset({"__MACOSX", ".DS_Store", "Thumbs.db", "desktop.ini", MANIFEST_NAME})
+IGNORED_NAMES = frozenset({"__MACOSX", ".DS_Store", "Thumbs.db", "desktop.ini", MANIFEST_NAME, INDEX_FOLDER})
 
 
 def is_os_litter(name: str) -> bool:

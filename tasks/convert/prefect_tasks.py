@@ -43,8 +43,8 @@ def convert(
     ]
     create_table_artifact(
         key=f"{role}-images",
-        table=rows or [{"class": "(unlabeled)", "folder": "", "images": len(manifest.images)}],
-        description=f"{role}: {len(manifest.images)} images in {len(manifest.classes)} classes from {manifest.source}; "
+        table=rows or [{"class": "(unlabeled)", "folder": "", "images": len(image_dir)}],
+        description=f"{role}: {len(image_dir)} images in {len(manifest.classes)} classes from {manifest.source}; "
         f"{len(manifest.quarantined)} quarantined" + "".join(f"\n\nWarning: {w}" for w in manifest.warnings),
     )
     if manifest.quarantined:
@@ -58,7 +58,7 @@ def convert(
     logger.info(
         "%s: %d images, %d classes, %d quarantined -> %s",
         role,
-        len(manifest.images),
+        len(image_dir),
         len(manifest.classes),
         len(manifest.quarantined),
         image_dir.root,

@@ -10,26 +10,24 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from tasks.convert.storing import WriteFailed, writing
+from tasks.convert.storing import StoredJournal, WriteFailed, writing
 from tasks.errors import InvalidDatasetError, OutputStorageError
 from tasks.fileio import megabytes
-from tasks.image_directory import ImageDirectory, ImageRecord
+from tasks.image_directory import ImageDirectory
 
 
 def storage_error(
-    output: Path, error: OSError, partial: Path, stored: dict[str, ImageRecord], planned: list[tuple[int, str]]
+    output: Path, error: OSError, partial: Path, journal: StoredJournal | None, left: int
 ) -> OutputStorageError:
     """The conversion's one error when the output could not be written: where, the space, what was kept.
-    ``planned``: each image's source size and stored path; what is left is estimated at the size ratio of
-    what was stored (a normalised image may be larger than its source)."""
-    done_source = sum(size for size, path in planned if path in stored)
-    done = sum(record.size_bytes for record in stored.values())
-    left = sum(size for size, path in planned if path not in stored)
-    more = left * done / done_source if done_source else left
+    ``left``: the source bytes of the images not stored yet; what they need is estimated at the size ratio of what
+    this attempt stored (a normalised image may be larger than its source)."""
+    stored = journal.images if journal else 0
+    more = left * journal.attempt_bytes / journal.source_bytes if journal and journal.source_bytes else left
     return OutputStorageError(
         f"cannot write the converted images to {output}: [Errno {error.errno}] {error.strerror}; "
         f"{megabytes(shutil.disk_usage(partial).free)} free there, about {megabytes(int(more))} more needed; "
-        f"no image was quarantined for it and no manifest written. The {len(stored)} images stored so far are "
+        f"no image was quarantined for it and no manifest written. The {stored} images stored so far are "
         f"kept in {partial}: once the storage is fixed, the same conversion goes on from there"
     )
 
@@ -45,7 +43,7 @@ def resumable_folder(output: Path, conversion_hash: str) -> Iterator[Path]:
         with writing():
             partial.mkdir(parents=True, exist_ok=True)
     except WriteFailed as failed:
-        raise storage_error(output, failed.error, output.parent, {}, []) from None
+        raise storage_error(output, failed.error, output.parent, None, 0) from None
     try:
         yield partial
     except (OutputStorageError, KeyboardInterrupt):

@@ -207,7 +207,9 @@ class StoredJournal:
     def __init__(self, root: Path) -> None:
         self.root, self.path = root, root / JOURNAL_NAME
         self._lock = threading.Lock()
-        self.records: dict[str, ImageRecord] = {}
+        self.records: dict[str, ImageRecord] = {}  # an earlier attempt's, until this one reaches them
+        self.images = 0  # stored in all, by the earlier attempts and this one
+        self.attempt_bytes = self.source_bytes = 0  # the images this attempt stored or reused, and their sources
         if not self.path.is_file():
             return
         for line in self.path.read_text(encoding="utf-8").splitlines():
@@ -219,21 +221,35 @@ class StoredJournal:
         for path in root.rglob("*"):
             if path.is_file() and path != self.path and path.relative_to(root).as_posix() not in self.records:
                 path.unlink()
+        self.images = len(self.records)
 
     def reused(self, file: SourceFile, target: PurePosixPath) -> ImageRecord | None:
         """The record of ``file`` when an earlier attempt stored it at ``target``."""
         record = self.records.get(target.as_posix())
         if record is not None and (record.source_path, record.label) != (file.original.as_posix(), file.label):
             (self.root / target).unlink()  # another file's, planned otherwise this time: store this one afresh
-            del self.records[target.as_posix()]
+            with self._lock:
+                del self.records[target.as_posix()]
+                self.images -= 1
             return None
         return record
 
-    def add(self, record: ImageRecord) -> None:
+    def take(self, file: SourceFile, target: PurePosixPath) -> ImageRecord | None:
+        """``reused``, and the record let go of (it stays counted): memory goes down as the conversion goes on."""
+        if (record := self.reused(file, target)) is not None:
+            with self._lock:
+                del self.records[record.path]
+                self.attempt_bytes += record.size_bytes
+                self.source_bytes += file.path.stat().st_size
+        return record
+
+    def add(self, record: ImageRecord, source_bytes: int) -> None:
         # Each record starts on a line of its own: a line cut short by a full disk spoils only itself.
         with self._lock, writing(), open(self.path, "a", encoding="utf-8") as handle:
             handle.write("\n" + record.model_dump_json())
-            self.records[record.path] = record
+            self.images += 1
+            self.attempt_bytes += record.size_bytes
+            self.source_bytes += source_bytes
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -254,7 +270,7 @@ class ImageWriter:
             self.counts[what] += 1
 
     def __call__(self, file: SourceFile, target: PurePosixPath) -> ImageRecord | QuarantinedFile | None:
-        if (record := self.journal.reused(file, target)) is not None:
+        if (record := self.journal.take(file, target)) is not None:
             self._count("reused")
             return record
         if self._stopped.is_set():
@@ -262,7 +278,7 @@ class ImageWriter:
         try:
             result = store_image(file, target, self.root, self.settings)
             if isinstance(result, ImageRecord):
-                self.journal.add(result)
+                self.journal.add(result, file.path.stat().st_size)
             self._count("stored" if isinstance(result, ImageRecord) else "quarantined")
             return result
         except WriteFailed:

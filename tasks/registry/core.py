@@ -64,7 +64,7 @@ def lineage(image_dir: str | os.PathLike[str]) -> DatasetLineage:
     """What a registration records of a data set: its source, content hash and size."""
     manifest = ImageDirectory(image_dir).manifest
     return DatasetLineage(
-        source=manifest.source, content_hash=manifest.content_hash, images=len(manifest.images), split=manifest.split
+        source=manifest.source, content_hash=manifest.content_hash, images=manifest.image_count, split=manifest.split
     )
 
 

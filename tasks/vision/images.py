@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from tasks.image_directory import ImageSamples
 from tasks.vision.transforms import ImageTransform
 
 DEFAULT_IMAGE_SIZE = 224
@@ -31,6 +32,20 @@ def choose_image_size(median_side: int) -> int:
     return max(SMALLEST_IMAGE_SIZE, math.ceil(median_side / 32) * 32)
 
 
+class _PathsAndLabels(Sequence[tuple[str, int]]):
+    """(path, class index) pairs held as path strings and an array of indexes: a few times smaller than tuples."""
+
+    def __init__(self, samples: Sequence[tuple[Path, int]]) -> None:
+        self.paths = [os.fspath(path) for path, _ in samples]
+        self.labels = array("i", (label for _, label in samples))
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.paths[i], self.labels[i]
+
+
 class ImageFiles(Dataset):
     """(image tensor, class index) for a list of (path, class index) pairs; images are decoded as RGB.
 
@@ -38,8 +53,9 @@ class ImageFiles(Dataset):
     that many bytes; the first images in ``samples`` order when not all fit), so later epochs skip file reads,
     decoding and resizing. The cache lives in this process: it is for loading without DataLoader worker processes.
     With ``normalized=False`` images come as uint8, for ``transform.normalize`` to run on a whole batch.
-    The samples are held as path strings and an array of class indexes: about what ImageFolder holds per image
-    (bench.scale measures it), where (Path, int) tuples take several times that.
+    ``samples`` is held as given: an ImageDirectory's (``ImageDirectory.samples()``) reads its memory-mapped index
+    on demand, so a process holds nothing per image and the ranks of a host share the pages (bench.scale
+    measures it against ImageFolder). Any other sequence is kept as path strings and an array of class indexes.
     """
 
     def __init__(
@@ -49,12 +65,11 @@ class ImageFiles(Dataset):
         cache_bytes: int = 0,
         normalized: bool = True,
     ) -> None:
-        self.paths = [os.fspath(path) for path, _ in samples]
-        self.labels = array("i", (label for _, label in samples))
+        self.samples = samples if isinstance(samples, ImageSamples) else _PathsAndLabels(samples)
         self.transform = transform
         self.normalized = normalized
         side = transform.size
-        capacity = min(len(self.paths), cache_bytes // (3 * side * side))
+        capacity = min(len(samples), cache_bytes // (3 * side * side))
         self._cache = torch.empty((capacity, 3, side, side), dtype=torch.uint8)
         self._cached = [False] * capacity
 
@@ -71,10 +86,10 @@ class ImageFiles(Dataset):
         return self._cache.nbytes
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        path, label = self.paths[index], self.labels[index]
+        path, label = self.samples[index]
         if index < len(self._cached) and self._cached[index]:
             pixels = self._cache[index]
         else:

@@ -127,7 +127,7 @@ def test_zip_made_on_windows_with_backslashes_finds_the_class_folders(tmp_path, 
             archive.writestr(name, png)
     image_dir = convert_to_image_directory(archive_path, tmp_path / "out")
     assert image_dir.labeled and image_dir.manifest.counts == {"cat": 2, "dog": 1}
-    assert sorted(r.path for r in image_dir.manifest.images) == ["cat/1.png", "cat/2.png", "dog/1.png"]
+    assert sorted(r.path for r in image_dir.records()) == ["cat/1.png", "cat/2.png", "dog/1.png"]
 
 
 def zip_bytes(entries: dict[str, bytes]) -> bytes:

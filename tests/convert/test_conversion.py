@@ -12,6 +12,7 @@ from deployments.local import PROJECT_ROOT
 from tasks import ImageDirectory, InvalidDatasetError, NotLabeledDatasetError, convert_to_image_directory
 from tasks.fileio import sha256_file
 from tasks.image_directory import MANIFEST_NAME, Normalisation
+from tasks.image_index import INDEX_FOLDER
 from tests.helpers import COLOURS, artifacts_and_run_count, write_class_folders, write_image
 
 
@@ -27,7 +28,7 @@ def test_class_folders_become_a_manifest_with_counts_and_hashes(colour_source, t
     assert manifest.labeled and manifest.classes == sorted(COLOURS)
     assert manifest.counts == {name: 6 for name in COLOURS}
     assert len(image_dir) == 18 and manifest.quarantined == []
-    for record in manifest.images:
+    for record in image_dir.records():
         assert record.sha256 == before[record.path] == sha256_file(image_dir.root / record.path)
         assert (record.width, record.height, record.mode) == (16, 16, "RGB")
         assert record.path.startswith(record.label + "/") and record.source_path == record.path
@@ -160,7 +161,7 @@ def test_every_image_type_is_read_whatever_the_case_of_its_extension(tmp_path):
     Image.new("L", (12, 10), 128).save(tmp_path / "src" / "grey" / "image.PGM", format="PPM")
     image_dir = convert_to_image_directory(tmp_path / "src", tmp_path / "out")
     assert image_dir.manifest.counts == {"colour": 8, "grey": 1} and image_dir.manifest.quarantined == []
-    grey = next(r for r in image_dir.manifest.images if r.label == "grey")
+    grey = next(r for r in image_dir.records() if r.label == "grey")
     assert (grey.width, grey.height, grey.mode) == (12, 10, "L")
 
 
@@ -185,7 +186,7 @@ def test_normalisation_converts_to_rgb_and_bounds_the_longer_side(tmp_path):
     Image.new("L", (64, 32), 200).save(tmp_path / "src" / "wide.png")
     Image.new("RGBA", (6, 12), (1, 2, 3, 4)).save(tmp_path / "src" / "small.webp")
     image_dir = convert_to_image_directory(tmp_path / "src", tmp_path / "out", normalisation=Normalisation(max_side=16))
-    records = {r.path: r for r in image_dir.manifest.images}
+    records = {r.path: r for r in image_dir.records()}
     assert (records["wide.png"].width, records["wide.png"].height, records["wide.png"].mode) == (16, 8, "RGB")
     assert (records["small.webp"].width, records["small.webp"].height, records["small.webp"].mode) == (6, 12, "RGB")
     with Image.open(tmp_path / "out" / "wide.png") as stored:
@@ -211,7 +212,7 @@ def test_flat_folder_with_a_labels_csv(tmp_path):
 
     manifest = image_dir.manifest
     assert manifest.labeled and manifest.classes == ["blue", "red"] and manifest.counts == {"blue": 2, "red": 2}
-    assert {r.path for r in manifest.images} == {"red/a.png", "red/b.png", "blue/c.png", "blue/d.png"}
+    assert {r.path for r in image_dir.records()} == {"red/a.png", "red/b.png", "blue/c.png", "blue/d.png"}
     assert [(q.path, q.reason) for q in manifest.quarantined] == [("e.png", f"not named in the labels file {labels}")]
     assert any("1 images named in" in w and "'ghost.png'" in w for w in manifest.warnings)
     assert any("1 images are not in" in w and "'e.png'" in w for w in manifest.warnings)
@@ -245,7 +246,7 @@ def test_labels_json_inside_a_zip_is_found_beside_an_images_folder(tmp_path):
         zf.writestr("wrapper/labels.json", '{"images/1.png": "red", "2.png": "green", "3.png": "red"}')
     image_dir = convert_to_image_directory(archive, tmp_path / "out")
     assert image_dir.manifest.counts == {"green": 1, "red": 2} and image_dir.manifest.labels_source == "labels.json"
-    assert {r.path for r in image_dir.manifest.images} == {"red/images/1.png", "green/images/2.png", "red/images/3.png"}
+    assert {r.path for r in image_dir.records()} == {"red/images/1.png", "green/images/2.png", "red/images/3.png"}
 
 
 def test_awkward_class_names_stay_readable_and_get_safe_folders(tmp_path):
@@ -260,7 +261,7 @@ def test_awkward_class_names_stay_readable_and_get_safe_folders(tmp_path):
     assert folders["golden retriever"] == "golden retriever" and folders["猫"] == "猫" and folders["café"] == "café"
     assert (folders[".net"], folders["a:b?"], folders["CON"]) == ("%2Enet", "a%3Ab%3F", "%43ON")
     assert folders["Cat"].casefold() != folders["cat"].casefold()
-    on_disk = {p.name for p in (tmp_path / "out").iterdir() if p.is_dir()}
+    on_disk = {p.name for p in (tmp_path / "out").iterdir() if p.is_dir()} - {INDEX_FOLDER}
     assert on_disk == set(folders.values()) and not any(n.startswith(".") for n in on_disk)
     for path, index in image_dir.samples():
         assert path.is_file() and path.parent.name == folders[image_dir.classes[index]]
@@ -282,11 +283,7 @@ def test_empty_class_folder_and_single_class_are_warnings(tmp_path):
 
 def test_labeled_flag_forces_unlabeled_or_requires_labels(colour_source, tmp_path):
     unlabeled = convert_to_image_directory(colour_source, tmp_path / "score", labeled=False)
-    assert (
-        not unlabeled.labeled
-        and len(unlabeled) == 18
-        and "red/red_0.png" in {r.path for r in unlabeled.manifest.images}
-    )
+    assert not unlabeled.labeled and len(unlabeled) == 18 and "red/red_0.png" in {r.path for r in unlabeled.records()}
     write_flat(tmp_path / "flat", {"a.png": "red"})
     with pytest.raises(NotLabeledDatasetError, match="neither class folders nor a labels file"):
         convert_to_image_directory(tmp_path / "flat", tmp_path / "out", labeled=True)
@@ -459,7 +456,7 @@ def test_stray_files_beside_wrapper_folders_do_not_hide_the_class_folders(colour
     assert set(reasons) == {"export/README.md", "export/photos/LICENSE"}
     assert all(r.startswith("beside the wrapper folders above 'export/photos/set'") for r in reasons.values())
     assert any(w.startswith("2 files beside the wrapper folders") for w in image_dir.manifest.warnings)
-    red_0 = next(r for r in image_dir.manifest.images if r.path == "red/red_0.png")
+    red_0 = next(r for r in image_dir.records() if r.path == "red/red_0.png")
     assert red_0.source_path == "export/photos/set/red/red_0.png"
 
 
@@ -474,8 +471,8 @@ def test_names_equal_once_normalised_are_merged_and_never_overwrite_each_other(t
 
     manifest = image_dir.manifest
     assert manifest.classes == [nfc, "tea"] and manifest.counts == {nfc: 2, "tea": 2}
-    assert sorted(r.path for r in manifest.images) == [f"{nfc}/1.png", f"{nfc}/1~2.png", "tea/A.png", "tea/a~2.png"]
-    for record in manifest.images:
+    assert sorted(r.path for r in image_dir.records()) == [f"{nfc}/1.png", f"{nfc}/1~2.png", "tea/A.png", "tea/a~2.png"]
+    for record in image_dir.records():
         assert record.sha256 == sha256_file(image_dir.root / record.path)
         assert record.sha256 == sha256_file(tmp_path / "src" / record.source_path), "each record is its own file"
     assert (
@@ -537,9 +534,9 @@ def test_long_escaped_names_keep_their_extension_and_stay_distinct(tmp_path):
     names = ["a:" * 100 + "1.png", "a:" * 100 + "2.png"]
     write_flat(tmp_path / "src", {name: "red" for name in names})
     image_dir = convert_to_image_directory(tmp_path / "src", tmp_path / "out")
-    stored = sorted(r.path for r in image_dir.manifest.images)
+    stored = sorted(r.path for r in image_dir.records())
     assert len(set(stored)) == 2 and all(p.endswith(".png") and len(p.encode()) <= 255 for p in stored)
-    assert sorted(r.source_path for r in image_dir.manifest.images) == sorted(names)
+    assert sorted(r.source_path for r in image_dir.records()) == sorted(names)
     assert safe_name("x" * 300 + ".JPEG").endswith(".JPEG") and len(safe_name("é" * 200 + ".jpg").encode()) <= 255
 
 
@@ -552,8 +549,8 @@ def test_a_single_folder_of_images_is_unlabeled_when_scoring(tmp_path):
     assert training.labeled and training.classes == ["photos"], "for training a single folder is one class"
 
     scoring = convert_to_image_directory(archive, tmp_path / "score", single_class="unlabeled")
-    assert not scoring.labeled and sorted(r.path for r in scoring.manifest.images) == ["0.png", "1.png", "2.png"]
-    assert sorted(r.source_path for r in scoring.manifest.images) == ["photos/0.png", "photos/1.png", "photos/2.png"]
+    assert not scoring.labeled and sorted(r.path for r in scoring.records()) == ["0.png", "1.png", "2.png"]
+    assert sorted(r.source_path for r in scoring.records()) == ["photos/0.png", "photos/1.png", "photos/2.png"]
     forced = convert_to_image_directory(archive, tmp_path / "forced", labeled=True, single_class="unlabeled")
     assert forced.labeled and forced.classes == ["photos"]
 

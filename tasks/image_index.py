@@ -1,0 +1,290 @@
+"""The ImageDirectory's per-image records as columns: numpy arrays in ``<root>/.image_index/``, memory-mapped.
+
+One ``.npy`` file per column (N images, in the directory's order)::
+
+    path.bytes.npy, path.offsets.npy                 uint8, int64 (N+1): the paths relative to the root, UTF-8,
+                                                     image i is bytes[offsets[i]:offsets[i + 1]]
+    source_path.bytes.npy, source_path.offsets.npy   the user's name for each file, the same way ("" for none)
+    label.npy                                        int32: the class's position in the manifest's classes, -1
+                                                     when unlabeled
+    sha256.npy                                       uint8 (N, 32)
+    size_bytes.npy                                   int64
+    width.npy, height.npy                            int32, pixels
+    mode.npy                                         S8: Pillow mode ('L', 'RGB', ...)
+
+Opened with ``np.load(mmap_mode="r")``: a process holds no Python object per image, and the training ranks of one
+host share the pages through the page cache. A 1.28 M-image index is about 100 bytes an image on disk. Any tool
+that reads ``.npy`` reads it (``numpy.load``). The folder's name starts with a dot, which a stored path's first
+component never does (``safe_name`` escapes it), so it cannot clash with a class folder or a stored image.
+
+Written in one pass by ``IndexWriter`` (bounded memory: rows are buffered, then appended to the column files);
+``ImageIndex.from_rows`` builds a small one in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+INDEX_FOLDER = ".image_index"
+_STRINGS = ("path", "source_path")
+_FIXED = {
+    "label": np.dtype("<i4"),
+    "sha256": np.dtype("u1"),
+    "size_bytes": np.dtype("<i8"),
+    "width": np.dtype("<i4"),
+    "height": np.dtype("<i4"),
+    "mode": np.dtype("S8"),
+}
+_ROW_SHAPE = {"sha256": (32,)}
+_CHUNK = 65536  # rows handled at once where a column is walked in Python or re-laid out
+
+
+class Row(NamedTuple):
+    """One image's record, as the index stores it (``label``: a class position, -1 unlabeled)."""
+
+    path: str
+    source_path: str | None
+    label: int
+    sha256: str
+    size_bytes: int
+    width: int
+    height: int
+    mode: str
+
+
+class Strings(Sequence[str]):
+    """A column of UTF-8 strings: one byte array and N+1 offsets into it."""
+
+    def __init__(self, data: np.ndarray, offsets: np.ndarray) -> None:
+        self.data, self.offsets = data, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        return self.data[self.offsets[i] : self.offsets[i + 1]].tobytes().decode()
+
+    def __iter__(self) -> Iterator[str]:
+        for start in range(0, len(self), _CHUNK):
+            offsets = self.offsets[start : start + _CHUNK + 1]
+            blob, base = self.data[offsets[0] : offsets[-1]].tobytes(), int(offsets[0])
+            ends = (offsets - base).tolist()
+            yield from (blob[a:b].decode() for a, b in zip(ends, ends[1:]))
+
+    def take(self, rows: np.ndarray) -> Strings:
+        """The strings at ``rows``, in that order, as a new column in memory."""
+        lengths = (self.offsets[1:] - self.offsets[:-1])[rows]
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        data = np.empty(int(offsets[-1]), dtype=np.uint8)
+        for begin in range(0, len(rows), _CHUNK):
+            starts, counts = self.offsets[rows[begin : begin + _CHUNK]], lengths[begin : begin + _CHUNK]
+            within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            data[offsets[begin] : offsets[begin + len(counts)]] = self.data[np.repeat(starts, counts) + within]
+        return Strings(data, offsets)
+
+    def sorted_order(self) -> np.ndarray:
+        """The positions in byte order of the strings (for UTF-8, the order of ``sorted`` on the str values)."""
+        if len(self) == 0:
+            return np.zeros(0, dtype=np.int64)
+        width = int((self.offsets[1:] - self.offsets[:-1]).max()) or 1
+        keys = np.zeros(len(self), dtype=f"S{width}")
+        padded = keys.view(np.uint8).reshape(len(self), width)
+        for start in range(0, len(self), _CHUNK):
+            offsets = self.offsets[start : start + _CHUNK + 1]
+            lengths = offsets[1:] - offsets[:-1]
+            rows = np.repeat(np.arange(start, start + len(lengths)), lengths)
+            columns = np.arange(int(offsets[-1] - offsets[0])) - np.repeat(offsets[:-1] - offsets[0], lengths)
+            padded[rows, columns] = self.data[offsets[0] : offsets[-1]]
+        return np.argsort(keys, kind="stable")
+
+
+@dataclass(frozen=True)
+class ImageIndex:
+    """The columns of an ImageDirectory (see the module's docstring)."""
+
+    path: Strings
+    source_path: Strings
+    label: np.ndarray
+    sha256: np.ndarray
+    size_bytes: np.ndarray
+    width: np.ndarray
+    height: np.ndarray
+    mode: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+    @classmethod
+    def open(cls, folder: Path) -> ImageIndex:
+        """The index in ``folder``, memory-mapped (read-only)."""
+
+        def load(name: str) -> np.ndarray:
+            return np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+
+        strings = {name: Strings(load(f"{name}.bytes"), load(f"{name}.offsets")) for name in _STRINGS}
+        return cls(**strings, **{name: load(name) for name in _FIXED})
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Row]) -> ImageIndex:
+        """A small index built in memory."""
+        rows = list(rows)
+        columns = list(zip(*rows)) if rows else [()] * len(Row._fields)
+        data = dict(zip(Row._fields, columns))
+        strings = {name: _strings([s or "" for s in data[name]]) for name in _STRINGS}
+        fixed = {name: np.array(data[name], dtype=dtype) for name, dtype in _FIXED.items() if name != "sha256"}
+        sha = np.frombuffer(b"".join(bytes.fromhex(h) for h in data["sha256"]), dtype=np.uint8).reshape(-1, 32)
+        return cls(**strings, **fixed, sha256=sha)
+
+    def row(self, i: int) -> Row:
+        return Row(
+            self.path[i],
+            self.source_path[i] or None,
+            int(self.label[i]),
+            self.sha256[i].tobytes().hex(),
+            int(self.size_bytes[i]),
+            int(self.width[i]),
+            int(self.height[i]),
+            self.mode[i].decode(),
+        )
+
+    def take(self, rows: np.ndarray) -> ImageIndex:
+        """The images at ``rows``, in that order, as a new index in memory."""
+        rows = np.asarray(rows, dtype=np.int64)
+        taken = {name: getattr(self, name).take(rows) for name in _STRINGS}
+        return ImageIndex(**taken, **{name: np.asarray(getattr(self, name)[rows]) for name in _FIXED})
+
+    def with_labels(self, labels: np.ndarray) -> ImageIndex:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return ImageIndex(**{**values, "label": np.asarray(labels, dtype=_FIXED["label"])})
+
+    def save(self, folder: Path) -> dict[str, str]:
+        """Write the columns into ``folder`` (created); returns each file's sha256."""
+        folder.mkdir(parents=True, exist_ok=True)
+        arrays = {f"{n}.bytes": getattr(self, n).data for n in _STRINGS}
+        arrays |= {f"{n}.offsets": getattr(self, n).offsets for n in _STRINGS}
+        arrays |= {n: getattr(self, n) for n in _FIXED}
+        for name, array in arrays.items():
+            np.save(folder / f"{name}.npy", np.ascontiguousarray(array), allow_pickle=False)
+        return file_hashes(folder)
+
+    def content_hash(self, classes: Sequence[str]) -> str:
+        """A digest of the labelled content, independent of the order: each image's path, class name (``None``
+        when unlabeled) and sha256, in path order."""
+        names = [*classes, "None"]  # label -1 picks the last
+        digest = hashlib.sha256()
+        order = self.path.sorted_order()
+        for start in range(0, len(order), _CHUNK):
+            rows = order[start : start + _CHUNK]
+            paths = self.path.take(rows)
+            hashes = self.sha256[rows]
+            for path, label, sha in zip(paths, self.label[rows].tolist(), hashes):
+                digest.update(f"{path}\0{names[label]}\0{sha.tobytes().hex()}\n".encode())
+        return digest.hexdigest()
+
+
+def _strings(values: Sequence[str]) -> Strings:
+    encoded = [v.encode() for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return Strings(np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets)
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.npy"))}
+
+
+class IndexWriter:
+    """Writes an index row by row with bounded memory: rows are buffered and appended to raw column files, which
+    ``finish`` turns into the ``.npy`` files. ``relabel``, when set, maps each label on the way
+    (``relabel[old] = new``; -1 stays)."""
+
+    _BUFFER = 4096
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self._flushed = 0
+        self.relabel: np.ndarray | None = None
+        self._rows: list[Row] = []
+        self._string_bytes = dict.fromkeys(_STRINGS, 0)
+        self._raw = {name: open(self._raw_path(name), "wb") for name in self._raw_names()}  # noqa: SIM115
+
+    @staticmethod
+    def _raw_names() -> list[str]:
+        return [*(f"{n}.bytes" for n in _STRINGS), *(f"{n}.offsets" for n in _STRINGS), *_FIXED]
+
+    def _raw_path(self, name: str) -> Path:
+        return self.folder / f"{name}.raw"
+
+    @property
+    def count(self) -> int:
+        """Rows appended so far."""
+        return self._flushed + len(self._rows)
+
+    def append(self, row: Row) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= self._BUFFER:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        chunk = ImageIndex.from_rows(self._rows)
+        for name in _STRINGS:
+            strings: Strings = getattr(chunk, name)
+            self._raw[f"{name}.bytes"].write(strings.data.tobytes())
+            # Offsets are stored as each string's end; finish prepends the 0.
+            ends = strings.offsets[1:] + self._string_bytes[name]
+            self._raw[f"{name}.offsets"].write(ends.astype("<i8").tobytes())
+            self._string_bytes[name] += int(strings.offsets[-1])
+        for name in _FIXED:
+            self._raw[name].write(np.ascontiguousarray(getattr(chunk, name)).tobytes())
+        self._flushed += len(self._rows)
+        self._rows = []
+
+    def finish(self) -> dict[str, str]:
+        """Write the ``.npy`` files; returns their sha256s."""
+        self._flush()
+        for handle in self._raw.values():
+            handle.close()
+        for name in self._raw_names():
+            raw = self._raw_path(name)
+            base = name.split(".")[0]
+            dtype = np.dtype("<i8") if name.endswith(".offsets") else _FIXED.get(name, np.dtype("u1"))
+            length = raw.stat().st_size // dtype.itemsize
+            if name.endswith(".offsets"):
+                length += 1
+            shape = (length // 32, 32) if base == "sha256" else (length,)
+            target = np.lib.format.open_memmap(self.folder / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
+            if target.size:
+                source = np.memmap(raw, dtype=dtype, mode="r") if raw.stat().st_size else np.zeros(0, dtype)
+                flat = target.reshape(-1)
+                start = 1 if name.endswith(".offsets") else 0
+                for begin in range(0, len(source), _CHUNK * 32):
+                    values = np.asarray(source[begin : begin + _CHUNK * 32])
+                    if name == "label" and self.relabel is not None and len(self.relabel):
+                        values = np.where(values >= 0, self.relabel[np.maximum(values, 0)], values)
+                    flat[start + begin : start + begin + len(values)] = values
+                if start:
+                    flat[0] = 0
+                del source
+            target.flush()
+            del target
+            raw.unlink()
+        return file_hashes(self.folder)
+
+    def close(self) -> None:
+        """Stop without finishing (the raw files are left for the caller's folder to remove)."""
+        for handle in self._raw.values():
+            handle.close()
