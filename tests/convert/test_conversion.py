@@ -1,3 +1,4 @@
+import logging
 import os
 import struct
 import zipfile
@@ -593,3 +594,53 @@ def test_a_long_conversion_logs_a_progress_line_while_it_runs(colour_source, tmp
     assert lines, [r.getMessage() for r in caplog.records]
     counts = [line for line in lines if " images stored " in line]
     assert counts and counts[-1].endswith("(0 by an earlier attempt), 0 quarantined"), lines
+
+
+KILLED_AFTER_50 = """
+import os, signal, sys
+import tasks.convert.storing as storing
+
+store, calls = storing.store_image, []
+
+
+def store_then_die(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 51:  # the 51st image: the process dies as a power cut would take it
+        os.kill(os.getpid(), signal.SIGKILL)
+    return store(*args, **kwargs)
+
+
+storing.store_image = store_then_die
+from tasks.convert import convert_to_image_directory
+
+convert_to_image_directory(sys.argv[1], sys.argv[2], threads=1)
+"""
+
+
+@pytest.mark.integration
+def test_a_conversion_killed_mid_way_goes_on_from_the_images_it_stored(tmp_path):
+    import subprocess
+    import sys
+
+    source = write_class_folders(tmp_path / "photos", per_class=40)
+    output = tmp_path / "images"
+    killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_50, source, output], cwd=PROJECT_ROOT, check=False)
+    assert killed.returncode == -9 and not output.exists()
+    (partial,) = tmp_path.glob(".images.partial-*")
+    assert len((partial / ".stored.jsonl").read_text().split()) == 50
+
+    said, logger = logging.Handler(), logging.getLogger("tasks.convert.conversion")
+    said.messages, said.emit = [], lambda record: said.messages.append(record.getMessage())
+    logger.addHandler(said)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        resumed = convert_to_image_directory(source, output, threads=1)
+    finally:
+        logger.removeHandler(said)
+        logger.setLevel(level)
+    assert f"{output}: 50 images stored by an earlier attempt are reused" in said.messages
+    assert len(resumed) == 120 and resumed.manifest.counts == {c: 40 for c in COLOURS}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "photos"]  # the partial folder became the output
+    assert sorted(p.name for p in (output / INDEX_FOLDER).iterdir()) == sorted(resumed.manifest.index_files)
+    fresh = convert_to_image_directory(source, tmp_path / "fresh")
+    assert resumed.content_hash == fresh.content_hash and resumed.records() == fresh.records()
