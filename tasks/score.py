@@ -93,8 +93,8 @@ def score_images(
     probabilities = np.concatenate(batches) if batches else np.empty((0, len(model_dir.classes)), dtype=np.float32)
 
     # The user's own name for each image, not the name it was stored under (escaped, renamed on collision).
-    index = images.index
-    table = pd.DataFrame({IMAGE_COLUMN: [s or p for s, p in zip(index.source_path, index.path)]})
+    records = images.index
+    table = pd.DataFrame({IMAGE_COLUMN: [s or p for s, p in zip(records.source_path, records.path)]})
     table[SCORED_LABELS] = [model_dir.classes[i] for i in probabilities.argmax(axis=1)]
     for index, name in enumerate(model_dir.classes):
         table[probability_column(name)] = probabilities[:, index]
@@ -105,7 +105,7 @@ def score_images(
         table[label] = [model_dir.classes[i] for i in ranked[:, rank]]
         table[probability] = np.take_along_axis(probabilities, ranked[:, rank : rank + 1], axis=1)[:, 0]
     if images.labeled:
-        table[LABEL_COLUMN] = pd.Categorical.from_codes(index.label, images.classes).astype(object)
+        table[LABEL_COLUMN] = pd.Categorical.from_codes(records.label, images.classes).astype(object)
     return table
 
 

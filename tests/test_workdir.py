@@ -1,6 +1,8 @@
 """A work_dir on S3 (tasks/workdir.py) against a real HTTP S3 endpoint (moto's server): the ImageDirectory stored
 once and fetched into a content-keyed cache, checked against its manifest, and a training output kept in step."""
 
+import shutil
+
 import pytest
 
 from tasks.errors import InvalidDatasetError, InvalidStorageURIError
@@ -28,7 +30,9 @@ def test_an_image_directory_is_stored_once_and_each_host_fetches_it_once(s3_buck
     location = f"s3://{s3_bucket}/run/data/train"
     assert publish(train, location) == location
     stored = list_s3_names(location)
-    assert "image_directory.json" in stored and len(stored) == 1 + 3 * 8
+    assert (
+        "image_directory.json" in stored and len(stored) == 1 + 10 + 3 * 8
+    )  # the manifest, its 10 index columns, 24 images
     client = s3_client()
     tag = client.head_object(Bucket=s3_bucket, Key="run/data/train/image_directory.json")["ETag"]
     publish(train, location)  # the same manifest is there: nothing is uploaded again
@@ -43,6 +47,12 @@ def test_an_image_directory_is_stored_once_and_each_host_fetches_it_once(s3_buck
     image.write_bytes(b"changed here")  # a cache hit downloads nothing, so this stays
     assert fetch_image_directory(location) == fetched and image.read_bytes() == b"changed here"
     assert fetch_image_directory(str(train)) == train  # a path is used in place
+
+    # The manifest names each index file's sha256: a changed index is refused, as a changed image is.
+    shutil.rmtree(fetched)
+    client.put_object(Bucket=s3_bucket, Key="run/data/train/.image_index/label.npy", Body=b"changed there")
+    with pytest.raises(InvalidDatasetError, match="its index differs from the sha256s its manifest gives"):
+        fetch_image_directory(location)
 
 
 def test_a_name_that_would_land_outside_the_folder_is_refused(s3_bucket, tmp_path):
