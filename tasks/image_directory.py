@@ -3,7 +3,7 @@
 Layout::
 
     <root>/image_directory.json          the manifest below: classes, counts, source, settings, warnings (JSON)
-    <root>/.image_index/*.npy            one record per image, as memory-mapped columns (``tasks.image_index``)
+    <root>/image_index.npz               one record per image, as memory-mapped columns (``tasks.image_index``)
     <root>/<class folder>/<image file>   labeled directories (one folder per class, see ``class_folders``)
     <root>/<image file>                  unlabeled directories (for scoring; sub-folders of the source are kept)
 
@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import unicodedata
+import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -33,7 +34,7 @@ from pydantic import BaseModel, Field
 
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import write_text_atomic
-from tasks.image_index import INDEX_FOLDER, ImageIndex, IndexWriter, Row
+from tasks.image_index import INDEX_NAME, ImageIndex, IndexWriter, Row
 
 MANIFEST_NAME = "image_directory.json"
 FORMAT_VERSION = 2
@@ -134,7 +135,7 @@ class ImageDirectoryManifest(BaseModel):
     content_hash: str = Field(
         "", description="sha256 over every image's path, label and sha256 in path order: same content, same hash"
     )
-    index_files: dict[str, str] = Field({}, description=f"sha256 of each file in {INDEX_FOLDER}/")
+    index_sha256: str = Field("", description=f"sha256 of {INDEX_NAME}, the images' records")
     source: str = Field(description="where the images came from: a folder, an archive or an s3:// URI")
     quarantined: list[QuarantinedFile] = []
     class_folders: dict[str, str] = Field({}, description="folder (below the root) holding each class's images")
@@ -203,12 +204,12 @@ class ImageDirectory:
     def index(self) -> ImageIndex:
         """The images' records (memory-mapped columns)."""
         if self._index is None:
-            folder = self.root / INDEX_FOLDER
+            path = self.root / INDEX_NAME
             try:
-                index = ImageIndex.open(folder)
-            except (OSError, ValueError) as error:
+                index = ImageIndex.open(path)
+            except (OSError, ValueError, zipfile.BadZipFile) as error:
                 raise InvalidDatasetError(
-                    f"{self.root}: its index {folder} cannot be read ({error}): convert the images again"
+                    f"{self.root}: its index {path} cannot be read ({error}): convert the images again"
                 ) from None
             if len(index) != self.manifest.image_count:
                 raise InvalidDatasetError(
@@ -223,20 +224,20 @@ class ImageDirectory:
         cls, root: Path, manifest: ImageDirectoryManifest, index: ImageIndex | IndexWriter | Iterable[ImageRecord]
     ) -> None:
         """Write ``index`` (an index, a writer to finish, or records) and then the manifest, with the image count,
-        the content hash and the index files' hashes filled in."""
-        folder = root / INDEX_FOLDER
+        the content hash and the index's sha256 filled in."""
+        path = root / INDEX_NAME
         if isinstance(index, IndexWriter):
-            files = index.finish()
+            digest = index.finish()
         else:
             if not isinstance(index, ImageIndex):
                 index = ImageIndex.from_rows(index_rows(index, manifest.classes))
-            files = index.save(folder)
-        written = ImageIndex.open(folder)
+            digest = index.save(path)
+        written = ImageIndex.open(path)
         manifest = manifest.model_copy(
             update={
                 "image_count": len(written),
                 "content_hash": written.content_hash(manifest.classes),
-                "index_files": files,
+                "index_sha256": digest,
             }
         )
         write_text_atomic(root / MANIFEST_NAME, manifest.model_dump_json(indent=2))

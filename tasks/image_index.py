@@ -1,29 +1,31 @@
-"""The ImageDirectory's per-image records as columns: numpy arrays in ``<root>/.image_index/``, memory-mapped.
+"""The ImageDirectory's per-image records as columns: one uncompressed ``.npz`` at its root, memory-mapped.
 
-One ``.npy`` file per column (N images, in the directory's order)::
+``<root>/image_index.npz`` holds one array per column (N images, in the directory's order)::
 
-    path.bytes.npy, path.offsets.npy                 uint8, int64 (N+1): the paths relative to the root, UTF-8,
-                                                     image i is bytes[offsets[i]:offsets[i + 1]]
-    source_path.bytes.npy, source_path.offsets.npy   the user's name for each file, the same way ("" for none)
-    label.npy                                        int32: the class's position in the manifest's classes, -1
-                                                     when unlabeled
-    sha256.npy                                       uint8 (N, 32)
-    size_bytes.npy                                   int64
-    width.npy, height.npy                            int32, pixels
-    mode.npy                                         S8: Pillow mode ('L', 'RGB', ...)
+    path.bytes, path.offsets                 uint8, int64 (N+1): the paths relative to the root, UTF-8; image i
+                                             is bytes[offsets[i]:offsets[i + 1]]
+    source_path.bytes, source_path.offsets   the user's name for each file, the same way ("" for none)
+    label                                    int32: the class's position in the manifest's classes, -1 unlabeled
+    sha256                                   uint8 (N, 32)
+    size_bytes                               int64
+    width, height                            int32, pixels
+    mode                                     S8: Pillow mode ('L', 'RGB', ...)
 
-Opened with ``np.load(mmap_mode="r")``: a process holds no Python object per image, and the training ranks of one
-host share the pages through the page cache. A 1.28 M-image index is about 100 bytes an image on disk. Any tool
-that reads ``.npy`` reads it (``numpy.load``). The folder's name starts with a dot, which a stored path's first
-component never does (``safe_name`` escapes it), so it cannot clash with a class folder or a stored image.
+``numpy.load`` reads it as any ``.npz``. Its members are stored uncompressed, so each column is memory-mapped
+where it lies in the file: a process holds no Python object per image, and the training ranks of a host share
+the pages through the page cache. About 100 bytes an image on disk. A file at the root, not a folder, so that
+tools that take every folder for a class (torchvision's ``ImageFolder``) still read the directory.
 
-Written in one pass by ``IndexWriter`` (bounded memory: rows are buffered, then appended to the column files);
-``ImageIndex.from_rows`` builds a small one in memory.
+Written in one pass by ``IndexWriter`` (bounded memory: rows are buffered and appended to raw column files, which
+become the ``.npz`` at the end); ``ImageIndex.from_rows`` builds a small one in memory.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
+import struct
+import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -31,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-INDEX_FOLDER = ".image_index"
+INDEX_NAME = "image_index.npz"
 _STRINGS = ("path", "source_path")
 _FIXED = {
     "label": np.dtype("<i4"),
@@ -126,14 +128,14 @@ class ImageIndex:
         return len(self.label)
 
     @classmethod
-    def open(cls, folder: Path) -> ImageIndex:
-        """The index in ``folder``, memory-mapped (read-only)."""
+    def open(cls, path: Path) -> ImageIndex:
+        """The index in ``path`` (an ``image_index.npz``), each column memory-mapped read-only."""
+        columns = _mapped_members(path)
 
-        def load(name: str) -> np.ndarray:
-            return np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+        def strings(name: str) -> Strings:
+            return Strings(columns[f"{name}.bytes"], columns[f"{name}.offsets"])
 
-        strings = {name: Strings(load(f"{name}.bytes"), load(f"{name}.offsets")) for name in _STRINGS}
-        return cls(**strings, **{name: load(name) for name in _FIXED})
+        return cls(**{name: strings(name) for name in _STRINGS}, **{name: columns[name] for name in _FIXED})
 
     @classmethod
     def from_rows(cls, rows: Iterable[Row]) -> ImageIndex:
@@ -168,15 +170,14 @@ class ImageIndex:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return ImageIndex(**{**values, "label": np.asarray(labels, dtype=_FIXED["label"])})
 
-    def save(self, folder: Path) -> dict[str, str]:
-        """Write the columns into ``folder`` (created); returns each file's sha256."""
-        folder.mkdir(parents=True, exist_ok=True)
+    def columns(self) -> dict[str, np.ndarray]:
         arrays = {f"{n}.bytes": getattr(self, n).data for n in _STRINGS}
         arrays |= {f"{n}.offsets": getattr(self, n).offsets for n in _STRINGS}
-        arrays |= {n: getattr(self, n) for n in _FIXED}
-        for name, array in arrays.items():
-            np.save(folder / f"{name}.npy", np.ascontiguousarray(array), allow_pickle=False)
-        return file_hashes(folder)
+        return arrays | {n: getattr(self, n) for n in _FIXED}
+
+    def save(self, path: Path) -> str:
+        """Write the index to ``path`` (an ``.npz``); returns the file's sha256."""
+        return _save(path, self.columns())
 
     def content_hash(self, classes: Sequence[str]) -> str:
         """A digest of the labelled content, independent of the order: each image's path, class name (``None``
@@ -200,32 +201,71 @@ def _strings(values: Sequence[str]) -> Strings:
     return Strings(np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets)
 
 
-def file_hashes(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.npy"))}
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _save(path: Path, columns: dict[str, np.ndarray]) -> str:
+    # numpy writes each array into the zip in chunks, uncompressed (memory-mapped columns are not read whole).
+    np.savez(path, **columns)
+    return sha256_of(path)
+
+
+def _mapped_members(path: Path) -> dict[str, np.ndarray]:
+    """Each array of an uncompressed ``.npz``, memory-mapped where its data lies in the file."""
+    arrays = {}
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as handle:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy"):
+                raise ValueError(f"{info.filename} is compressed or not an array")
+            handle.seek(info.header_offset)
+            local = handle.read(30)
+            name_length, extra_length = struct.unpack("<HH", local[26:30])
+            handle.seek(info.header_offset + 30 + name_length + extra_length)
+            version = np.lib.format.read_magic(handle)
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read_header(handle)
+            if fortran or dtype.hasobject:
+                raise ValueError(f"{info.filename} is not a plain C-ordered array")
+            name = info.filename.removesuffix(".npy")
+            if int(np.prod(shape)) == 0:
+                arrays[name] = np.zeros(shape, dtype)
+            else:
+                arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=handle.tell(), shape=shape)
+    expected = {f"{n}.{part}" for n in _STRINGS for part in ("bytes", "offsets")} | set(_FIXED)
+    if missing := expected - arrays.keys():
+        raise ValueError(f"no {', '.join(sorted(missing))} in it")
+    return arrays
 
 
 class IndexWriter:
-    """Writes an index row by row with bounded memory: rows are buffered and appended to raw column files, which
-    ``finish`` turns into the ``.npy`` files. ``relabel``, when set, maps each label on the way
-    (``relabel[old] = new``; -1 stays)."""
+    """Writes an index row by row with bounded memory: rows are buffered and appended to raw column files (in a
+    scratch folder beside it), which ``finish`` turns into the ``.npz``. ``relabel``, when set, maps each label
+    on the way (``relabel[old] = new``; -1 stays)."""
 
     _BUFFER = 4096
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path) -> None:
+        self.path, self.scratch = path, path.with_name(f".{path.name}.rows")
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.scratch.mkdir(parents=True)
         self._flushed = 0
         self.relabel: np.ndarray | None = None
         self._rows: list[Row] = []
         self._string_bytes = dict.fromkeys(_STRINGS, 0)
-        self._raw = {name: open(self._raw_path(name), "wb") for name in self._raw_names()}  # noqa: SIM115
+        self._raw = {name: open(self.scratch / name, "wb") for name in self._raw_names()}  # noqa: SIM115
+        for name in _STRINGS:  # offsets start at 0; each row appends its string's end
+            self._raw[f"{name}.offsets"].write(np.zeros(1, dtype="<i8").tobytes())
 
     @staticmethod
     def _raw_names() -> list[str]:
         return [*(f"{n}.bytes" for n in _STRINGS), *(f"{n}.offsets" for n in _STRINGS), *_FIXED]
-
-    def _raw_path(self, name: str) -> Path:
-        return self.folder / f"{name}.raw"
 
     @property
     def count(self) -> int:
@@ -244,7 +284,6 @@ class IndexWriter:
         for name in _STRINGS:
             strings: Strings = getattr(chunk, name)
             self._raw[f"{name}.bytes"].write(strings.data.tobytes())
-            # Offsets are stored as each string's end; finish prepends the 0.
             ends = strings.offsets[1:] + self._string_bytes[name]
             self._raw[f"{name}.offsets"].write(ends.astype("<i8").tobytes())
             self._string_bytes[name] += int(strings.offsets[-1])
@@ -253,38 +292,30 @@ class IndexWriter:
         self._flushed += len(self._rows)
         self._rows = []
 
-    def finish(self) -> dict[str, str]:
-        """Write the ``.npy`` files; returns their sha256s."""
+    def finish(self) -> str:
+        """Write the ``.npz`` and remove the scratch folder; returns the file's sha256."""
         self._flush()
-        for handle in self._raw.values():
-            handle.close()
+        self.close()
+        columns = {}
         for name in self._raw_names():
-            raw = self._raw_path(name)
-            base = name.split(".")[0]
+            raw = self.scratch / name
             dtype = np.dtype("<i8") if name.endswith(".offsets") else _FIXED.get(name, np.dtype("u1"))
-            length = raw.stat().st_size // dtype.itemsize
-            if name.endswith(".offsets"):
-                length += 1
-            shape = (length // 32, 32) if base == "sha256" else (length,)
-            target = np.lib.format.open_memmap(self.folder / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
-            if target.size:
-                source = np.memmap(raw, dtype=dtype, mode="r") if raw.stat().st_size else np.zeros(0, dtype)
-                flat = target.reshape(-1)
-                start = 1 if name.endswith(".offsets") else 0
-                for begin in range(0, len(source), _CHUNK * 32):
-                    values = np.asarray(source[begin : begin + _CHUNK * 32])
-                    if name == "label" and self.relabel is not None and len(self.relabel):
-                        values = np.where(values >= 0, self.relabel[np.maximum(values, 0)], values)
-                    flat[start + begin : start + begin + len(values)] = values
-                if start:
-                    flat[0] = 0
-                del source
-            target.flush()
-            del target
-            raw.unlink()
-        return file_hashes(self.folder)
+            shape = (self.count, 32) if name == "sha256" else (raw.stat().st_size // dtype.itemsize,)
+            mode = "r+" if name == "label" and self.relabel is not None else "r"
+            columns[name] = (
+                np.memmap(raw, dtype=dtype, mode=mode, shape=shape) if raw.stat().st_size else np.zeros(shape, dtype)
+            )
+        if self.relabel is not None and len(self.relabel) and self.count:
+            labels = columns["label"]
+            for begin in range(0, len(labels), _CHUNK):
+                values = np.asarray(labels[begin : begin + _CHUNK])
+                labels[begin : begin + _CHUNK] = np.where(values >= 0, self.relabel[np.maximum(values, 0)], values)
+        digest = _save(self.path, columns)
+        del columns
+        shutil.rmtree(self.scratch)
+        return digest
 
     def close(self) -> None:
-        """Stop without finishing (the raw files are left for the caller's folder to remove)."""
+        """Close the raw files (``finish`` does; a caller stopping without finishing removes the scratch folder)."""
         for handle in self._raw.values():
             handle.close()

@@ -32,7 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import atomic_write, sha256_file
 from tasks.image_directory import MANIFEST_NAME, ImageDirectory
-from tasks.image_index import INDEX_FOLDER, file_hashes
+from tasks.image_index import INDEX_NAME, sha256_of
 from tasks.model_directory import (
     CHECKPOINT_FILE,
     CLASSES_FILE,
@@ -108,13 +108,14 @@ def fetch_image_directory(location: str) -> Path:
     target = cache_root() / "images" / hashlib.sha256(data).hexdigest()[:32]
     if (target / MANIFEST_NAME).is_file():
         return target
-    index_files = json.loads(data).get("index_files", {})
+    index_sha256 = json.loads(data).get("index_sha256")  # none in format 1: the records are in the manifest
     target.parent.mkdir(parents=True, exist_ok=True)
     download = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.download-"))
     try:
-        download_files(location, [f"{INDEX_FOLDER}/{name}" for name in index_files], download)
-        if index_files and file_hashes(download / INDEX_FOLDER) != index_files:
-            raise InvalidDatasetError(f"{location}: its index differs from the sha256s its manifest gives")
+        if index_sha256:
+            download_files(location, [INDEX_NAME], download)
+            if sha256_of(download / INDEX_NAME) != index_sha256:
+                raise InvalidDatasetError(f"{location}: its {INDEX_NAME} differs from the sha256 its manifest gives")
         (download / MANIFEST_NAME).write_bytes(data)
         index = ImageDirectory(download).index
         download_files(location, index.path, download)

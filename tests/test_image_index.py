@@ -10,7 +10,7 @@ import pytest
 
 from tasks.errors import InvalidDatasetError
 from tasks.image_directory import MANIFEST_NAME, ImageDirectory, ImageDirectoryManifest, ImageRecord
-from tasks.image_index import INDEX_FOLDER, ImageIndex, IndexWriter, Row, Strings
+from tasks.image_index import INDEX_NAME, ImageIndex, IndexWriter, Row, Strings
 from tasks.transformations import ImageTransformations
 from tasks.vision.images import ImageFiles
 from tasks.vision.transforms import eval_transform
@@ -37,19 +37,20 @@ def rows(count: int, classes: int = 3) -> list[Row]:
 
 def test_a_written_index_reads_back_row_for_row_and_relabelled(tmp_path):
     written = rows(10_000)  # more than the writer's buffer: several flushes
-    writer = IndexWriter(tmp_path / INDEX_FOLDER)
+    writer = IndexWriter(tmp_path / INDEX_NAME)
     for row in written:
         writer.append(row)
     assert writer.count == 10_000
     writer.relabel = np.array([0, 0, 1], dtype=np.int32)  # class 1 left out: 2 becomes 1
-    hashes = writer.finish()
-    assert sorted(p.name for p in (tmp_path / INDEX_FOLDER).iterdir()) == sorted(hashes)  # no raw file left
-    index = ImageIndex.open(tmp_path / INDEX_FOLDER)
+    digest = writer.finish()
+    assert [p.name for p in tmp_path.iterdir()] == [INDEX_NAME]  # the scratch folder went
+    index = ImageIndex.open(tmp_path / INDEX_NAME)
     assert isinstance(index.label, np.memmap) and len(index) == 10_000
+    assert np.load(tmp_path / INDEX_NAME)["label"].tolist() == index.label.tolist()  # an ordinary .npz
     expected = [r._replace(label=[0, 0, 1][r.label]) for r in written]
     assert [index.row(i) for i in range(0, 10_000, 997)] == expected[::997]
     assert list(index.path) == [r.path for r in written]
-    assert ImageIndex.from_rows(written).save(tmp_path / "again") != hashes  # the labels differ
+    assert ImageIndex.from_rows(written).save(tmp_path / "again.npz") != digest  # the labels differ
 
 
 def test_strings_sort_as_python_sorts_them_and_take_keeps_the_order_given():
@@ -109,7 +110,7 @@ def test_a_manifest_of_an_unknown_format_or_without_its_index_asks_for_a_new_con
     with pytest.raises(InvalidDatasetError, match="format 3; this version reads formats 1 and 2: convert the images"):
         ImageDirectory(tmp_path)
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
-    (tmp_path / INDEX_FOLDER / "label.npy").unlink()
+    (tmp_path / INDEX_NAME).write_bytes(b"PK")
     with pytest.raises(InvalidDatasetError, match="its index .* cannot be read .*: convert the images again"):
         ImageDirectory(tmp_path).samples()
 

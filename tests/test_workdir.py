@@ -30,9 +30,7 @@ def test_an_image_directory_is_stored_once_and_each_host_fetches_it_once(s3_buck
     location = f"s3://{s3_bucket}/run/data/train"
     assert publish(train, location) == location
     stored = list_s3_names(location)
-    assert (
-        "image_directory.json" in stored and len(stored) == 1 + 10 + 3 * 8
-    )  # the manifest, its 10 index columns, 24 images
+    assert "image_directory.json" in stored and len(stored) == 2 + 3 * 8  # the manifest, its index, 24 images
     client = s3_client()
     tag = client.head_object(Bucket=s3_bucket, Key="run/data/train/image_directory.json")["ETag"]
     publish(train, location)  # the same manifest is there: nothing is uploaded again
@@ -50,8 +48,8 @@ def test_an_image_directory_is_stored_once_and_each_host_fetches_it_once(s3_buck
 
     # The manifest names each index file's sha256: a changed index is refused, as a changed image is.
     shutil.rmtree(fetched)
-    client.put_object(Bucket=s3_bucket, Key="run/data/train/.image_index/label.npy", Body=b"changed there")
-    with pytest.raises(InvalidDatasetError, match="its index differs from the sha256s its manifest gives"):
+    client.put_object(Bucket=s3_bucket, Key="run/data/train/image_index.npz", Body=b"changed there")
+    with pytest.raises(InvalidDatasetError, match="its image_index.npz differs from the sha256 its manifest gives"):
         fetch_image_directory(location)
 
 

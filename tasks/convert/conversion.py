@@ -62,7 +62,7 @@ from tasks.image_directory import (
     class_folders,
     safe_name,
 )
-from tasks.image_index import INDEX_FOLDER, IndexWriter, Row
+from tasks.image_index import INDEX_NAME, IndexWriter, Row
 from tasks.progress import every_while, run_logger
 from tasks.storage import is_s3_uri, read_bytes
 
@@ -291,7 +291,7 @@ def _convert(
         require_space(partial, needed, "the conversion", "the images' size", "output")
         writer = ImageWriter(partial, store, journal)
         progress.writer, progress.total = writer, len(plan.files)
-        index = IndexWriter(partial / INDEX_FOLDER)
+        index = IndexWriter(partial / INDEX_NAME)
         found = _Found(classes, index)
         quarantined = opened.skipped + plan.refused
         try:
@@ -300,7 +300,8 @@ def _convert(
             with ThreadPoolExecutor(max_workers=threads or min(16, 2 * (os.cpu_count() or 1))) as pool:
                 for result in in_order(pool, writer, plan.files, targets):
                     if isinstance(result, ImageRecord):
-                        found.add(result)
+                        with writing():  # the index's rows go to the output's storage too
+                            found.add(result)
                     elif isinstance(result, QuarantinedFile):
                         quarantined.append(result)
         except WriteFailed as failed:

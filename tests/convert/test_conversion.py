@@ -13,7 +13,6 @@ from deployments.local import PROJECT_ROOT
 from tasks import ImageDirectory, InvalidDatasetError, NotLabeledDatasetError, convert_to_image_directory
 from tasks.fileio import sha256_file
 from tasks.image_directory import MANIFEST_NAME, Normalisation
-from tasks.image_index import INDEX_FOLDER
 from tests.helpers import COLOURS, artifacts_and_run_count, write_class_folders, write_image
 
 
@@ -262,7 +261,7 @@ def test_awkward_class_names_stay_readable_and_get_safe_folders(tmp_path):
     assert folders["golden retriever"] == "golden retriever" and folders["猫"] == "猫" and folders["café"] == "café"
     assert (folders[".net"], folders["a:b?"], folders["CON"]) == ("%2Enet", "a%3Ab%3F", "%43ON")
     assert folders["Cat"].casefold() != folders["cat"].casefold()
-    on_disk = {p.name for p in (tmp_path / "out").iterdir() if p.is_dir()} - {INDEX_FOLDER}
+    on_disk = {p.name for p in (tmp_path / "out").iterdir() if p.is_dir()}
     assert on_disk == set(folders.values()) and not any(n.startswith(".") for n in on_disk)
     for path, index in image_dir.samples():
         assert path.is_file() and path.parent.name == folders[image_dir.classes[index]]
@@ -641,6 +640,12 @@ def test_a_conversion_killed_mid_way_goes_on_from_the_images_it_stored(tmp_path)
     assert f"{output}: 50 images stored by an earlier attempt are reused" in said.messages
     assert len(resumed) == 120 and resumed.manifest.counts == {c: 40 for c in COLOURS}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "photos"]  # the partial folder became the output
-    assert sorted(p.name for p in (output / INDEX_FOLDER).iterdir()) == sorted(resumed.manifest.index_files)
+    assert sorted(p.name for p in output.iterdir()) == [
+        "blue",
+        "green",
+        "image_directory.json",
+        "image_index.npz",
+        "red",
+    ]
     fresh = convert_to_image_directory(source, tmp_path / "fresh")
     assert resumed.content_hash == fresh.content_hash and resumed.records() == fresh.records()
