@@ -95,7 +95,7 @@ class ConversionLimits(BaseModel):
 
 def stored_paths(
     files: list[SourceFile], folders: dict[str, str], by_class_folder: bool
-) -> tuple[list[PurePosixPath], list[str]]:
+) -> tuple[list[str], list[str]]:
     """Where each file goes: below its class's folder, every component made safe (``safe_name``).
 
     Paths equal once made safe, or equal but for letter case or Unicode normalisation (``café`` spelt NFC
@@ -115,7 +115,7 @@ def stored_paths(
         if candidate != path:
             renamed.append(f"{file.original.as_posix()!r} -> {candidate.as_posix()!r}")
         taken.add(candidate.as_posix().casefold())
-        paths.append(candidate)
+        paths.append(candidate.as_posix())  # a string: a path object per image is several times larger
     return paths, renamed
 
 

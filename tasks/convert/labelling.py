@@ -13,6 +13,7 @@ NFD spellings of ``café``) are one class, with a warning.
 
 from __future__ import annotations
 
+import os
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -29,12 +30,36 @@ _SHOWN = 5  # names quoted in a message before "and N more"
 SingleClass = Literal["labeled", "unlabeled"]
 
 
-@dataclass(frozen=True)
 class SourceFile:
-    path: Path  # where it is now
-    relative: PurePosixPath  # below the base folder: what a labels file names, and where it is stored
-    original: PurePosixPath  # below the source: the user's own name for the file
-    label: str | None
+    """One file to convert. Held as strings, its paths made when asked: a conversion plans one per image, so
+    each byte counts (a dataclass of three path objects took 700 bytes an image)."""
+
+    __slots__ = ("_path", "_relative", "_original", "label")
+
+    def __init__(
+        self, path: Path | str, relative: PurePosixPath | str, original: PurePosixPath | str, label: str | None
+    ) -> None:
+        self._path, self._relative = os.fspath(path), str(relative)
+        self._original = self._relative if str(original) == self._relative else str(original)
+        self.label = label
+
+    @property
+    def path(self) -> Path:
+        """Where it is now."""
+        return Path(self._path)
+
+    @property
+    def relative(self) -> PurePosixPath:
+        """Below the base folder: what a labels file names, and where it is stored."""
+        return PurePosixPath(self._relative)
+
+    @property
+    def original(self) -> PurePosixPath:
+        """Below the source: the user's own name for the file."""
+        return PurePosixPath(self._original)
+
+    def __repr__(self) -> str:
+        return f"SourceFile({self._path!r}, {self._relative!r}, {self._original!r}, {self.label!r})"
 
 
 @dataclass

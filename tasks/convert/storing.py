@@ -18,7 +18,7 @@ import errno
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -152,10 +152,9 @@ def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tupl
     return *size, mode
 
 
-def store_image(
-    file: SourceFile, target: PurePosixPath, root: Path, settings: StoreSettings
-) -> ImageRecord | QuarantinedFile:
-    """Check one image and write it to ``root / target``: an ImageRecord, or why it was quarantined."""
+def store_image(file: SourceFile, target: str, root: Path, settings: StoreSettings) -> ImageRecord | QuarantinedFile:
+    """Check one image and write it to ``root / target`` (a POSIX path): an ImageRecord, or why it was
+    quarantined."""
     where = file.original.as_posix()
     if file.path.stat().st_size == 0:
         return QuarantinedFile(path=where, reason="empty file (0 bytes)")
@@ -184,7 +183,7 @@ def store_image(
         reason = f"damaged or truncated image: {error}"
     else:
         return ImageRecord(
-            path=target.as_posix(),
+            path=target,
             label=file.label,
             sha256=sha256_file(destination),
             size_bytes=destination.stat().st_size,
@@ -223,18 +222,18 @@ class StoredJournal:
                 path.unlink()
         self.images = len(self.records)
 
-    def reused(self, file: SourceFile, target: PurePosixPath) -> ImageRecord | None:
+    def reused(self, file: SourceFile, target: str) -> ImageRecord | None:
         """The record of ``file`` when an earlier attempt stored it at ``target``."""
-        record = self.records.get(target.as_posix())
+        record = self.records.get(target)
         if record is not None and (record.source_path, record.label) != (file.original.as_posix(), file.label):
             (self.root / target).unlink()  # another file's, planned otherwise this time: store this one afresh
             with self._lock:
-                del self.records[target.as_posix()]
+                del self.records[target]
                 self.images -= 1
             return None
         return record
 
-    def take(self, file: SourceFile, target: PurePosixPath) -> ImageRecord | None:
+    def take(self, file: SourceFile, target: str) -> ImageRecord | None:
         """``reused``, and the record let go of (it stays counted): memory goes down as the conversion goes on."""
         if (record := self.reused(file, target)) is not None:
             with self._lock:
@@ -269,7 +268,7 @@ class ImageWriter:
         with self._lock:
             self.counts[what] += 1
 
-    def __call__(self, file: SourceFile, target: PurePosixPath) -> ImageRecord | QuarantinedFile | None:
+    def __call__(self, file: SourceFile, target: str) -> ImageRecord | QuarantinedFile | None:
         if (record := self.journal.take(file, target)) is not None:
             self._count("reused")
             return record

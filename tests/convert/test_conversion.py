@@ -490,14 +490,14 @@ def test_storing_an_image_never_overwrites_one_already_stored(tmp_path):
     first, second = (write_image(tmp_path / f"{i}.png", COLOURS["red"], seed=i) for i in range(2))
     store_image(
         SourceFile(first, PurePosixPath("0.png"), PurePosixPath("0.png"), None),
-        PurePosixPath("x.png"),
+        "x.png",
         tmp_path / "out",
         settings,
     )
     with pytest.raises(FileExistsError):
         store_image(
             SourceFile(second, PurePosixPath("1.png"), PurePosixPath("1.png"), None),
-            PurePosixPath("x.png"),
+            "x.png",
             tmp_path / "out",
             settings,
         )
