@@ -8,7 +8,9 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import IO
 
@@ -129,3 +131,16 @@ def storage_faults(what: str, needed: int, where: Path | None = None) -> Iterato
         if cause is None:
             raise
         raise storage_fault(what, cause, needed, where) from error
+
+
+def in_order(pool: Executor, function: Callable, arguments: Iterable[tuple], window: int = 1024) -> Iterator:
+    """``function(*a)`` for each ``a`` of ``arguments`` on ``pool``, the results in order, with at most ``window``
+    calls submitted ahead of the result being read: memory does not grow with the number of calls (``pool.map``
+    submits them all at once)."""
+    pending: deque = deque()
+    for each in arguments:
+        pending.append(pool.submit(function, *each))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()

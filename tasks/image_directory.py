@@ -227,16 +227,16 @@ class ImageDirectory:
         the content hash and the index's sha256 filled in."""
         path = root / INDEX_NAME
         if isinstance(index, IndexWriter):
-            digest = index.finish()
+            digest, content_hash = index.finish(manifest.classes)
         else:
             if not isinstance(index, ImageIndex):
                 index = ImageIndex.from_rows(index_rows(index, manifest.classes))
-            digest = index.save(path)
+            digest, content_hash = index.save(path), None
         written = ImageIndex.open(path)
         manifest = manifest.model_copy(
             update={
                 "image_count": len(written),
-                "content_hash": written.content_hash(manifest.classes),
+                "content_hash": content_hash or written.content_hash(manifest.classes),
                 "index_sha256": digest,
             }
         )

@@ -258,6 +258,8 @@ class IndexWriter:
         self._flushed = 0
         self.relabel: np.ndarray | None = None
         self._rows: list[Row] = []
+        self._last_path: bytes | None = None
+        self.in_path_order = True  # each row's path after the one before, as bytes: hashed without sorting
         self._string_bytes = dict.fromkeys(_STRINGS, 0)
         self._raw = {name: open(self.scratch / name, "wb") for name in self._raw_names()}  # noqa: SIM115
         for name in _STRINGS:  # offsets start at 0; each row appends its string's end
@@ -273,6 +275,10 @@ class IndexWriter:
         return self._flushed + len(self._rows)
 
     def append(self, row: Row) -> None:
+        path = row.path.encode()
+        if self._last_path is not None and path <= self._last_path:
+            self.in_path_order = False
+        self._last_path = path
         self._rows.append(row)
         if len(self._rows) >= self._BUFFER:
             self._flush()
@@ -292,28 +298,58 @@ class IndexWriter:
         self._flushed += len(self._rows)
         self._rows = []
 
-    def finish(self) -> str:
-        """Write the ``.npz`` and remove the scratch folder; returns the file's sha256."""
+    def finish(self, classes: Sequence[str] | None = None) -> tuple[str, str | None]:
+        """Write the ``.npz``, each column copied from its raw file a chunk at a time (nothing is read whole or
+        memory-mapped), and remove the scratch folder. Returns the file's sha256 and, given the ``classes``, the
+        content hash (``ImageIndex.content_hash``) when the rows came in path order (else None: hash the index)."""
         self._flush()
         self.close()
-        columns = {}
-        for name in self._raw_names():
-            raw = self.scratch / name
-            dtype = np.dtype("<i8") if name.endswith(".offsets") else _FIXED.get(name, np.dtype("u1"))
-            shape = (self.count, 32) if name == "sha256" else (raw.stat().st_size // dtype.itemsize,)
-            mode = "r+" if name == "label" and self.relabel is not None else "r"
-            columns[name] = (
-                np.memmap(raw, dtype=dtype, mode=mode, shape=shape) if raw.stat().st_size else np.zeros(shape, dtype)
-            )
-        if self.relabel is not None and len(self.relabel) and self.count:
-            labels = columns["label"]
-            for begin in range(0, len(labels), _CHUNK):
-                values = np.asarray(labels[begin : begin + _CHUNK])
-                labels[begin : begin + _CHUNK] = np.where(values >= 0, self.relabel[np.maximum(values, 0)], values)
-        digest = _save(self.path, columns)
-        del columns
+        with zipfile.ZipFile(self.path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for name in self._raw_names():
+                raw = self.scratch / name
+                dtype = self._dtype(name)
+                shape = (self.count, 32) if name == "sha256" else (raw.stat().st_size // dtype.itemsize,)
+                header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as out, open(raw, "rb") as source:
+                    np.lib.format.write_array_header_1_0(out, header)
+                    while chunk := source.read(_CHUNK * dtype.itemsize):
+                        out.write(self._relabelled(chunk) if name == "label" else chunk)
+        content = self._content_hash(classes) if classes is not None and self.in_path_order else None
         shutil.rmtree(self.scratch)
-        return digest
+        return sha256_of(self.path), content
+
+    @staticmethod
+    def _dtype(name: str) -> np.dtype:
+        return np.dtype("<i8") if name.endswith(".offsets") else _FIXED.get(name, np.dtype("u1"))
+
+    def _relabelled(self, chunk: bytes) -> bytes:
+        if self.relabel is None or not len(self.relabel):
+            return chunk
+        values = np.frombuffer(chunk, dtype=_FIXED["label"])
+        return np.where(values >= 0, self.relabel[np.maximum(values, 0)], values).astype(_FIXED["label"]).tobytes()
+
+    def _content_hash(self, classes: Sequence[str]) -> str:
+        """``ImageIndex.content_hash`` of rows written in path order, read back from the raw files in chunks."""
+        names, digest = [*classes, "None"], hashlib.sha256()
+        raw = {n: open(self.scratch / n, "rb") for n in ("path.bytes", "path.offsets", "label", "sha256")}  # noqa: SIM115
+        try:
+            for start in range(0, self.count, _CHUNK):
+                rows = min(_CHUNK, self.count - start)
+                raw["path.offsets"].seek(start * 8)
+                offsets = np.frombuffer(raw["path.offsets"].read((rows + 1) * 8), dtype="<i8")
+                raw["path.bytes"].seek(int(offsets[0]))
+                data = raw["path.bytes"].read(int(offsets[-1] - offsets[0]))
+                labels = raw["label"].read(rows * 4)
+                labels = np.frombuffer(self._relabelled(labels), "<i4")
+                hashes = raw["sha256"].read(rows * 32)
+                ends = (offsets - offsets[0]).tolist()
+                for i, label in enumerate(labels.tolist()):
+                    path = data[ends[i] : ends[i + 1]].decode()
+                    digest.update(f"{path}\0{names[label]}\0{hashes[32 * i : 32 * i + 32].hex()}\n".encode())
+        finally:
+            for handle in raw.values():
+                handle.close()
+        return digest.hexdigest()
 
     def close(self) -> None:
         """Close the raw files (``finish`` does; a caller stopping without finishing removes the scratch folder)."""

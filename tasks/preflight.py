@@ -45,7 +45,7 @@ def folder_classes(location: str) -> set[str] | None:
         return None
     if not plan.labeled or labels_file is not None:
         return None
-    return {f.label for f in plan.files if f.label is not None}
+    return set(plan.classes)
 
 
 def check_training_sources(train: str | None, validation: str | None, validation_fraction: float | None) -> None:

@@ -25,16 +25,15 @@ import hashlib
 import json
 import logging
 import os
-from collections import Counter, deque
-from collections.abc import Iterator
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
 from pydantic import BaseModel, Field
 
-from tasks.convert.labelling import SingleClass, SourceFile, examples_of, plan_source
+from tasks.convert.labelling import SingleClass, examples_of, plan_source
 from tasks.convert.labels_file import read_labels_file
 from tasks.convert.listing import list_folder
 from tasks.convert.resuming import converted_before, resumable_folder, storage_error
@@ -49,7 +48,7 @@ from tasks.convert.storing import (
     writing,
 )
 from tasks.errors import InvalidDatasetError
-from tasks.fileio import require_space
+from tasks.fileio import in_order, require_space
 from tasks.image_directory import (
     FORMAT_VERSION,
     IMAGE_EXTENSIONS,
@@ -60,7 +59,6 @@ from tasks.image_directory import (
     Normalisation,
     QuarantinedFile,
     class_folders,
-    safe_name,
 )
 from tasks.image_index import INDEX_NAME, IndexWriter, Row
 from tasks.progress import every_while, run_logger
@@ -91,44 +89,6 @@ class ConversionLimits(BaseModel):
         gt=0,
         description="Decoded pixels, in bytes, that all decoding threads may hold at once",
     )
-
-
-def stored_paths(
-    files: list[SourceFile], folders: dict[str, str], by_class_folder: bool
-) -> tuple[list[str], list[str]]:
-    """Where each file goes: below its class's folder, every component made safe (``safe_name``).
-
-    Paths equal once made safe, or equal but for letter case or Unicode normalisation (``café`` spelt NFC
-    and NFD in two merged class folders), get ``~2``, ``~3`` before the extension: none overwrites another.
-    Also a warning per renamed file.
-    """
-    taken: set[str] = set()
-    paths, renamed = [], []
-    for file in files:
-        parts = file.relative.parts[1:] if by_class_folder else file.relative.parts
-        prefix = (folders[file.label],) if file.label is not None else ()
-        path, n = PurePosixPath(*prefix, *(safe_name(p) for p in parts)), 1
-        candidate = path
-        while candidate.as_posix().casefold() in taken:
-            n += 1
-            candidate = path.with_name(f"{path.stem}~{n}{path.suffix}")
-        if candidate != path:
-            renamed.append(f"{file.original.as_posix()!r} -> {candidate.as_posix()!r}")
-        taken.add(candidate.as_posix().casefold())
-        paths.append(candidate.as_posix())  # a string: a path object per image is several times larger
-    return paths, renamed
-
-
-def in_order(pool: ThreadPoolExecutor, function, *iterables, window: int = 1024) -> Iterator:
-    """``pool.map`` with at most ``window`` calls submitted ahead of the result being read: the same results in
-    the same order, with memory that does not grow with the number of calls."""
-    pending: deque = deque()
-    for arguments in zip(*iterables):
-        pending.append(pool.submit(function, *arguments))
-        if len(pending) >= window:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
 
 
 class _Found:
@@ -276,21 +236,21 @@ def _convert(
         plan, labels_source = plan_source(
             opened.folder, list_folder(opened.folder), labels=table, labeled=labeled, single_class=single_class
         )
-        classes = sorted({f.label for f in plan.files if f.label is not None})
-        folders = class_folders(classes)
-        targets, renamed = stored_paths(plan.files, folders, by_class_folder=plan.labeled and labels_source is None)
+        classes, folders = plan.classes, class_folders(plan.classes)
         journal = StoredJournal(partial)
-        todo = [f for f, t in zip(plan.files, targets) if journal.reused(f, t) is None]
         if journal.records:
             run_logger(logger).info(
                 "%s: %d images stored by an earlier attempt are reused", output, len(journal.records)
             )
-        needed = space_needed(todo, normalisation)
-        planned_bytes = sum(f.path.stat().st_size for f in plan.files)
-        del todo
-        require_space(partial, needed, "the conversion", "the images' size", "output")
+        progress.phase = "measuring the images"
+        planned_bytes = needed = 0
+        for file in plan.files():
+            size = file.size()
+            planned_bytes, needed = planned_bytes + size, needed + space_needed(size, normalisation)
+        needed -= journal.stored_bytes
+        require_space(partial, max(needed, 0), "the conversion", "the images' size", "output")
         writer = ImageWriter(partial, store, journal)
-        progress.writer, progress.total = writer, len(plan.files)
+        progress.writer, progress.total = writer, plan.count
         index = IndexWriter(partial / INDEX_NAME)
         found = _Found(classes, index)
         quarantined = opened.skipped + plan.refused
@@ -298,7 +258,7 @@ def _convert(
             # Decoding, hashing and file I/O run in C and release the GIL: threads overlap them. The records go
             # to the index as they come, in the planned order, so memory does not grow with the images.
             with ThreadPoolExecutor(max_workers=threads or min(16, 2 * (os.cpu_count() or 1))) as pool:
-                for result in in_order(pool, writer, plan.files, targets):
+                for result in in_order(pool, writer, plan.stored(folders)):
                     if isinstance(result, ImageRecord):
                         with writing():  # the index's rows go to the output's storage too
                             found.add(result)
@@ -315,10 +275,10 @@ def _convert(
             )
         kept = [c for c in classes if counts[c]]
         warnings = list(plan.warnings)
-        if renamed:
+        if plan.renamed:
             warnings.append(
-                f"{len(renamed)} files whose names collide once made safe (or differ only in letter case or Unicode "
-                f"normalisation) were stored under new names: {examples_of(renamed, quoted=False)}"
+                f"{len(plan.renamed)} files whose names collide once made safe (or differ only in letter case or "
+                f"Unicode normalisation) were stored under new names: {plan.renamed.text(quoted=False)}"
             )
         if unreadable := [c for c in classes if not counts[c]]:
             warnings.append(f"classes whose every image was quarantined, left out: {', '.join(map(repr, unreadable))}")

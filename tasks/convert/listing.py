@@ -3,12 +3,17 @@
 Links are followed only where they resolve inside the folder; links leading out of it, broken links, link
 loops and anything that is not a regular file or folder (FIFOs, sockets, devices) are skipped, each reported
 with the reason. Litter that operating systems leave behind is left out without a word.
+
+The listing is a tree of folders, each holding its files' names in one string: a conversion of a million images
+keeps its listing in about the bytes of their names (no object per file). ``files`` walks it in path order (the
+order of ``sorted`` on the files' ``PurePosixPath``), depth first.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -24,13 +29,60 @@ def is_os_litter(name: str) -> bool:
     return name in IGNORED_NAMES or name.startswith("._")  # "._x": macOS AppleDouble metadata of x
 
 
+class Folder:
+    """One folder of a listing: its path below the root, its files' names (sorted) and its folders' names."""
+
+    __slots__ = ("relative", "_names", "count", "subfolders")
+
+    def __init__(self, relative: PurePosixPath, names: list[str], subfolders: list[str]) -> None:
+        self.relative, self.count, self.subfolders = relative, len(names), subfolders
+        self._names = "\0".join(names)  # no file name holds a NUL
+
+    @property
+    def names(self) -> list[str]:
+        return self._names.split("\0") if self.count else []
+
+    def iter_names(self) -> Iterator[str]:
+        """The names one at a time (no list of a large folder's names)."""
+        start, names = 0, self._names
+        for _ in range(self.count):
+            end = names.find("\0", start)
+            yield names[start:] if end < 0 else names[start:end]
+            start = end + 1
+
+
 @dataclass
 class FolderListing:
-    """Everything below a folder, relative to it: what can be read, and what was skipped with the reason."""
+    """Everything below a folder, relative to it: its folders (the root is ``PurePosixPath()``), in the order of a
+    walk, and what was skipped with the reason."""
 
-    files: list[PurePosixPath] = field(default_factory=list)
-    folders: list[PurePosixPath] = field(default_factory=list)
+    folders: dict[PurePosixPath, Folder] = field(default_factory=dict)
     skipped: list[QuarantinedFile] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        """The number of files."""
+        return sum(f.count for f in self.folders.values())
+
+    def walk(self, folder: PurePosixPath = PurePosixPath()) -> Iterator[tuple[Folder, str | None]]:
+        """``folder``'s files (folder, name) in path order, depth first; after each folder's last file, (folder,
+        None): the folder is done."""
+        here = self.folders[folder]
+        names, subfolders = here.iter_names(), iter(here.subfolders)
+        name, subfolder = next(names, None), next(subfolders, None)
+        while name is not None or subfolder is not None:
+            if subfolder is None or (name is not None and name < subfolder):
+                yield here, name
+                name = next(names, None)
+            else:
+                yield from self.walk(folder / subfolder)
+                subfolder = next(subfolders, None)
+        yield here, None
+
+    def files(self) -> Iterator[PurePosixPath]:
+        """Every file, relative to the root, in path order."""
+        for folder, name in self.walk():
+            if name is not None:
+                yield folder.relative / name
 
 
 _SPECIAL_KINDS = {
@@ -60,36 +112,58 @@ def list_folder(root: Path) -> FolderListing:
     def skip(relative: PurePosixPath, reason: str) -> None:
         listing.skipped.append(QuarantinedFile(path=relative.as_posix(), reason=reason))
 
+    def mode_of(entry: os.DirEntry, relative: PurePosixPath) -> int | None:
+        """The entry's file type (a link's target's), or None when it is skipped. A plain file or folder costs no
+        system call: the type comes with the folder's listing."""
+        if not entry.is_symlink():
+            if entry.is_dir(follow_symlinks=False):
+                return stat.S_IFDIR
+        elif problem := _link_problem(Path(entry.path), root):
+            skip(relative, problem)
+            return None
+        try:
+            return entry.stat().st_mode
+        except OSError as error:
+            skip(relative, f"cannot be read: {error.strerror}")
+            return None
+
     def visit(folder: Path, relative: PurePosixPath, chain: frozenset[Path]) -> None:
+        # Only the names of plain files are kept from the scan (a DirEntry is several times larger than its
+        # name, and a folder may hold a million files); the rest is looked at in name order, as it was listed.
+        names, others = [], []
         with os.scandir(folder) as scan:
-            entries = sorted(scan, key=lambda e: e.name)
-        for entry in entries:
-            path, relative_path = Path(entry.path), relative / entry.name
-            if is_os_litter(entry.name):
-                continue
-            if entry.is_symlink() and (problem := _link_problem(path, root)):
-                skip(relative_path, problem)
-                continue
-            try:
-                mode = path.stat().st_mode
-            except OSError as error:
-                skip(relative_path, f"cannot be read: {error.strerror}")
+            for entry in scan:
+                if is_os_litter(entry.name):
+                    continue
+                if entry.is_file(follow_symlinks=False) and not entry.is_symlink():
+                    names.append(entry.name)
+                else:
+                    others.append(entry)
+        names.sort()
+        others.sort(key=lambda e: e.name)
+        subfolders = []
+        for entry in others:
+            relative_path = relative / entry.name
+            if (mode := mode_of(entry, relative_path)) is None:
                 continue
             if stat.S_ISDIR(mode):
-                real = path.resolve()
+                real = Path(entry.path).resolve()
                 if real in chain:  # a link back to a folder that holds it
                     skip(
-                        relative_path, f"link to {os.readlink(path)!r}, a folder that holds it: following it would loop"
+                        relative_path,
+                        f"link to {os.readlink(entry.path)!r}, a folder that holds it: following it would loop",
                     )
                     continue
-                listing.folders.append(relative_path)
-                visit(path, relative_path, chain | {real})
+                subfolders.append(entry.name)
+                visit(Path(entry.path), relative_path, chain | {real})
             elif stat.S_ISREG(mode):
-                listing.files.append(relative_path)
+                names.append(entry.name)
             else:
                 kind = next((k for test, k in _SPECIAL_KINDS.items() if test(mode)), "not a regular file")
                 skip(relative_path, f"{kind}, not a regular file: only files, folders and links to them are read")
+        if others:
+            names.sort()  # links to files join the plain ones
+        listing.folders[relative] = Folder(relative, names, subfolders)
 
     visit(root, PurePosixPath(), frozenset({root}))
-    listing.files.sort()
     return listing

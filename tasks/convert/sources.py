@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 from tasks.convert.archives import extract_archive, refuse_oversize
 from tasks.convert.listing import is_os_litter, list_folder
 from tasks.errors import InvalidDatasetError, OutputStorageError
-from tasks.fileio import megabytes, sha256_file
+from tasks.fileio import in_order, megabytes, sha256_file
 from tasks.image_directory import QuarantinedFile
 from tasks.storage import S3Location, download_s3_object, is_s3_uri, parse_s3_uri, s3_client
 
@@ -86,11 +86,12 @@ class FolderSource(_LocalSource):
     """A folder, read in place."""
 
     def fingerprint(self) -> str:
-        files = [f.as_posix() for f in list_folder(self.path).files]
-        # Hashing runs in C and releases the GIL, so threads overlap it with reading.
+        # Hashing runs in C and releases the GIL, so threads overlap it with reading; a window of files at a time.
+        def hashed(relative: PurePosixPath) -> str:
+            return f"{relative.as_posix()}\0{_hash_or_unreadable(self.path / relative)}"
+
         with ThreadPoolExecutor(max_workers=4) as pool:
-            hashes = pool.map(lambda name: _hash_or_unreadable(self.path / name), files)
-            return _digest(f"{name}\0{h}" for name, h in zip(files, hashes))
+            return _digest(in_order(pool, hashed, ((f,) for f in list_folder(self.path).files())))
 
     @contextlib.contextmanager
     def open(self) -> Iterator[OpenedSource]:

@@ -90,16 +90,12 @@ def writing() -> Iterator[None]:
         raise
 
 
-def space_needed(files: list[SourceFile], normalisation: Normalisation | None) -> int:
-    """About how many bytes the stored images take: the sources' (copied byte for byte), capped when normalising
-    to a longest side at 4 bytes a pixel of the largest image that side allows."""
-    total = 0
-    for file in files:
-        size = file.path.stat().st_size
-        if normalisation is not None and normalisation.max_side:
-            size = min(size, normalisation.max_side**2 * 4)
-        total += size
-    return total
+def space_needed(size: int, normalisation: Normalisation | None) -> int:
+    """About how many bytes an image of ``size`` bytes takes stored: its size (copied byte for byte), capped when
+    normalising to a longest side at 4 bytes a pixel of the largest image that side allows."""
+    if normalisation is not None and normalisation.max_side:
+        return min(size, normalisation.max_side**2 * 4)
+    return size
 
 
 def _check_pixels(image: Image.Image, max_pixels: int) -> None:
@@ -221,6 +217,11 @@ class StoredJournal:
             if path.is_file() and path != self.path and path.relative_to(root).as_posix() not in self.records:
                 path.unlink()
         self.images = len(self.records)
+
+    @property
+    def stored_bytes(self) -> int:
+        """The bytes of the images an earlier attempt stored, not reached yet by this one."""
+        return sum(record.size_bytes for record in self.records.values())
 
     def reused(self, file: SourceFile, target: str) -> ImageRecord | None:
         """The record of ``file`` when an earlier attempt stored it at ``target``."""
