@@ -121,16 +121,17 @@ def storage_cause(error: BaseException | None) -> OSError | None:
 
 
 @contextlib.contextmanager
-def storage_faults(what: str, needed: int, where: Path | None = None) -> Iterator[None]:
+def storage_faults(what: str, needed: int | Callable[[], int], where: Path | None = None) -> Iterator[None]:
     """Around writing ``what``: a fault of the storage (behind whatever error reports it) becomes the one
-    OutputStorageError of ``storage_fault``; any other error goes on as it is."""
+    OutputStorageError of ``storage_fault``; any other error goes on as it is. ``needed``: the bytes, or what
+    works them out once a fault happens (for what is written as it is made)."""
     try:
         yield
     except (OSError, RuntimeError) as error:
         cause = storage_cause(error)
         if cause is None:
             raise
-        raise storage_fault(what, cause, needed, where) from error
+        raise storage_fault(what, cause, needed() if callable(needed) else needed, where) from error
 
 
 def in_order(pool: Executor, function: Callable, arguments: Iterable[tuple], window: int = 1024) -> Iterator:

@@ -8,7 +8,7 @@ alone took batches of 64 from 45 to 83 images/s.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import numpy as np
@@ -25,9 +25,8 @@ from tasks.scores_table import (
     LABEL_COLUMN,
     SCORED_LABELS,
     probability_column,
-    scores_summary,
     top_k_columns,
-    write_scores,
+    write_score_chunks,
 )
 from tasks.vision.images import ImageFiles
 from tasks.vision.networks import load_trained_model, memory_format
@@ -65,6 +64,72 @@ def onnx_predictor(
     return (lambda batch: session.run([OUTPUT_NAME], {INPUT_NAME: normalize(batch).numpy()})[0]), False
 
 
+def score_chunks(
+    model_dir: ModelDirectory,
+    images: ImageDirectory,
+    batch_size: int = BATCH_SIZE,
+    runtime: Runtime = "torch",
+    top_k: int = 0,
+    chunk_rows: int | None = None,
+) -> Iterator[pd.DataFrame]:
+    """``score_images``' table ``chunk_rows`` rows at a time (by default about 4 million probabilities' worth,
+    whatever the number of classes), in the images' order, at least one chunk (it names the columns): what
+    ``write_score_chunks`` writes as it comes. The arguments are checked at once."""
+    if top_k < 0:
+        raise PipelineInputError(f"top_k {top_k} is not allowed: use 0 (no top-k columns) or a number of labels >= 1")
+    if images.labeled and not set(images.classes) <= set(model_dir.classes):
+        unknown = sorted(set(images.classes) - set(model_dir.classes))
+        raise InvalidDatasetError(
+            f"{images.root} has classes {unknown} the model {model_dir.root} was not trained on "
+            f"(it knows {model_dir.classes})"
+        )
+    rows = chunk_rows or max(batch_size, min(8192, 2**22 // max(1, len(model_dir.classes))))
+    return _chunks(model_dir, images, batch_size, runtime, top_k, rows)
+
+
+def _chunks(
+    model_dir: ModelDirectory, images: ImageDirectory, batch_size: int, runtime: Runtime, top_k: int, rows: int
+) -> Iterator[pd.DataFrame]:
+    keep_freed_memory()  # batch after batch of the same shapes: reuse the blocks instead of faulting them in
+    spec = model_dir.spec
+    dataset = ImageFiles(
+        images.samples(), eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std), normalized=False
+    )
+    predict, pin = (onnx_predictor if runtime == "onnx" else torch_predictor)(model_dir, dataset.transform.normalize)
+    pending, start = [], 0
+    for batch, _ in DataLoader(dataset, batch_size=batch_size, pin_memory=pin):
+        pending.append(predict(batch))
+        if sum(len(p) for p in pending) >= rows:
+            probabilities, pending = np.concatenate(pending), []
+            yield _table(model_dir, images, probabilities, start, top_k)
+            start += len(probabilities)
+    if pending or not start:
+        empty = np.empty((0, len(model_dir.classes)), dtype=np.float32)
+        yield _table(model_dir, images, np.concatenate(pending) if pending else empty, start, top_k)
+
+
+def _table(
+    model_dir: ModelDirectory, images: ImageDirectory, probabilities: np.ndarray, start: int, top_k: int
+) -> pd.DataFrame:
+    """The rows of the images from ``start`` on, one per row of ``probabilities``."""
+    index, stop = images.index, start + len(probabilities)
+    # The user's own name for each image, not the name it was stored under (escaped, renamed on collision).
+    table = pd.DataFrame({IMAGE_COLUMN: [index.source_path[i] or index.path[i] for i in range(start, stop)]})
+    table[SCORED_LABELS] = [model_dir.classes[i] for i in probabilities.argmax(axis=1)]
+    for column, name in enumerate(model_dir.classes):
+        table[probability_column(name)] = probabilities[:, column]
+    # Stable sort: of equal probabilities the class listed first ranks first, as argmax picks it.
+    ranked = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
+    for rank in range(ranked.shape[1]):
+        label, probability = top_k_columns(rank + 1)
+        table[label] = [model_dir.classes[i] for i in ranked[:, rank]]
+        table[probability] = np.take_along_axis(probabilities, ranked[:, rank : rank + 1], axis=1)[:, 0]
+    if images.labeled:
+        codes = np.asarray(index.label[start:stop])
+        table[LABEL_COLUMN] = pd.Categorical.from_codes(codes, images.classes).astype(object)
+    return table
+
+
 def score_images(
     model_dir: ModelDirectory,
     images: ImageDirectory,
@@ -74,39 +139,9 @@ def score_images(
 ) -> pd.DataFrame:
     """One row per image: ``image``, ``Scored Labels``, ``Scored Probabilities_<class>``..., with ``top_k`` > 0
     ``Top 1 Label``, ``Top 1 Probability`` ... ``Top k ...`` (k at most the number of classes), and ``label``
-    when known."""
-    if top_k < 0:
-        raise PipelineInputError(f"top_k {top_k} is not allowed: use 0 (no top-k columns) or a number of labels >= 1")
-    if images.labeled and not set(images.classes) <= set(model_dir.classes):
-        unknown = sorted(set(images.classes) - set(model_dir.classes))
-        raise InvalidDatasetError(
-            f"{images.root} has classes {unknown} the model {model_dir.root} was not trained on "
-            f"(it knows {model_dir.classes})"
-        )
-    keep_freed_memory()  # batch after batch of the same shapes: reuse the blocks instead of faulting them in
-    spec = model_dir.spec
-    dataset = ImageFiles(
-        images.samples(), eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std), normalized=False
-    )
-    predict, pin = (onnx_predictor if runtime == "onnx" else torch_predictor)(model_dir, dataset.transform.normalize)
-    batches = [predict(batch) for batch, _ in DataLoader(dataset, batch_size=batch_size, pin_memory=pin)]
-    probabilities = np.concatenate(batches) if batches else np.empty((0, len(model_dir.classes)), dtype=np.float32)
-
-    # The user's own name for each image, not the name it was stored under (escaped, renamed on collision).
-    records = images.index
-    table = pd.DataFrame({IMAGE_COLUMN: [s or p for s, p in zip(records.source_path, records.path)]})
-    table[SCORED_LABELS] = [model_dir.classes[i] for i in probabilities.argmax(axis=1)]
-    for index, name in enumerate(model_dir.classes):
-        table[probability_column(name)] = probabilities[:, index]
-    # Stable sort: of equal probabilities the class listed first ranks first, as argmax picks it.
-    ranked = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
-    for rank in range(ranked.shape[1]):
-        label, probability = top_k_columns(rank + 1)
-        table[label] = [model_dir.classes[i] for i in ranked[:, rank]]
-        table[probability] = np.take_along_axis(probabilities, ranked[:, rank : rank + 1], axis=1)[:, 0]
-    if images.labeled:
-        table[LABEL_COLUMN] = pd.Categorical.from_codes(records.label, images.classes).astype(object)
-    return table
+    when known. The whole table in memory: the stage writes it chunk by chunk instead (``score_chunks``)."""
+    chunks = list(score_chunks(model_dir, images, batch_size, runtime, top_k))
+    return chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
 
 
 # --- Prefect task -------------------------------------------------------------------------------
@@ -135,19 +170,18 @@ def score(
     batch_size: int = BATCH_SIZE,
     top_k: int = 0,
 ) -> Scored:
-    """Write the scores CSV (a path or s3:// URI), with ``top_k`` best labels per image when > 0; artifact
-    ``scores``: a summary and the first rows."""
+    """Write the scores CSV (a path or s3:// URI) as the images are scored, with ``top_k`` best labels per image
+    when > 0; artifact ``scores``: a summary and the first rows."""
     started = time.perf_counter()
-    table = score_images(
-        ModelDirectory(model_dir), ImageDirectory(image_dir), batch_size=batch_size, runtime=runtime, top_k=top_k
-    )
+    images = ImageDirectory(image_dir)
+    chunks = score_chunks(ModelDirectory(model_dir), images, batch_size=batch_size, runtime=runtime, top_k=top_k)
+    summary = write_score_chunks(chunks, output_csv, rows=len(images), preview_rows=PREVIEW_ROWS)
     seconds = time.perf_counter() - started
-    write_scores(table, output_csv)
     create_table_artifact(
         key="scores",
-        table=table.head(PREVIEW_ROWS).round(4).to_dict(orient="records"),
-        description=f"{len(table)} images scored with {runtime} in {seconds:.1f} s "
-        f"({len(table) / max(seconds, 1e-9):.0f} images/s); {scores_summary(table)}. "
-        f"First {min(PREVIEW_ROWS, len(table))} rows below; all in {output_csv}",
+        table=summary.head.round(4).to_dict(orient="records"),
+        description=f"{summary.rows} images scored with {runtime} in {seconds:.1f} s "
+        f"({summary.rows / max(seconds, 1e-9):.0f} images/s); {summary.text()}. "
+        f"First {min(PREVIEW_ROWS, summary.rows)} rows below; all in {output_csv}",
     )
-    return Scored(table=output_csv, images=len(table), labeled=LABEL_COLUMN in table.columns)
+    return Scored(table=output_csv, images=summary.rows, labeled=LABEL_COLUMN in summary.columns)

@@ -3,6 +3,7 @@
 A CSV with one row per image: ``image`` (the user's own path of it), ``Scored Labels``,
 ``Scored Probabilities_<class>`` per class in the model's output order (Azure's column names), with ``top_k``
 scoring ``Top 1 Label``, ``Top 1 Probability`` ... after them, and ``label`` when the images were labeled.
+Written a chunk of rows at a time (``write_score_chunks``): scoring a million images never holds their table.
 Plain pandas: no torch, no Prefect.
 """
 
@@ -10,6 +11,9 @@ from __future__ import annotations
 
 import io
 import re
+import tempfile
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -47,24 +51,77 @@ def read_scores(location: str | Path) -> pd.DataFrame:
     return pd.read_csv(io.BytesIO(data), dtype=text)
 
 
-def write_scores(table: pd.DataFrame, location: str) -> str:
-    """Write the scores CSV to a path (atomically) or to ``s3://bucket/key.csv``."""
-    data = table.to_csv(index=False).encode()
+class ScoresSummary:
+    """What a scores table adds up to, gathered chunk by chunk: rows, images per scored label, the mean of each
+    row's highest probability, and its first ``preview_rows`` rows."""
+
+    def __init__(self, preview_rows: int = 0) -> None:
+        self.rows, self.preview_rows = 0, preview_rows
+        self.counts: Counter[str] = Counter()
+        self.top_probabilities = 0.0
+        self.head = pd.DataFrame()
+        self.columns: list[str] = []
+
+    def add(self, chunk: pd.DataFrame) -> None:
+        self.columns = list(chunk.columns)
+        if len(self.head) < self.preview_rows:
+            self.head = pd.concat([self.head, chunk.head(self.preview_rows - len(self.head))], ignore_index=True)
+        if chunk.empty:
+            return
+        self.rows += len(chunk)
+        if SCORED_LABELS in chunk.columns:
+            self.counts.update(chunk[SCORED_LABELS].value_counts().to_dict())
+        if probabilities := [c for c in chunk.columns if c.startswith(PROBABILITY_PREFIX)]:
+            self.top_probabilities += float(chunk[probabilities].max(axis=1).sum())
+
+    def text(self) -> str:
+        """Images per scored label, and how sure the model was (mean of each row's highest probability)."""
+        if not self.rows:
+            return "no images"
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.counts.items()))
+        return f"scored labels: {counts}; mean top probability {self.top_probabilities / self.rows:.3f}"
+
+
+def write_score_chunks(
+    chunks: Iterable[pd.DataFrame], location: str, *, rows: int | None = None, preview_rows: int = 0
+) -> ScoresSummary:
+    """Write a scores CSV given in chunks of rows (the first names the columns) to a path, atomically, or to
+    ``s3://bucket/key.csv`` (spooled to a temporary file, then streamed from it in one PUT): one chunk in memory at a time.
+    ``rows``: how many there will be, for the space a full disk is told is needed."""
+    summary, written = ScoresSummary(preview_rows), [0]
+
+    def write_to(handle) -> None:
+        for number, chunk in enumerate(chunks):
+            data = chunk.to_csv(index=False, header=number == 0).encode()
+            written[0] += len(data)  # counted first: a fault writing it says what it needed
+            summary.add(chunk)
+            handle.write(data)
+
+    def needed() -> int:
+        return int(written[0] / summary.rows * rows) if rows and summary.rows else written[0]
+
     if is_s3_uri(location):
         target = parse_s3_uri(location)
-        with s3_writing(location):
-            s3_client().put_object(Bucket=target.bucket, Key=target.prefix, Body=data, ContentType="text/csv")
+        with tempfile.TemporaryFile() as spool:
+            write_to(spool)
+            spool.seek(0)
+            with s3_writing(location):
+                s3_client().put_object(Bucket=target.bucket, Key=target.prefix, Body=spool, ContentType="text/csv")
     else:
         # Nothing is left at location but the complete table.
-        with storage_faults(f"the scores table {location}", len(data)), atomic_write(location, "wb") as handle:
-            handle.write(data)
+        with storage_faults(f"the scores table {location}", needed), atomic_write(location, "wb") as handle:
+            write_to(handle)
+    return summary
+
+
+def write_scores(table: pd.DataFrame, location: str) -> str:
+    """Write a whole scores table to a path (atomically) or to ``s3://bucket/key.csv``."""
+    write_score_chunks([table], location, rows=len(table))
     return location
 
 
 def scores_summary(table: pd.DataFrame) -> str:
     """Images per scored label, and how sure the model was (mean of each row's highest probability)."""
-    if table.empty:
-        return "no images"
-    counts = table[SCORED_LABELS].value_counts().sort_index()
-    confidence = table[[c for c in table.columns if c.startswith(PROBABILITY_PREFIX)]].max(axis=1).mean()
-    return f"scored labels: {', '.join(f'{k}: {v}' for k, v in counts.items())}; mean top probability {confidence:.3f}"
+    summary = ScoresSummary()
+    summary.add(table)
+    return summary.text()

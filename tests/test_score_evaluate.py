@@ -16,8 +16,8 @@ from tasks import (
 )
 from tasks.comparison import comparison_rows
 from tasks.evaluate import evaluate_scores, evaluation_markdown
-from tasks.score import score_images
-from tasks.scores_table import read_scores, scores_summary, write_scores
+from tasks.score import score_chunks, score_images
+from tasks.scores_table import read_scores, scores_summary, write_score_chunks, write_scores
 from tests.helpers import COLOURS, write_class_folders, write_image
 
 # What a process has loaded after importing the scores table's contract, then Evaluate Model.
@@ -43,6 +43,20 @@ def test_scores_table_has_azure_columns_and_probabilities(trained_model, colour_
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
     assert (table["Scored Labels"] == [classes[i] for i in probabilities.argmax(axis=1)]).all()
     assert set(table["label"]) == set(classes)
+
+
+def test_the_stage_writes_its_table_chunk_by_chunk_to_the_same_bytes(trained_model, colour_image_dirs, tmp_path):
+    model, images = ModelDirectory(trained_model), ImageDirectory(colour_image_dirs[1])
+    whole = write_scores(score_images(model, images, top_k=2), str(tmp_path / "whole.csv"))
+    chunks = score_chunks(model, images, batch_size=2, top_k=2, chunk_rows=5)  # 12 images: chunks of 6, 6
+    sizes = []
+    summary = write_score_chunks(
+        (sizes.append(len(c)) or c for c in chunks), str(tmp_path / "chunked.csv"), preview_rows=3
+    )
+    assert sizes == [6, 6]
+    assert (tmp_path / "chunked.csv").read_bytes() == (tmp_path / "whole.csv").read_bytes()
+    assert summary.rows == 12 and len(summary.head) == 3
+    assert summary.text() == scores_summary(read_scores(whole))
 
 
 def test_top_k_adds_the_best_labels_after_the_azure_columns(trained_model, colour_image_dirs, tmp_path):

@@ -266,6 +266,7 @@ def _convert(
                         quarantined.append(result)
         except WriteFailed as failed:
             index.close()
+            journal.close()
             raise storage_error(output, failed.error, partial, journal, planned_bytes - journal.source_bytes) from None
         counts = found.counts
         if not index.count:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import io
+import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -30,6 +33,9 @@ JOURNAL_NAME = ".stored.jsonl"
 # Pillow holds RGB as 4 bytes a pixel; normalising adds the rotated and the converted copy.
 _BYTES_PER_PIXEL, _NORMALISING_BYTES_PER_PIXEL = 4, 12
 _CHUNK = 1 << 20
+# Files up to this size are read once and checked, written, decoded and hashed from memory (two opens an image
+# instead of six); larger ones are streamed.
+_IN_MEMORY_BYTES = 64 << 20
 # Formats whose encoder would otherwise pick a low default quality when re-encoding a normalised image.
 _SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"quality": 95}}
 
@@ -60,10 +66,15 @@ class StoreSettings:
     normalisation: Normalisation | None
     max_pixels: int
     budget: DecodeBudget
+    made_folders: set[Path] = field(default_factory=set)  # the output's folders made so far (one mkdir each)
 
 
 class _Refused(Exception):
     """An image that is quarantined, with the reason."""
+
+
+class _Empty(Exception):
+    """A file of 0 bytes."""
 
 
 # Reading a source, these make it unreadable (quarantined as such); writing the output, any of STORAGE_ERRNOS
@@ -120,8 +131,45 @@ def _copy_exclusively(source: Path, destination: Path) -> None:
                 writer.close()
 
 
-def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tuple[int, int, str]:
-    """Write one checked image to ``destination``: width, height and mode of what was stored."""
+def _read_small(path: Path) -> bytes | None:
+    """The file's bytes, when it is small enough to hold (``_IN_MEMORY_BYTES``); else None."""
+    with open(path, "rb") as reader:  # a fault reading the source is the source's (quarantined as unreadable)
+        if os.fstat(reader.fileno()).st_size > _IN_MEMORY_BYTES:
+            return None
+        return reader.read()
+
+
+def _make_folder(folder: Path, settings: StoreSettings) -> None:
+    if folder not in settings.made_folders:
+        with writing():
+            folder.mkdir(parents=True, exist_ok=True)
+        settings.made_folders.add(folder)
+
+
+def _store_bytes(data: bytes, destination: Path, settings: StoreSettings) -> tuple[int, int, str, str, int]:
+    """Check ``data`` from its header, write it, then decode it: what is decoded and hashed are the very bytes
+    stored, whatever the source does meanwhile."""
+    with Image.open(io.BytesIO(data)) as image:  # the header only: a huge or hostile file is refused before any decode
+        _check_pixels(image, settings.max_pixels)
+        with writing(), open(destination, "xb") as writer:
+            writer.write(data)
+        size, mode = image.size, image.mode
+        # A JPEG drafted to 1/8 scale is still entropy-decoded to its last byte, so truncation and damage
+        # still show, but most of the IDCT and colour conversion (needed only to re-encode) is skipped.
+        image.draft(None, (1, 1))
+        with settings.budget.hold(image.width * image.height * _BYTES_PER_PIXEL):
+            image.load()
+    return *size, mode, hashlib.sha256(data).hexdigest(), len(data)
+
+
+def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tuple[int, int, str, str, int]:
+    """Write one checked image to ``destination``: width, height and mode of what was stored, its sha256 and size."""
+    data = _read_small(file.path) if settings.normalisation is None else None
+    if (len(data) if data is not None else file.size()) == 0:
+        raise _Empty
+    _make_folder(destination.parent, settings)
+    if data is not None:
+        return _store_bytes(data, destination, settings)
     with Image.open(file.path) as image:  # the header only: a huge or hostile file is refused before any read
         _check_pixels(image, settings.max_pixels)
         normalisation = settings.normalisation
@@ -134,36 +182,32 @@ def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tupl
                     result.thumbnail((normalisation.max_side, normalisation.max_side), Image.Resampling.LANCZOS)
                 with writing(), open(destination, "xb") as writer:
                     result.save(writer, format=fmt, **_SAVE_OPTIONS.get(fmt, {}))
-                return result.width, result.height, result.mode
-    # The copy is what gets decoded and hashed: those are the very bytes stored, whatever the source does.
+                return result.width, result.height, result.mode, sha256_file(destination), destination.stat().st_size
+    # A large file is streamed: the copy is what gets decoded and hashed.
     _copy_exclusively(file.path, destination)
     with Image.open(destination) as image:
         _check_pixels(image, settings.max_pixels)
         size, mode = image.size, image.mode
-        # A JPEG drafted to 1/8 scale is still entropy-decoded to its last byte, so truncation and damage
-        # still show, but most of the IDCT and colour conversion (needed only to re-encode) is skipped.
         image.draft(None, (1, 1))
         with settings.budget.hold(image.width * image.height * _BYTES_PER_PIXEL):
             image.load()
-    return *size, mode
+    return *size, mode, sha256_file(destination), destination.stat().st_size
 
 
 def store_image(file: SourceFile, target: str, root: Path, settings: StoreSettings) -> ImageRecord | QuarantinedFile:
     """Check one image and write it to ``root / target`` (a POSIX path): an ImageRecord, or why it was
     quarantined."""
     where = file.original.as_posix()
-    if file.path.stat().st_size == 0:
-        return QuarantinedFile(path=where, reason="empty file (0 bytes)")
     destination = root / target
-    with writing():
-        destination.parent.mkdir(parents=True, exist_ok=True)
     try:
-        width, height, mode = _store(file, destination, settings)
+        width, height, mode, sha256, size = _store(file, destination, settings)
     except FileExistsError:
         raise  # two images planned to one path: a bug to surface, never a file to overwrite or quarantine
     except WriteFailed:
         destination.unlink(missing_ok=True)
         raise  # the storage's fault: the conversion stops (convert_to_image_directory says where and how much)
+    except _Empty:
+        return QuarantinedFile(path=where, reason="empty file (0 bytes)")
     except _Refused as refused:
         reason = str(refused)
     except Image.DecompressionBombError as error:
@@ -181,8 +225,8 @@ def store_image(file: SourceFile, target: str, root: Path, settings: StoreSettin
         return ImageRecord(
             path=target,
             label=file.label,
-            sha256=sha256_file(destination),
-            size_bytes=destination.stat().st_size,
+            sha256=sha256,
+            size_bytes=size,
             width=width,
             height=height,
             mode=mode,
@@ -205,6 +249,7 @@ class StoredJournal:
         self.records: dict[str, ImageRecord] = {}  # an earlier attempt's, until this one reaches them
         self.images = 0  # stored in all, by the earlier attempts and this one
         self.attempt_bytes = self.source_bytes = 0  # the images this attempt stored or reused, and their sources
+        self._handle = None  # appended to, unbuffered: each record one write
         if not self.path.is_file():
             return
         for line in self.path.read_text(encoding="utf-8").splitlines():
@@ -240,18 +285,28 @@ class StoredJournal:
             with self._lock:
                 del self.records[record.path]
                 self.attempt_bytes += record.size_bytes
-                self.source_bytes += file.path.stat().st_size
+                self.source_bytes += file.size()
         return record
 
     def add(self, record: ImageRecord, source_bytes: int) -> None:
-        # Each record starts on a line of its own: a line cut short by a full disk spoils only itself.
-        with self._lock, writing(), open(self.path, "a", encoding="utf-8") as handle:
-            handle.write("\n" + record.model_dump_json())
+        # Each record starts on a line of its own, in one write: a line cut short by a full disk spoils only itself.
+        line = ("\n" + record.model_dump_json()).encode()
+        with self._lock, writing():
+            if self._handle is None:
+                self._handle = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed by close or remove)
+            self._handle.write(line)
             self.images += 1
             self.attempt_bytes += record.size_bytes
             self.source_bytes += source_bytes
 
+    def close(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
+
     def remove(self) -> None:
+        self.close()
         self.path.unlink(missing_ok=True)
 
 
@@ -278,7 +333,7 @@ class ImageWriter:
         try:
             result = store_image(file, target, self.root, self.settings)
             if isinstance(result, ImageRecord):
-                self.journal.add(result, file.path.stat().st_size)
+                self.journal.add(result, file.size())
             self._count("stored" if isinstance(result, ImageRecord) else "quarantined")
             return result
         except WriteFailed:
