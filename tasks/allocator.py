@@ -46,3 +46,20 @@ def keep_freed_memory() -> bool:
         libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
     return _applied
+
+
+def _glibc() -> ctypes.CDLL | None:
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
+def release_free_memory() -> None:
+    """Hand the free pages inside every heap back to the kernel (glibc's ``malloc_trim``; a no-op elsewhere).
+
+    Conversion calls it every few thousand images: its threads each read, decode and hash one small image after
+    another, and with a heap (arena) each the free holes between what lives on grew the process by about 5 KB
+    every 100 images (100,000 tiny PNGs, 4 threads), never handed back, since glibc returns only a heap's top.
+    """
+    if (libc := _glibc()) is not None:
+        libc.malloc_trim(0)

@@ -45,6 +45,7 @@ _FIXED = {
 }
 _ROW_SHAPE = {"sha256": (32,)}
 _CHUNK = 65536  # rows handled at once where a column is walked in Python or re-laid out
+_HASHED_ROWS = 4096  # rows hashed at once as an index is written (a Python object each while they are)
 
 
 class Row(NamedTuple):
@@ -333,8 +334,8 @@ class IndexWriter:
         names, digest = [*classes, "None"], hashlib.sha256()
         raw = {n: open(self.scratch / n, "rb") for n in ("path.bytes", "path.offsets", "label", "sha256")}  # noqa: SIM115
         try:
-            for start in range(0, self.count, _CHUNK):
-                rows = min(_CHUNK, self.count - start)
+            for start in range(0, self.count, _HASHED_ROWS):
+                rows = min(_HASHED_ROWS, self.count - start)
                 raw["path.offsets"].seek(start * 8)
                 offsets = np.frombuffer(raw["path.offsets"].read((rows + 1) * 8), dtype="<i8")
                 raw["path.bytes"].seek(int(offsets[0]))

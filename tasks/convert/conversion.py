@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel, Field
 
+from tasks.allocator import release_free_memory
 from tasks.convert.labelling import SingleClass, examples_of, plan_source
 from tasks.convert.labels_file import read_labels_file
 from tasks.convert.listing import list_folder
@@ -67,6 +68,7 @@ from tasks.storage import is_s3_uri, read_bytes
 # A 48-megapixel phone photo fits; Pillow's own decompression-bomb warning starts at ~89 MP.
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
 DEFAULT_DECODE_MEMORY_BYTES = 2**30
+_TRIM_EVERY = 4096  # images stored between two hand-backs of the threads' freed memory (tasks.allocator)
 logger = logging.getLogger(__name__)
 
 
@@ -258,7 +260,9 @@ def _convert(
             # Decoding, hashing and file I/O run in C and release the GIL: threads overlap them. The records go
             # to the index as they come, in the planned order, so memory does not grow with the images.
             with ThreadPoolExecutor(max_workers=threads or min(16, 2 * (os.cpu_count() or 1))) as pool:
-                for result in in_order(pool, writer, plan.stored(folders)):
+                for done, result in enumerate(in_order(pool, writer, plan.stored(folders)), 1):
+                    if done % _TRIM_EVERY == 0:
+                        release_free_memory()
                     if isinstance(result, ImageRecord):
                         with writing():  # the index's rows go to the output's storage too
                             found.add(result)
