@@ -155,7 +155,7 @@ class _Rules:
     _places: dict[PurePosixPath, _Place] = field(default_factory=dict)
 
     def place(self, folder: Folder) -> _Place:
-        """``folder`` as the plan sees it (None: it is not below the base folder)."""
+        """``folder`` (below the base folder) as the plan sees it."""
         if (place := self._places.get(folder.relative)) is None:
             parts = folder.relative.relative_to(self.base).parts
             hidden = _hidden_parts(parts)
