@@ -240,10 +240,8 @@ def _convert(
         )
         classes, folders = plan.classes, class_folders(plan.classes)
         journal = StoredJournal(partial)
-        if journal.records:
-            run_logger(logger).info(
-                "%s: %d images stored by an earlier attempt are reused", output, len(journal.records)
-            )
+        if journal.reusable:
+            run_logger(logger).info("%s: %d images stored by an earlier attempt are reused", output, journal.reusable)
         progress.phase = "measuring the images"
         planned_bytes = needed = 0
         for file in plan.files():

@@ -19,10 +19,12 @@ import hashlib
 import io
 import os
 import threading
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tasks.convert.labelling import SourceFile
@@ -236,56 +238,98 @@ def store_image(file: SourceFile, target: str, root: Path, settings: StoreSettin
     return QuarantinedFile(path=where, reason=reason)
 
 
+def _key(path: str) -> np.uint64:
+    return np.uint64(int.from_bytes(hashlib.blake2b(path.encode(), digest_size=8).digest(), "little"))
+
+
 class StoredJournal:
     """The images a conversion's folder holds complete and checked: one ImageRecord a line, appended as each is
     stored.
 
     Opened on a folder an earlier attempt left, it keeps the images its journal names (present, with the size
-    recorded) and deletes every other file there: one being written or checked when that attempt stopped."""
+    recorded) and deletes every other file there: one being written or checked when that attempt stopped. Of those
+    records it holds only where each lies in the journal, by a hash of its path (33 bytes an image, in arrays: a
+    million stored before an interruption take 33 MB), and reads one back when its image comes up again."""
 
     def __init__(self, root: Path) -> None:
         self.root, self.path = root, root / JOURNAL_NAME
         self._lock = threading.Lock()
-        self.records: dict[str, ImageRecord] = {}  # an earlier attempt's, until this one reaches them
         self.images = 0  # stored in all, by the earlier attempts and this one
         self.attempt_bytes = self.source_bytes = 0  # the images this attempt stored or reused, and their sources
         self._handle = None  # appended to, unbuffered: each record one write
-        if not self.path.is_file():
-            return
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(ValueError):  # a blank line, or the one being written when the attempt stopped
-                record = ImageRecord.model_validate_json(line)
-                stored = root / record.path
-                if stored.is_file() and stored.stat().st_size == record.size_bytes:
-                    self.records[record.path] = record
-        for path in root.rglob("*"):
-            if path.is_file() and path != self.path and path.relative_to(root).as_posix() not in self.records:
+        self._reader: int | None = None  # the journal opened for reading earlier records back
+        # An earlier attempt's records, sorted by their path's hash: where each line is, its image's size, and
+        # whether this attempt has yet to reach it.
+        self._keys = np.zeros(0, np.uint64)
+        self._offsets = self._lengths = self._sizes = np.zeros(0, np.int64)
+        self._waiting = np.zeros(0, bool)
+        if self.path.is_file():
+            self._read_earlier()
+
+    def _read_earlier(self) -> None:
+        keys, offsets, lengths, sizes = array("Q"), array("q"), array("q"), array("q")
+        with open(self.path, "rb") as handle:
+            end = 0
+            for line in handle:
+                start, end = end, end + len(line)
+                with contextlib.suppress(ValueError):  # a blank line, or the one being written when it stopped
+                    record = ImageRecord.model_validate_json(line)
+                    stored = self.root / record.path
+                    if stored.is_file() and stored.stat().st_size == record.size_bytes:
+                        keys.append(int(_key(record.path)))
+                        offsets.append(start)
+                        lengths.append(len(line))
+                        sizes.append(record.size_bytes)
+        all_keys = np.frombuffer(keys, dtype=np.uint64) if keys else np.zeros(0, np.uint64)
+        order = np.lexsort((np.arange(len(all_keys)), all_keys))  # by path, then line: a path's last line wins
+        last = order[np.append(all_keys[order][1:] != all_keys[order][:-1], True)] if len(order) else order
+        self._keys = all_keys[last]
+        self._offsets, self._lengths, self._sizes = (
+            np.asarray(a, dtype=np.int64)[last] for a in (offsets, lengths, sizes)
+        )
+        self._waiting = np.ones(len(last), dtype=bool)
+        self._reader = os.open(self.path, os.O_RDONLY)
+        for path in self.root.rglob("*"):
+            if path.is_file() and path != self.path and self._find(path.relative_to(self.root).as_posix()) is None:
                 path.unlink()
-        self.images = len(self.records)
+        self.images = len(last)
+
+    def _find(self, target: str) -> tuple[int, ImageRecord] | None:
+        """Where an earlier attempt's record of ``target`` is, and the record, if it has one not yet reached."""
+        key = _key(target)
+        for i in range(np.searchsorted(self._keys, key, "left"), np.searchsorted(self._keys, key, "right")):
+            if self._waiting[i]:
+                line = os.pread(self._reader, int(self._lengths[i]), int(self._offsets[i]))
+                if (record := ImageRecord.model_validate_json(line)).path == target:
+                    return i, record
+        return None
+
+    @property
+    def reusable(self) -> int:
+        """How many images an earlier attempt stored that this one has yet to reach."""
+        return int(self._waiting.sum())
 
     @property
     def stored_bytes(self) -> int:
         """The bytes of the images an earlier attempt stored, not reached yet by this one."""
-        return sum(record.size_bytes for record in self.records.values())
-
-    def reused(self, file: SourceFile, target: str) -> ImageRecord | None:
-        """The record of ``file`` when an earlier attempt stored it at ``target``."""
-        record = self.records.get(target)
-        if record is not None and (record.source_path, record.label) != (file.original.as_posix(), file.label):
-            (self.root / target).unlink()  # another file's, planned otherwise this time: store this one afresh
-            with self._lock:
-                del self.records[target]
-                self.images -= 1
-            return None
-        return record
+        return int(self._sizes[self._waiting].sum())
 
     def take(self, file: SourceFile, target: str) -> ImageRecord | None:
-        """``reused``, and the record let go of (it stays counted): memory goes down as the conversion goes on."""
-        if (record := self.reused(file, target)) is not None:
+        """The record of ``file`` when an earlier attempt stored it at ``target`` (it stays counted); another
+        file's stored there, planned otherwise this time, is deleted, for this one to be stored afresh."""
+        if (found := self._find(target)) is None:
+            return None
+        at, record = found
+        with self._lock:
+            self._waiting[at] = False
+        if (record.source_path, record.label) != (file.original.as_posix(), file.label):
+            (self.root / target).unlink()
             with self._lock:
-                del self.records[record.path]
-                self.attempt_bytes += record.size_bytes
-                self.source_bytes += file.size()
+                self.images -= 1
+            return None
+        with self._lock:
+            self.attempt_bytes += record.size_bytes
+            self.source_bytes += file.size()
         return record
 
     def add(self, record: ImageRecord, source_bytes: int) -> None:
@@ -304,6 +348,9 @@ class StoredJournal:
             if self._handle is not None:
                 self._handle.close()
                 self._handle = None
+            if self._reader is not None:
+                os.close(self._reader)
+                self._reader = None
 
     def remove(self) -> None:
         self.close()
