@@ -138,12 +138,19 @@ class ArchiveSource(_LocalSource):
                 yield opened
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class S3Object:
+    """One object to download (slotted, its local path a slice of its key: a prefix may hold a million)."""
+
     key: str
-    relative: str  # where it goes below the local folder
+    cut: int  # where in the key its path below the local folder starts
     size: int
     etag: str
+
+    @property
+    def relative(self) -> str:
+        """Where it goes below the local folder."""
+        return self.key[self.cut :]
 
 
 @dataclass(frozen=True)
@@ -206,27 +213,27 @@ class S3Source(Source):
             try:
                 head = client.head_object(Bucket=self.where.bucket, Key=self.where.prefix)
                 name = self.where.prefix.rsplit("/", 1)[-1]
-                return S3Listing([S3Object(self.where.prefix, name, head["ContentLength"], head["ETag"])], [])
+                cut = len(self.where.prefix) - len(name)
+                return S3Listing([S3Object(self.where.prefix, cut, head["ContentLength"], head["ETag"])], [])
             except ClientError as error:
                 if error.response["Error"]["Code"] not in ("404", "NoSuchKey"):
                     raise
         prefix = f"{self.where.prefix}/" if self.where.prefix else ""
-        try:
-            pages = list(client.get_paginator("list_objects_v2").paginate(Bucket=self.where.bucket, Prefix=prefix))
+        listed = []
+        try:  # page by page, keeping a small object per key (a page's dicts are several times larger)
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.where.bucket, Prefix=prefix):
+                listed += [
+                    S3Object(o["Key"], len(prefix), o["Size"], o["ETag"])
+                    for o in page.get("Contents", [])
+                    if not o["Key"].endswith("/")  # "folder/" markers of the S3 console
+                ]
         except ClientError as error:
             if error.response["Error"]["Code"] == "NoSuchBucket":
                 raise InvalidDatasetError(
                     f"source {self.location}: bucket {self.where.bucket!r} does not exist"
                 ) from error
             raise
-        return _sort_s3_objects(
-            [
-                S3Object(o["Key"], o["Key"][len(prefix) :], o["Size"], o["ETag"])
-                for page in pages
-                for o in page.get("Contents", [])
-                if not o["Key"].endswith("/")  # "folder/" markers of the S3 console
-            ]
-        )
+        return _sort_s3_objects(listed)
 
     @property
     def listing(self) -> S3Listing:
@@ -262,8 +269,9 @@ class S3Source(Source):
         needed = sum(o.size for o in self.listing.objects)
         with scratch_space(f"to download {self.location}", destination, needed):
             destination.mkdir(parents=True, exist_ok=True)
-            with ThreadPoolExecutor(max_workers=_DOWNLOAD_THREADS) as pool:
-                list(pool.map(fetch, self.listing.objects))
+            with ThreadPoolExecutor(max_workers=_DOWNLOAD_THREADS) as pool:  # a window of downloads at a time
+                for _ in in_order(pool, fetch, ((o,) for o in self.listing.objects)):
+                    pass
 
     @contextlib.contextmanager
     def open(self) -> Iterator[OpenedSource]:
