@@ -94,14 +94,15 @@ def archive_kind(path: Path) -> str | None:
 
 
 class _Writer:
-    """Creates members below ``root``, remembering what each path is, so that clashes are refused."""
+    """Creates members below ``root``, refusing clashes (a path both a file and a folder) by what is on disk there:
+    nothing is held per member but the links left out."""
 
     def __init__(self, source: Path, root: Path, max_bytes: int) -> None:
         self.source, self.root, self.max_bytes = source, root, max_bytes
-        self.folders: dict[PurePosixPath, bool] = {}  # path written -> whether it is a folder
         self.links: set[PurePosixPath] = set()  # links left out: nothing below them is written either
         self.skipped: list[QuarantinedFile] = []
         self.written = 0
+        self._checked: PurePosixPath | None = None  # the last folder whose ancestors were found to be no file
 
     def path(self, name: str, backslashes: bool = False) -> PurePosixPath:
         if unsafe_member_name(name):
@@ -121,14 +122,19 @@ class _Writer:
         self.skipped.append(QuarantinedFile(path=name, reason=reason))
 
     def _claim(self, name: str, path: PurePosixPath, folder: bool) -> bool:
-        """Record ``path`` as a folder or file; False (and reported) when it lies below a link left out."""
+        """Whether ``path`` may be written as a folder or file; False (and reported) when it lies below a link left
+        out; refused when it, or a folder above it, is already the other kind."""
         for ancestor in reversed(path.parents[:-1]):
             if ancestor in self.links:
                 self.skip(name, f"lies below {ancestor.as_posix()!r}, a link that is not followed")
                 return False
-            if self.folders.setdefault(ancestor, True) is False:
-                self._clash(name, ancestor)
-        if self.folders.setdefault(path, folder) is not folder:
+        if path.parent != self._checked:  # members come folder by folder: their ancestors are looked at once
+            for ancestor in reversed(path.parents[:-1]):
+                if (self.root / ancestor).is_file():
+                    self._clash(name, ancestor)
+            self._checked = path.parent
+        target = self.root / path
+        if target.is_file() or path in self.links if folder else target.is_dir():
             self._clash(name, path)
         self.links.discard(path)  # a later member replaces an earlier one of the same name, as tar does
         return True
@@ -159,7 +165,8 @@ class _Writer:
         where = target if hard else posixpath.join(posixpath.dirname(name), target)
         if target.startswith(("/", "\\")) or target[1:2] == ":" or unsafe_member_name(posixpath.normpath(where)):
             _refuse_member(self.source, name, f"it is a link to {target!r}, outside the archive")
-        if hard and self.folders.get(_relative(target)) is not False:
+        linked = _relative(target)
+        if hard and not ((self.root / linked).is_file() or linked in self.links):
             _refuse_member(
                 self.source,
                 name,
@@ -196,6 +203,7 @@ def _extract_tar(writer: _Writer, archive_path: Path, compression: str) -> None:
         count = 0  # members read, named if the archive turns out damaged after them
         for member in archive:
             count += 1
+            archive.members.clear()  # tarfile keeps every member read; none is looked up again here
             path = writer.path(member.name)
             if member.issym() or member.islnk():
                 writer.link(member.name, path, member.linkname, hard=member.islnk())
