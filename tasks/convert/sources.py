@@ -153,10 +153,17 @@ class S3Object:
         return self.key[self.cut :]
 
 
-@dataclass(frozen=True)
-class S3Listing:
-    objects: list[S3Object]
-    skipped: list[QuarantinedFile]  # keys that cannot become files below the local folder, with the reason
+@dataclass
+class S3Survey:
+    """What one pass over an S3 listing found. Nothing is kept per key but what is skipped: the objects are listed
+    again, page by page, to be downloaded."""
+
+    count: int = 0  # objects to download
+    size: int = 0  # their bytes
+    digest: str = ""  # of every key listed, with its ETag and size
+    folders: dict[str, str] = field(default_factory=dict)  # folder below the prefix -> a key below it
+    skipped: list[QuarantinedFile] = field(default_factory=list)  # keys that cannot become files, and why
+    single: S3Object | None = None  # the prefix names one object (an archive)
 
 
 def _s3_key_problem(relative: str) -> str | None:
@@ -170,121 +177,137 @@ def _s3_key_problem(relative: str) -> str | None:
     return None
 
 
-def _sort_s3_objects(listed: list[S3Object]) -> S3Listing:
-    """Keeps what can be written below one folder; reports the rest instead of failing half way through."""
-    objects, skipped = [], []
-    for obj in listed:
-        if problem := _s3_key_problem(obj.relative):
-            skipped.append(QuarantinedFile(path=obj.relative, reason=problem))
-        elif not is_os_litter(PurePosixPath(obj.relative).name):
-            # Hidden keys come down too: the folder rules then apply (a hidden folder of images beside the
-            # class folders is a class, ".net"; other hidden entries are skipped and reported).
-            objects.append(obj)
-    # S3 allows "cat" beside "cat/0.png"; a file system does not allow a file to be a folder too.
-    folders = {
-        "/".join(o.relative.split("/")[:depth]): o.relative
-        for o in objects
-        for depth in range(1, o.relative.count("/") + 1)
-    }
-    skipped += [
-        QuarantinedFile(
-            path=o.relative,
-            reason=f"the object's key is also the folder of {folders[o.relative]!r}: a file cannot be a folder too",
-        )
-        for o in objects
-        if o.relative in folders
-    ]
-    return S3Listing([o for o in objects if o.relative not in folders], skipped)
+def _listed_line(obj: S3Object) -> str:
+    return f"{obj.relative}\0{obj.etag}\0{obj.size}"
 
 
 class S3Source(Source):
-    """Objects below ``s3://bucket/prefix`` (downloaded to a temporary folder), or one archive object."""
+    """Objects below ``s3://bucket/prefix`` (downloaded to a temporary folder), or one archive object.
+
+    The prefix is listed twice, page by page: once to count, size and hash it (the fingerprint), once to download
+    it a window of objects at a time; a prefix that changed in between is refused. Keys that cannot be files
+    below one folder are skipped and reported instead of failing half way through."""
 
     def __init__(self, uri: str, max_bytes: int) -> None:
         self.where: S3Location = parse_s3_uri(uri)
         self.location, self.max_bytes = uri, max_bytes
-        self._listing: S3Listing | None = None
+        self._survey: S3Survey | None = None
 
-    def _list(self) -> S3Listing:
+    def _single(self) -> S3Object | None:
+        """The object the prefix names, if it names one."""
         from botocore.exceptions import ClientError
 
-        client = s3_client()
-        if self.where.prefix:
-            try:
-                head = client.head_object(Bucket=self.where.bucket, Key=self.where.prefix)
-                name = self.where.prefix.rsplit("/", 1)[-1]
-                cut = len(self.where.prefix) - len(name)
-                return S3Listing([S3Object(self.where.prefix, cut, head["ContentLength"], head["ETag"])], [])
-            except ClientError as error:
-                if error.response["Error"]["Code"] not in ("404", "NoSuchKey"):
-                    raise
+        if not self.where.prefix:
+            return None
+        try:
+            head = s3_client().head_object(Bucket=self.where.bucket, Key=self.where.prefix)
+        except ClientError as error:
+            if error.response["Error"]["Code"] not in ("404", "NoSuchKey"):
+                raise
+            return None
+        name = self.where.prefix.rsplit("/", 1)[-1]
+        return S3Object(self.where.prefix, len(self.where.prefix) - len(name), head["ContentLength"], head["ETag"])
+
+    def _listed(self) -> Iterator[S3Object]:
+        """Every object below the prefix, in key order, a page at a time."""
+        from botocore.exceptions import ClientError
+
         prefix = f"{self.where.prefix}/" if self.where.prefix else ""
-        listed = []
-        try:  # page by page, keeping a small object per key (a page's dicts are several times larger)
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.where.bucket, Prefix=prefix):
-                listed += [
-                    S3Object(o["Key"], len(prefix), o["Size"], o["ETag"])
-                    for o in page.get("Contents", [])
-                    if not o["Key"].endswith("/")  # "folder/" markers of the S3 console
-                ]
+        try:
+            for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=self.where.bucket, Prefix=prefix):
+                for o in page.get("Contents", []):
+                    if not o["Key"].endswith("/"):  # "folder/" markers of the S3 console
+                        yield S3Object(o["Key"], len(prefix), o["Size"], o["ETag"])
         except ClientError as error:
             if error.response["Error"]["Code"] == "NoSuchBucket":
                 raise InvalidDatasetError(
                     f"source {self.location}: bucket {self.where.bucket!r} does not exist"
                 ) from error
             raise
-        return _sort_s3_objects(listed)
+
+    @staticmethod
+    def _readable(obj: S3Object) -> bool:
+        # Hidden keys come down too: the folder rules then apply (a hidden folder of images beside the class
+        # folders is a class, ".net"; other hidden entries are skipped and reported).
+        return _s3_key_problem(obj.relative) is None and not is_os_litter(PurePosixPath(obj.relative).name)
 
     @property
-    def listing(self) -> S3Listing:
-        """The objects to read and the keys skipped, listed once; a source holding nothing readable is refused."""
-        if self._listing is None:
-            self._listing = self._list()
-            if not self._listing.objects:
-                skipped = "; ".join(f"{q.path!r}: {q.reason}" for q in self._listing.skipped)
+    def survey(self) -> S3Survey:
+        """The first pass, made once; a source holding nothing readable is refused."""
+        if self._survey is None:
+            if (single := self._single()) is not None:
+                self._survey = S3Survey(1, single.size, _digest([_listed_line(single)]), single=single)
+                return self._survey
+            survey, digest = S3Survey(), hashlib.sha256()
+            for obj in self._listed():
+                digest.update(_listed_line(obj).encode() + b"\n")
+                relative = obj.relative
+                if problem := _s3_key_problem(relative):
+                    survey.skipped.append(QuarantinedFile(path=relative, reason=problem))
+                elif self._readable(obj):
+                    survey.count, survey.size = survey.count + 1, survey.size + obj.size
+                    parts = relative.split("/")
+                    for depth in range(1, len(parts)):
+                        survey.folders["/".join(parts[:depth])] = relative
+            survey.digest = digest.hexdigest()
+            if not survey.count:
+                skipped = "; ".join(f"{q.path!r}: {q.reason}" for q in survey.skipped)
                 read = f" it can read (skipped {skipped})" if skipped else ""
                 raise InvalidDatasetError(f"source {self.location} holds no objects{read}")
-        return self._listing
-
-    @property
-    def is_one_object(self) -> bool:
-        objects = self.listing.objects
-        return len(objects) == 1 and objects[0].key == self.where.prefix
+            self._survey = survey
+        return self._survey
 
     def fingerprint(self) -> str:
-        return _digest(
-            [
-                *(f"{o.relative}\0{o.etag}\0{o.size}" for o in sorted(self.listing.objects, key=lambda o: o.relative)),
-                *sorted(f"skipped\0{q.path}\0{q.reason}" for q in self.listing.skipped),
-            ]
-        )
+        return self.survey.digest
 
-    def _download(self, destination: Path) -> None:
-        """Stream each object to a file below ``destination`` (chunked, each read again if its body is cut off)."""
-        client = s3_client()
+    def _download(self, destination: Path) -> list[QuarantinedFile]:
+        """Stream each object to a file below ``destination`` (chunked, each read again if its body is cut off), a
+        window of them at a time; the keys skipped because they are also a folder (S3 allows "cat" beside
+        "cat/0.png", a file system does not)."""
+        client, survey, digest, also_folders = s3_client(), self.survey, hashlib.sha256(), []
 
         def fetch(obj: S3Object) -> None:
             download_s3_object(client, self.where.bucket, obj.key, destination / obj.relative)
 
-        needed = sum(o.size for o in self.listing.objects)
-        with scratch_space(f"to download {self.location}", destination, needed):
+        def to_fetch() -> Iterator[tuple[S3Object]]:
+            for obj in [survey.single] if survey.single else self._listed():
+                digest.update(_listed_line(obj).encode() + b"\n")
+                if not self._readable(obj) and not survey.single:
+                    continue
+                if (folder_of := survey.folders.get(obj.relative)) is not None:
+                    also_folders.append(
+                        QuarantinedFile(
+                            path=obj.relative,
+                            reason=f"the object's key is also the folder of {folder_of!r}: a file cannot be a folder too",
+                        )
+                    )
+                    continue
+                yield (obj,)
+
+        with scratch_space(f"to download {self.location}", destination, survey.size):
             destination.mkdir(parents=True, exist_ok=True)
-            with ThreadPoolExecutor(max_workers=_DOWNLOAD_THREADS) as pool:  # a window of downloads at a time
-                for _ in in_order(pool, fetch, ((o,) for o in self.listing.objects)):
+            with ThreadPoolExecutor(max_workers=_DOWNLOAD_THREADS) as pool:
+                for _ in in_order(pool, fetch, to_fetch()):
                     pass
+        if digest.hexdigest() != survey.digest:
+            raise InvalidDatasetError(
+                f"source {self.location} changed while it was read (objects added, removed or rewritten between "
+                "listing it and downloading it): convert it again once it holds what it should"
+            )
+        return also_folders
 
     @contextlib.contextmanager
     def open(self) -> Iterator[OpenedSource]:
-        objects = self.listing.objects
-        refuse_oversize(self.location, sum(o.size for o in objects), self.max_bytes)
+        survey = self.survey
+        refuse_oversize(self.location, survey.size, self.max_bytes)
         with tempfile.TemporaryDirectory(prefix="convert-") as scratch:
             scratch = Path(scratch)
-            if not self.is_one_object:
-                self._download(scratch / "files")
-                yield OpenedSource(scratch / "files", list(self.listing.skipped))
+            if survey.single is None:
+                also_folders = self._download(scratch / "files")
+                yield OpenedSource(scratch / "files", survey.skipped + also_folders)
                 return
             self._download(scratch / "download")
-            with _unpacked(scratch / "download" / objects[0].relative, scratch, self.max_bytes) as opened:
+            with _unpacked(scratch / "download" / survey.single.relative, scratch, self.max_bytes) as opened:
                 yield opened
 
 

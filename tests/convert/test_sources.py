@@ -161,6 +161,18 @@ def test_s3_prefix_is_streamed_into_an_image_directory_and_reused_while_unchange
     assert client.get_object(Bucket=s3_bucket, Key="datasets/colours/train/.DS_Store")["Body"].read() == b"junk"
 
 
+def test_s3_prefix_changed_between_its_listing_and_its_download_is_refused(s3_bucket, tmp_path):
+    from tasks.convert.sources import open_source
+
+    write_class_folders(tmp_path / "train", 2)
+    upload(tmp_path / "train", s3_bucket, "moving")
+    source = open_source(f"s3://{s3_bucket}/moving")
+    assert source.survey.count == 6 and source.fingerprint() == source.survey.digest  # listed once, page by page
+    s3_client().put_object(Bucket=s3_bucket, Key="moving/red/late.png", Body=b"added after the listing")
+    with pytest.raises(InvalidDatasetError, match="changed while it was read"), source.open():
+        pass
+
+
 def test_s3_prefix_follows_the_folder_rules_for_hidden_entries(s3_bucket, tmp_path):
     write_class_folders(tmp_path / "train", 2)
     (tmp_path / "train" / "red").rename(tmp_path / "train" / ".net")
