@@ -36,22 +36,21 @@ def allocator_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return dict(environ) if user_chose_allocator(environ) else {**environ, **ENVIRONMENT}
 
 
-def keep_freed_memory() -> bool:
-    """Apply the settings to this process (once; glibc only). Returns whether they are in effect."""
-    global _applied
-    if _applied or user_chose_allocator(os.environ) or platform.libc_ver()[0] != "glibc":
-        return _applied
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    _applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    )
-    return _applied
-
-
 def _glibc() -> ctypes.CDLL | None:
     if platform.libc_ver()[0] != "glibc":
         return None
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
+def keep_freed_memory() -> bool:
+    """Apply the settings to this process (once; glibc only). Returns whether they are in effect."""
+    global _applied
+    if _applied or user_chose_allocator(os.environ) or (libc := _glibc()) is None:
+        return _applied
+    _applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
+    return _applied
 
 
 def release_free_memory() -> None:

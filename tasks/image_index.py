@@ -191,8 +191,13 @@ class ImageIndex:
             paths = self.path.take(rows)
             hashes = self.sha256[rows]
             for path, label, sha in zip(paths, self.label[rows].tolist(), hashes):
-                digest.update(f"{path}\0{names[label]}\0{sha.tobytes().hex()}\n".encode())
+                digest.update(_content_line(path, names[label], sha.tobytes()))
         return digest.hexdigest()
+
+
+def _content_line(path: str, class_name: str, sha256: bytes) -> bytes:
+    """One image's line of a content hash (label -1 names the class "None")."""
+    return f"{path}\0{class_name}\0{sha256.hex()}\n".encode()
 
 
 def _strings(values: Sequence[str]) -> Strings:
@@ -346,7 +351,7 @@ class IndexWriter:
                 ends = (offsets - offsets[0]).tolist()
                 for i, label in enumerate(labels.tolist()):
                     path = data[ends[i] : ends[i + 1]].decode()
-                    digest.update(f"{path}\0{names[label]}\0{hashes[32 * i : 32 * i + 32].hex()}\n".encode())
+                    digest.update(_content_line(path, names[label], hashes[32 * i : 32 * i + 32]))
         finally:
             for handle in raw.values():
                 handle.close()

@@ -99,7 +99,7 @@ def _chunks(
     pending, start = [], 0
     for batch, _ in DataLoader(dataset, batch_size=batch_size, pin_memory=pin):
         pending.append(predict(batch))
-        if sum(len(p) for p in pending) >= rows:
+        if len(pending) * batch_size >= rows:  # every batch but the last is full
             probabilities, pending = np.concatenate(pending), []
             yield _table(model_dir, images, probabilities, start, top_k)
             start += len(probabilities)

@@ -93,8 +93,9 @@ class Examples:
 
 def examples_of(items: list[str], *, quoted: bool = True) -> str:
     """The first few of ``items`` for a message, then "and N more"."""
-    more = f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
-    return ", ".join(repr(n) if quoted else n for n in items[:_SHOWN]) + more
+    examples = Examples()
+    examples.count, examples.first = len(items), items[:_SHOWN]
+    return examples.text(quoted=quoted)
 
 
 def is_image_name(name: str) -> bool:
@@ -152,24 +153,25 @@ class _Rules:
     labels_name: str | None = None
     labels_source: str | None = None
     name_counts: Counter[str] = field(default_factory=Counter)  # of images' names a labels file names
-    _places: dict[PurePosixPath, _Place] = field(default_factory=dict)
+    _last: tuple[PurePosixPath, _Place] | None = None  # a walk stays in one folder a while: one is kept
 
     def place(self, folder: Folder) -> _Place:
         """``folder`` (below the base folder) as the plan sees it."""
-        if (place := self._places.get(folder.relative)) is None:
-            parts = folder.relative.relative_to(self.base).parts
-            hidden = _hidden_parts(parts)
-            if self.mode == "classes" and hidden == [0] and parts[0] in self.hidden_classes:
-                place = _Place("/".join(parts), parts, True, PurePosixPath(parts[0]))
-            elif hidden:
-                place = _Place("/".join(parts), parts, False, PurePosixPath(*parts[: hidden[0] + 1]))
-            else:
-                place = _Place("/".join(parts), parts, True, None)
-            if self.mode == "classes" and parts:
-                place.label = unicodedata.normalize("NFC", parts[0])
-            stored = parts[1:] if self.mode == "classes" else parts
-            place.stored_parts = tuple(safe_name(p) for p in stored)
-            self._places = {folder.relative: place}  # a walk stays in one folder a while: one is kept
+        if self._last is not None and self._last[0] == folder.relative:
+            return self._last[1]
+        parts = folder.relative.relative_to(self.base).parts
+        hidden = _hidden_parts(parts)
+        if self.mode == "classes" and hidden == [0] and parts[0] in self.hidden_classes:
+            place = _Place("/".join(parts), parts, True, PurePosixPath(parts[0]))
+        elif hidden:
+            place = _Place("/".join(parts), parts, False, PurePosixPath(*parts[: hidden[0] + 1]))
+        else:
+            place = _Place("/".join(parts), parts, True, None)
+        if self.mode == "classes" and parts:
+            place.label = unicodedata.normalize("NFC", parts[0])
+        stored = parts[1:] if self.mode == "classes" else parts
+        place.stored_parts = tuple(safe_name(p) for p in stored)
+        self._last = (folder.relative, place)
         return place
 
     def decide(self, place: _Place, name: str) -> tuple[int, object]:
@@ -204,7 +206,6 @@ class Plan:
     """The images to convert (walked by ``files`` and ``stored``, never held), and what planning found."""
 
     labeled: bool
-    by_class_folder: bool
     root: Path
     listing: FolderListing
     rules: _Rules
@@ -361,9 +362,7 @@ def plan_source(
     else:
         rules = _Rules("unlabeled", base)
     rules.labels_source = labels_source
-    plan = Plan(
-        labeled=rules.mode != "unlabeled", by_class_folder=by_class_folder, root=root, listing=listing, rules=rules
-    )
+    plan = Plan(labeled=rules.mode != "unlabeled", root=root, listing=listing, rules=rules)
     _plan(plan, top_folders)
     return plan, labels_source
 
@@ -371,7 +370,7 @@ def plan_source(
 def _plan(plan: Plan, top_folders: list[str]) -> None:
     """Walk the listing once: the counts, classes, refusals and warnings of ``plan``."""
     rules, base, accepted = plan.rules, plan.rules.base, ", ".join(sorted(IMAGE_EXTENSIONS))
-    refused, not_images, stray = [], [], Examples()
+    refused, not_images = [], []
     stray_files: list[QuarantinedFile] = []
     hidden: dict[PurePosixPath, int] = {}
     hidden_files: set[PurePosixPath] = set()
@@ -383,7 +382,6 @@ def _plan(plan: Plan, top_folders: list[str]) -> None:
         if name is None:
             continue
         if not folder.relative.is_relative_to(base):
-            stray.add((folder.relative / name).as_posix())
             stray_files.append(
                 QuarantinedFile(
                     path=(folder.relative / name).as_posix(),
@@ -443,9 +441,10 @@ def _plan(plan: Plan, top_folders: list[str]) -> None:
         for entry, count in sorted(hidden.items())
     ]
     plan.refused = refused + not_images + skipped_hidden + plan.listing.skipped + stray_files
-    if stray:
+    if stray_files:
         plan.warnings.append(
-            f"{len(stray)} files beside the wrapper folders above {base.as_posix()!r} were ignored: {stray.text()}"
+            f"{len(stray_files)} files beside the wrapper folders above {base.as_posix()!r} were ignored: "
+            f"{examples_of([q.path for q in stray_files])}"
         )
     if skipped := [q.path for q in skipped_hidden + plan.listing.skipped]:
         plan.warnings.append(

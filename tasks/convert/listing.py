@@ -59,10 +59,6 @@ class FolderListing:
     folders: dict[PurePosixPath, Folder] = field(default_factory=dict)
     skipped: list[QuarantinedFile] = field(default_factory=list)
 
-    def __len__(self) -> int:
-        """The number of files."""
-        return sum(f.count for f in self.folders.values())
-
     def walk(self, folder: PurePosixPath = PurePosixPath()) -> Iterator[tuple[Folder, str | None]]:
         """``folder``'s files (folder, name) in path order, depth first; after each folder's last file, (folder,
         None): the folder is done."""

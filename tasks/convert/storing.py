@@ -148,6 +148,17 @@ def _make_folder(folder: Path, settings: StoreSettings) -> None:
         settings.made_folders.add(folder)
 
 
+def _decode(image: Image.Image, settings: StoreSettings) -> tuple[int, int, str]:
+    """Decode ``image`` in full (truncation and damage only show then): its width, height and mode."""
+    size, mode = image.size, image.mode
+    # A JPEG drafted to 1/8 scale is still entropy-decoded to its last byte, so truncation and damage
+    # still show, but most of the IDCT and colour conversion (needed only to re-encode) is skipped.
+    image.draft(None, (1, 1))
+    with settings.budget.hold(image.width * image.height * _BYTES_PER_PIXEL):
+        image.load()
+    return *size, mode
+
+
 def _store_bytes(data: bytes, destination: Path, settings: StoreSettings) -> tuple[int, int, str, str, int]:
     """Check ``data`` from its header, write it, then decode it: what is decoded and hashed are the very bytes
     stored, whatever the source does meanwhile."""
@@ -155,13 +166,7 @@ def _store_bytes(data: bytes, destination: Path, settings: StoreSettings) -> tup
         _check_pixels(image, settings.max_pixels)
         with writing(), open(destination, "xb") as writer:
             writer.write(data)
-        size, mode = image.size, image.mode
-        # A JPEG drafted to 1/8 scale is still entropy-decoded to its last byte, so truncation and damage
-        # still show, but most of the IDCT and colour conversion (needed only to re-encode) is skipped.
-        image.draft(None, (1, 1))
-        with settings.budget.hold(image.width * image.height * _BYTES_PER_PIXEL):
-            image.load()
-    return *size, mode, hashlib.sha256(data).hexdigest(), len(data)
+        return *_decode(image, settings), hashlib.sha256(data).hexdigest(), len(data)
 
 
 def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tuple[int, int, str, str, int]:
@@ -189,11 +194,8 @@ def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tupl
     _copy_exclusively(file.path, destination)
     with Image.open(destination) as image:
         _check_pixels(image, settings.max_pixels)
-        size, mode = image.size, image.mode
-        image.draft(None, (1, 1))
-        with settings.budget.hold(image.width * image.height * _BYTES_PER_PIXEL):
-            image.load()
-    return *size, mode, sha256_file(destination), destination.stat().st_size
+        decoded = _decode(image, settings)
+    return *decoded, sha256_file(destination), destination.stat().st_size
 
 
 def store_image(file: SourceFile, target: str, root: Path, settings: StoreSettings) -> ImageRecord | QuarantinedFile:
