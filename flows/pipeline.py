@@ -20,7 +20,6 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
-from tasks.approval import settle_promotion
 from tasks.convert import ConversionLimits, convert
 from tasks.datasets import resolve_sources
 from tasks.evaluate import Evaluation, evaluate
@@ -31,7 +30,7 @@ from tasks.model_directory import ModelSpec
 from tasks.onnx_export import export_and_check_onnx
 from tasks.preflight import check_training_inputs
 from tasks.registry import PromotionPolicy, Registration
-from tasks.registry.prefect_tasks import register
+from tasks.registry.prefect_tasks import register, settle_promotion
 from tasks.runs import Keep, tidy_registered_run
 from tasks.score import score
 from tasks.split import split

@@ -1,15 +1,16 @@
 """The model registry: versioned, aliased trained models on a local folder (default) or ``s3://bucket/prefix``.
 
-    layout.py     the contract: names, references, records and their keys
-    backends.py   the storage interface and the local-disk backend; s3.py the S3 one
-    core.py       register (claim, upload, commit), list, resolve, aliases, champion/challenger
-    status.py     a version's changeable state (tags, archived, deleted) by compare-and-swap
-    manage.py     what people do to a registry: list models, show, tag, archive, delete, search
-    fetch.py      a version as a local ModelDirectory, its files checked
-    card.py       the model card: every version of a name as one markdown page
-    __main__.py   the command line, ``python -m tasks.registry --help``
-    integrity.py  model files checked against their registered sha256 (hashes memoised per file)
-    prefect_tasks.py  the thin Prefect tasks: register, resolve-model; publishing the model card
+    layout.py        the contract: names, references, records and their keys
+    backends.py      the storage interface and the local-disk backend; s3.py the S3 one; locations.py picks one
+    core.py          read, list, resolve references, aliases by compare-and-swap
+    registering.py   register: claim a version, upload, commit (all or nothing)
+    promotion.py     champion/challenger: the policy, the rule, the judgement, the alias move, a person's answer
+    status.py        a version's changeable state (tags, archived, deleted, approval) by compare-and-swap
+    manage.py        what people do to a registry: list models, show, tag, archive, delete, search
+    fetch.py         a version as a local ModelDirectory, its files checked (integrity.py: sha256, memoised)
+    card.py          the pages in markdown: model card, registered version, promotion verdict, reviewer's view
+    __main__.py      the command line, ``python -m tasks.registry --help``
+    prefect_tasks.py the Prefect tasks: register, resolve-model, the approval pause, publishing the model card
 
 Importing this package (or ``core``) imports neither Prefect nor torch: a registration is cheap to run
 from any process.

@@ -1,12 +1,14 @@
-"""The model card: every version of one model name as a markdown page (the Prefect artifact
-``model-card-<name>``, published by ``prefect_tasks.publish_model_card``). Pure: it formats what
-``manage.model_versions`` read and imports no Prefect."""
+"""The registry's pages in markdown: the model card, every version of one model name (the Prefect artifact
+``model-card-<name>``, published by ``prefect_tasks.publish_model_card``); a registered version; a promotion's
+verdict; and what a reviewer reads above the approval form. Pure: it formats what the registry holds and imports
+no Prefect."""
 
 from __future__ import annotations
 
 import re
 
-from tasks.registry.layout import Approval, DatasetLineage
+from tasks.registry.core import resolve
+from tasks.registry.layout import Approval, DatasetLineage, Promotion, Registration
 from tasks.registry.manage import VersionView
 from tasks.transformations import ImageTransformations
 
@@ -118,3 +120,83 @@ def model_card_markdown(name: str, location: str, views: list[VersionView], ui_u
     ]
     description = f"{name}: {len(views)} version{'s' * (len(views) != 1)}; aliases: {alias_line.replace('`', '')}"
     return "\n".join(lines) + "\n", description
+
+
+def promotion_markdown(promotion: Promotion) -> str:
+    """The champion/challenger verdict as a small table (the ``promotion`` artifact)."""
+    champion = (
+        "none (alias not set)"
+        if promotion.champion_version is None
+        else (
+            f"version {promotion.champion_version}: {figure(promotion.champion) if promotion.champion is not None else 'no value'}"
+        )
+    )
+    rule = f"{'lower' if promotion.lower_is_better else 'higher'} is better"
+    if promotion.min_improvement:
+        rule += f", by at least {figure(promotion.min_improvement)}"
+    return (
+        f"### Promotion to `{promotion.alias}`: {verdict(promotion)}\n\n| | {promotion.metric} ({rule}) |\n|---|---|\n"
+        f"| challenger (this version) | {figure(promotion.challenger)} |\n| champion | {champion} |\n"
+    )
+
+
+def verdict(promotion: Promotion) -> str:
+    """The outcome in words, a person's answer included."""
+    answer = promotion.approval
+    if promotion.awaiting_approval:
+        return "awaiting approval: it beats the champion"
+    if answer is None:
+        return "promoted" if promotion.promoted else "not promoted: it does not beat the champion"
+    who = f" by {answer.reviewer}" if answer.reviewer else ""
+    if answer.decision == "approved":
+        return f"promoted, approved{who}" if promotion.promoted else f"approved{who}, but no longer beats the champion"
+    return f"not promoted: rejected{who}" if answer.decision == "rejected" else "not promoted: approval timed out"
+
+
+def registered_model_markdown(registration: Registration, location: str, metric: str) -> tuple[str, str]:
+    """(markdown, one-line description) of the registered-model artifact."""
+    headline = f"{registration.name} v{registration.version}"
+    if metric in registration.metrics:
+        headline += f", {metric} {figure(registration.metrics[metric])}"
+    rows = "\n".join(f"| {k} | {figure(v)} |" for k, v in registration.metrics.items() if isinstance(v, (int, float)))
+    markdown = (
+        f"### {registration.name} version {registration.version}\n\nStored in `{location}`\n\n"
+        f"| figure | value |\n|---|---|\n{rows}\n"
+    )
+    return markdown, headline
+
+
+def review_markdown(registry: str, registration: Registration) -> str:
+    """What the reviewer reads above the form: this version's figures beside the alias's current version's."""
+    promotion = registration.promotion
+    assert promotion is not None
+    champion = (
+        resolve(registry, f"{registration.name}/{promotion.champion_version}") if promotion.champion_version else None
+    )
+    figures = [promotion.metric, *(f for f in KEY_FIGURES if f != promotion.metric and f in registration.metrics)]
+    rows = [
+        f"| {f}{' (decides)' if f == promotion.metric else ''} | {figure(registration.metrics.get(f))} | "
+        f"{figure(champion.metrics.get(f)) if champion else 'none'} |"
+        for f in figures
+    ]
+    direction = "lower" if promotion.lower_is_better else "higher"
+    return "\n".join(
+        [
+            f"### Promote {registration.name} version {registration.version} to `{promotion.alias}`?",
+            "",
+            (
+                f"It beats the champion on {promotion.metric} ({direction} is better"
+                + (f", by at least {figure(promotion.min_improvement)}" if promotion.min_improvement else "")
+                + ")."
+                if champion
+                else f"`{promotion.alias}` is not set yet: this would be its first version."
+            ),
+            "",
+            f"| figure | challenger: version {registration.version} | champion: "
+            + (f"version {promotion.champion_version} |" if champion else "none |"),
+            "|---|---|---|",
+            *rows,
+            "",
+            "Approve to move the alias; reject to leave it where it is. No answer in time: not promoted.",
+        ]
+    )

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tasks.errors import AliasedVersionError, InvalidQueryError, PipelineInputError
+from tasks.errors import AliasedVersionError, InvalidQueryError
 from tasks.registry.core import (
     Registry,
     backend_of,
@@ -31,13 +31,11 @@ from tasks.registry.layout import (
     REGISTRATION_FILE,
     Approval,
     ModelReference,
-    Promotion,
     Registration,
     VersionStatus,
     closest_first,
     version_key,
 )
-from tasks.registry.promotion import PromotionRule, promote
 from tasks.registry.status import change_status, read_status
 
 _CONDITION = re.compile(r"\s*(?P<metric>[A-Za-z0-9_.-]+)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<value>[-+0-9.eE]+)\s*")
@@ -162,22 +160,6 @@ def archive(registry: Registry, reference: str, archived: bool = True) -> Versio
     registration = resolve(registry, reference)
     change_status(backend_of(registry), registration, lambda s: s.model_copy(update={"archived": archived}))
     return show_version(registry, f"{registration.name}/{registration.version}")
-
-
-def decide_promotion(registry: Registry, registration: Registration, approval: Approval) -> Promotion:
-    """Record a person's answer to a promotion awaiting approval (in ``status.json``), then, if approved, move
-    the alias: judged again against the champion of now, which may have changed while the person looked."""
-    pending = registration.promotion
-    if pending is None or not pending.awaiting_approval:
-        raise PipelineInputError(f"{registration.name}/{registration.version} has no promotion awaiting approval")
-    backend = backend_of(registry)
-    change_status(backend, registration, lambda s: s.model_copy(update={"approval": approval}))
-    if approval.decision != "approved":
-        return pending.model_copy(update={"awaiting_approval": False, "approval": approval})
-    rule = PromotionRule(
-        metric=pending.metric, lower_is_better=pending.lower_is_better, min_improvement=pending.min_improvement
-    )
-    return promote(backend, registration, pending.alias, rule).model_copy(update={"approval": approval})
 
 
 def _aliases_on(backend, name: str, version: int) -> list[str]:

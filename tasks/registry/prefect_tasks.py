@@ -1,16 +1,32 @@
-"""The registry stage's Prefect tasks: register a trained model (with champion/challenger promotion) and
-resolve a model reference to a local ModelDirectory; and the model card, one artifact per model name
-(``model-card-<name>``), published again after every registration and every change made from the command line."""
+"""The registry stage's Prefect tasks: register a trained model (with champion/challenger promotion), a person's
+approval of a promotion, and resolving a model reference to a local ModelDirectory; and the model card, one
+artifact per model name (``model-card-<name>``), published again after every registration and every change made
+from the command line. The judgement and the alias move are ``promotion.py``; the pages are ``card.py``.
+
+Approval: the flow run pauses on a typed form (Prefect's wait-for-input) that shows the challenger's figures beside
+the champion's; the reviewer's answer (or no answer in time) is recorded in the version's ``status.json`` and
+decides whether the alias moves. The pause blocks the flow run's own process (``pause_flow_run``, not
+``suspend_flow_run``), so it works the same for a run started from Python and for one a worker started from a
+deployment; it needs a Prefect server (the ephemeral one too) because the answer travels through it. The form is
+answered on the paused run's page in the UI ("Resume"), or through the API: ``resume_flow_run(flow_run_id,
+run_input={"decision": "approve", "reviewer": "ada", "comment": "..."})``.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
+from prefect.client.orchestration import get_client
+from prefect.exceptions import FlowPauseTimeout
+from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
 from prefect.runtime import flow_run, task_run
 from prefect.settings import get_current_settings
-from pydantic import BaseModel
+from prefect.states import Running
+from pydantic import BaseModel, Field
 
 from tasks.console import quiet_console
 from tasks.model_directory import ModelDirectory
@@ -24,62 +40,24 @@ from tasks.registry import (
     open_backend,
     register_model,
 )
-from tasks.registry.card import model_card_key, model_card_markdown
+from tasks.registry.card import (
+    figure,
+    model_card_key,
+    model_card_markdown,
+    promotion_markdown,
+    registered_model_markdown,
+    review_markdown,
+    verdict,
+)
+from tasks.registry.layout import Approval
 from tasks.registry.manage import model_versions
+from tasks.registry.promotion import decide_promotion
 from tasks.retrying import stage_task
 
 
 class RegisteredModel(BaseModel):
     registration: Registration
     location: str
-
-
-def _promotion_markdown(promotion: Promotion) -> str:
-    champion = (
-        "none (alias not set)"
-        if promotion.champion_version is None
-        else (
-            f"version {promotion.champion_version}: {_figure(promotion.champion) if promotion.champion is not None else 'no value'}"
-        )
-    )
-    verdict = _verdict(promotion)
-    rule = f"{'lower' if promotion.lower_is_better else 'higher'} is better"
-    if promotion.min_improvement:
-        rule += f", by at least {_figure(promotion.min_improvement)}"
-    return (
-        f"### Promotion to `{promotion.alias}`: {verdict}\n\n| | {promotion.metric} ({rule}) |\n|---|---|\n"
-        f"| challenger (this version) | {_figure(promotion.challenger)} |\n| champion | {champion} |\n"
-    )
-
-
-def _verdict(promotion: Promotion) -> str:
-    answer = promotion.approval
-    if promotion.awaiting_approval:
-        return "awaiting approval: it beats the champion"
-    if answer is None:
-        return "promoted" if promotion.promoted else "not promoted: it does not beat the champion"
-    who = f" by {answer.reviewer}" if answer.reviewer else ""
-    if answer.decision == "approved":
-        return f"promoted, approved{who}" if promotion.promoted else f"approved{who}, but no longer beats the champion"
-    return f"not promoted: rejected{who}" if answer.decision == "rejected" else "not promoted: approval timed out"
-
-
-def _figure(value: Any) -> str:
-    """Figures as a reader compares them: 4 significant digits."""
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def registered_model_markdown(registration: Registration, location: str, metric: str) -> tuple[str, str]:
-    """(markdown, one-line description) of the registered-model artifact."""
-    headline = f"{registration.name} v{registration.version}"
-    if metric in registration.metrics:
-        headline += f", {metric} {_figure(registration.metrics[metric])}"
-    rows = "\n".join(f"| {k} | {_figure(v)} |" for k, v in registration.metrics.items() if isinstance(v, (int, float)))
-    markdown = (
-        f"### {registration.name} version {registration.version}\n\nStored in `{location}`\n\n"
-        f"| figure | value |\n|---|---|\n{rows}\n"
-    )
-    return markdown, headline
 
 
 def publish_model_card(registry: str, name: str) -> str:
@@ -96,11 +74,11 @@ def publish_model_card(registry: str, name: str) -> str:
 
 def publish_promotion(decision: Promotion) -> None:
     """Artifact ``promotion``: the champion/challenger verdict (and a person's answer, when one was asked)."""
-    champion = "no champion" if decision.champion is None else f"champion {_figure(decision.champion)}"
+    champion = "no champion" if decision.champion is None else f"champion {figure(decision.champion)}"
     create_markdown_artifact(
         key="promotion",
-        markdown=_promotion_markdown(decision) + (f"\n{decision.approval.comment}\n" if decision.approval else ""),
-        description=f"{decision.alias!r}: {_verdict(decision)}; {decision.metric} {_figure(decision.challenger)} "
+        markdown=promotion_markdown(decision) + (f"\n{decision.approval.comment}\n" if decision.approval else ""),
+        description=f"{decision.alias!r}: {verdict(decision)}; {decision.metric} {figure(decision.challenger)} "
         f"vs {champion}",
     )
 
@@ -138,7 +116,7 @@ def register(
     ``name`` defaults to ``<training data set>-<architecture>``. ``training_run_id``: the run that began the
     training, when this run replaces a lost one (else this run): one version per training. Artifacts
     ``registered-model``, the model card ``model-card-<name>`` and, with ``promotion.promote_to``, ``promotion``
-    (champion/challenger on its figure; with its ``approval``, the alias waits for a person: ``tasks.approval``).
+    (champion/challenger on its figure; with its ``approval``, the alias waits for a person: ``settle_promotion``).
     """
     trained = ModelDirectory(model_dir)
     training = trained.metrics()
@@ -178,3 +156,76 @@ def resolve_model(model: str, registry: str, cache_dir: str) -> str:
     model_dir = load_model(model, registry, cache_dir)
     get_run_logger().info("model %s -> %s (%s)", model, model_dir.root, ", ".join(model_dir.classes))
     return str(model_dir.root)
+
+
+# How soon a reviewer's answer is picked up; one small read of the flow run per interval while paused.
+POLL_SECONDS = 2
+
+
+class PromotionReview(RunInput):
+    """The form on the paused run's page."""
+
+    decision: Literal["approve", "reject"] = Field(description="approve: the alias moves to this version")
+    # Required, and not blank: the server checks an answer against this schema and refuses one without a name
+    # (the form cannot be submitted, ``resume_flow_run`` raises); the alias never moves on an anonymous answer.
+    reviewer: str = Field(min_length=1, pattern=r"\S", description="Your name, recorded with the decision")
+    comment: str = Field(default="", description="Why; recorded with the decision and shown in the model card")
+
+
+def _answered_at(flow_run_id: str) -> datetime:
+    """The server's time of the resume: the timestamp of the Running state the answer put the run in."""
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state
+    return state.timestamp if state is not None else datetime.now(timezone.utc)
+
+
+def _carry_on_after_timeout(flow_run_id: str, timeout_s: int) -> datetime:
+    """Past its pause timeout the server turns any state the run proposes into Failed; forcing Running lets
+    the run finish its work and complete, with the version registered and not promoted."""
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run_id, Running(message=f"no approval within {timeout_s} s"), force=True)
+    return datetime.now(timezone.utc)
+
+
+def ask_for_approval(registry: str, registration: Registration, timeout_s: int) -> Approval:
+    """Pause the calling flow run until a person answers the form or ``timeout_s`` passes. Call it from the
+    flow itself: Prefect pauses flow runs, not tasks."""
+    flow_run_id = flow_run.get_id()
+    form = PromotionReview.with_initial_data(description=review_markdown(registry, registration))
+    # A key per version: a retried flow run that was already answered gets the same answer back.
+    key = f"promote-{registration.name}-{registration.version}"
+    try:
+        answer = pause_flow_run(wait_for_input=form, timeout=timeout_s, poll_interval=POLL_SECONDS, key=key)
+    except FlowPauseTimeout:
+        return Approval(
+            decision="timed out",
+            comment=f"no answer within {timeout_s} s",
+            flow_run_id=flow_run_id,
+            answered_at=_carry_on_after_timeout(flow_run_id, timeout_s),
+        )
+    return Approval(
+        decision="approved" if answer.decision == "approve" else "rejected",
+        reviewer=answer.reviewer.strip(),
+        comment=" ".join(answer.comment.split()),
+        answered_at=_answered_at(flow_run_id),
+        flow_run_id=flow_run_id,
+    )
+
+
+@stage_task("decide-promotion")
+def decide(registry: str, registered: RegisteredModel, approval: Approval) -> RegisteredModel:
+    """Record the answer and move the alias if approved; artifacts ``promotion`` and the model card again."""
+    promotion = decide_promotion(registry, registered.registration, approval)
+    publish_promotion(promotion)
+    publish_model_card(registry, registered.registration.name)
+    return registered.model_copy(
+        update={"registration": registered.registration.model_copy(update={"promotion": promotion})}
+    )
+
+
+def settle_promotion(registry: str, registered: RegisteredModel, timeout_s: int) -> RegisteredModel:
+    """For the flow: ask a person when the new version beats the champion, and act on the answer."""
+    promotion = registered.registration.promotion
+    if promotion is None or not promotion.awaiting_approval:
+        return registered
+    return decide(registry, registered, ask_for_approval(registry, registered.registration, timeout_s))

@@ -1,8 +1,9 @@
 """Champion and challenger, in one place: the policy a run is given (``PromotionPolicy``: which alias, on which
 figure, whether a person approves), the rule it judges by (``PromotionRule``), the judgement against the alias's
-current version, and the alias moved (by compare-and-swap, tasks/registry/core.py) when the challenger wins. A
-person's approval (tasks/approval.py, manage.decide_promotion) comes between the judgement and the move when asked
-for. The verdict recorded with a version is ``layout.Promotion``."""
+current version, the alias moved (by compare-and-swap, tasks/registry/core.py) when the challenger wins, and a
+person's answer acted on (``decide_promotion``) when the policy asks for approval. The pause that asks the person is
+``prefect_tasks.settle_promotion``; the pages they read are ``card.py``. The verdict recorded with a version is
+``layout.Promotion``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pydantic import BaseModel, Field
 from tasks.errors import PipelineInputError
 from tasks.registry.backends import RegistryBackend
 from tasks.registry.core import Registry, _alias, _move_alias, backend_of, read_registration
-from tasks.registry.layout import AliasRecord, Promotion, Registration, check_alias
+from tasks.registry.layout import AliasRecord, Approval, Promotion, Registration, check_alias
+from tasks.registry.status import change_status
 
 
 class PromotionRule(BaseModel):
@@ -131,3 +133,19 @@ def promote(backend: RegistryBackend, registration: Registration, alias: str, ru
 
     _move_alias(backend, registration.name, alias, registration.version, beats)
     return verdict[-1]
+
+
+def decide_promotion(registry: Registry, registration: Registration, approval: Approval) -> Promotion:
+    """Record a person's answer to a promotion awaiting approval (in ``status.json``), then, if approved, move
+    the alias: judged again against the champion of now, which may have changed while the person looked."""
+    pending = registration.promotion
+    if pending is None or not pending.awaiting_approval:
+        raise PipelineInputError(f"{registration.name}/{registration.version} has no promotion awaiting approval")
+    backend = backend_of(registry)
+    change_status(backend, registration, lambda s: s.model_copy(update={"approval": approval}))
+    if approval.decision != "approved":
+        return pending.model_copy(update={"awaiting_approval": False, "approval": approval})
+    rule = PromotionRule(
+        metric=pending.metric, lower_is_better=pending.lower_is_better, min_improvement=pending.min_improvement
+    )
+    return promote(backend, registration, pending.alias, rule).model_copy(update={"approval": approval})

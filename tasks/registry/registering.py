@@ -126,7 +126,7 @@ def register_model(
     policy's rule (``PromotionPolicy.rule``); the returned record carries the final verdict (``registration.json``
     keeps the one made at commit time). With ``promotion.approval`` too, the alias is left where it is and a
     version that beats the champion is marked ``awaiting_approval``: a person's answer moves it
-    (``manage.decide_promotion``).
+    (``promotion.decide_promotion``).
     """
     backend = backend_of(registry)
     check_model_name(name)

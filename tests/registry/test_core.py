@@ -360,7 +360,7 @@ def test_a_registry_fetch_reads_again_the_bodies_cut_off_mid_way(
 
 
 def test_the_registered_model_artifact_is_absolute_with_a_one_line_figure(tmp_path, trained_model, monkeypatch):
-    from tasks.registry.prefect_tasks import registered_model_markdown
+    from tasks.registry.card import registered_model_markdown
 
     monkeypatch.chdir(tmp_path)
     registration, location = register_test_model("relative-registry", trained_model, accuracy=0.98765)

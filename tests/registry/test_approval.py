@@ -21,14 +21,13 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
 
-from tasks.approval import settle_promotion
 from tasks.evaluate import evaluate_scores
 from tasks.image_directory import ImageDirectory
 from tasks.model_directory import ModelDirectory
 from tasks.registry import PromotionPolicy, resolve
 from tasks.registry.card import model_card_key
 from tasks.registry.manage import model_versions, show_version
-from tasks.registry.prefect_tasks import register
+from tasks.registry.prefect_tasks import register, settle_promotion
 from tasks.score import score_images
 from tests.helpers import card_versions
 
