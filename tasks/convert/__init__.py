@@ -5,8 +5,8 @@
     archives.py    unpacking .zip / .tar(.gz|.bz2|.xz) safely: no member lands outside, sizes are capped
     listing.py     one walk of a local folder: what can be read, what was skipped and why
     labelling.py   which file has which label: class folders, a labels file, or none
-    storing.py     checking and storing one image, whose fault a failure is, the journal a stopped run goes on from
-    resuming.py    the partial folder a conversion fills and goes on from; a storage fault's one error
+    storing.py     checking and storing one image, and whose fault a failure is
+    output_folder.py  where a conversion writes: the partial folder, writes that tell a storage fault, the journal
     conversion.py  the plan, the space check, the threads, the manifest (``convert_to_image_directory``)
     prefect_tasks.py  the ``convert`` Prefect task and its artifacts; the only module here that imports Prefect
 

@@ -37,17 +37,16 @@ from tasks.allocator import release_free_memory
 from tasks.convert.labelling import SingleClass, examples_of, plan_source
 from tasks.convert.labels_file import read_labels_file
 from tasks.convert.listing import list_folder
-from tasks.convert.resuming import converted_before, resumable_folder, storage_error
-from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
-from tasks.convert.storing import (
-    DecodeBudget,
-    ImageWriter,
+from tasks.convert.output_folder import (
     StoredJournal,
-    StoreSettings,
     WriteFailed,
-    space_needed,
+    converted_before,
+    resumable_folder,
+    storage_error,
     writing,
 )
+from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
+from tasks.convert.storing import DecodeBudget, ImageWriter, StoreSettings, space_needed
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import in_order, require_space
 from tasks.image_directory import (

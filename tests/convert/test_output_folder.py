@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from tasks.convert.labelling import SourceFile
-from tasks.convert.storing import JOURNAL_NAME, StoredJournal
+from tasks.convert.output_folder import JOURNAL_NAME, StoredJournal
 from tasks.image_directory import ImageRecord
 
 
