@@ -5,6 +5,7 @@
     archives.py    unpacking .zip / .tar(.gz|.bz2|.xz) safely: no member lands outside, sizes are capped
     listing.py     one walk of a local folder: what can be read, what was skipped and why
     labelling.py   which file has which label: class folders, a labels file, or none
+    plan.py        what a conversion will store: the rules each file is judged by, the plan walked
     storing.py     checking and storing one image, and whose fault a failure is
     output_folder.py  where a conversion writes: the partial folder, writes that tell a storage fault, the journal
     conversion.py  the plan, the space check, the threads, the manifest (``convert_to_image_directory``)

@@ -34,7 +34,7 @@ from PIL import Image
 from pydantic import BaseModel, Field
 
 from tasks.allocator import release_free_memory
-from tasks.convert.labelling import SingleClass, examples_of, plan_source
+from tasks.convert.labelling import SingleClass, plan_source
 from tasks.convert.labels_file import read_labels_file
 from tasks.convert.listing import list_folder
 from tasks.convert.output_folder import (
@@ -45,6 +45,7 @@ from tasks.convert.output_folder import (
     storage_error,
     writing,
 )
+from tasks.convert.plan import examples_of
 from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
 from tasks.convert.storing import DecodeBudget, ImageWriter, StoreSettings, space_needed
 from tasks.errors import InvalidDatasetError

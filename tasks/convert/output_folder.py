@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.convert.labelling import SourceFile
+from tasks.convert.plan import SourceFile
 from tasks.errors import InvalidDatasetError, OutputStorageError
 from tasks.fileio import STORAGE_ERRNOS, megabytes
 from tasks.image_directory import ImageDirectory, ImageRecord

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from tasks.convert.labelling import SourceFile
 from tasks.convert.output_folder import StoredJournal, WriteFailed, writing
+from tasks.convert.plan import SourceFile
 from tasks.fileio import sha256_file
 from tasks.image_directory import ImageRecord, Normalisation, QuarantinedFile
 

@@ -483,7 +483,7 @@ def test_names_equal_once_normalised_are_merged_and_never_overwrite_each_other(t
 
 
 def test_storing_an_image_never_overwrites_one_already_stored(tmp_path):
-    from tasks.convert.labelling import SourceFile
+    from tasks.convert.plan import SourceFile
     from tasks.convert.storing import DecodeBudget, StoreSettings, store_image
 
     settings = StoreSettings(None, 10**6, DecodeBudget(2**20))

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from tasks.convert.labelling import SourceFile
 from tasks.convert.output_folder import JOURNAL_NAME, StoredJournal
+from tasks.convert.plan import SourceFile
 from tasks.image_directory import ImageRecord
 
 
