@@ -78,7 +78,7 @@ def run_stage(stage: str, work: Path) -> dict:
     """Stage ``stage`` on the data under ``work``: seconds, images, peak and held memory (MB above the process
     after its imports), and the process's own peak resident memory (MB). Each stage imports only what it needs
     (torch only where it runs), so that a conversion's process is a conversion's, as a user's would be."""
-    from tasks.image_directory import ImageDirectory
+    from tasks.contracts.image_directory import ImageDirectory
 
     source, converted = work / "source", work / "converted"
     base = rss_mb()
@@ -137,9 +137,9 @@ def run_stage(stage: str, work: Path) -> dict:
     elif stage == "score":
         import torch
 
-        from tasks.model_directory import ModelDirectory
+        from tasks.contracts.model_directory import ModelDirectory
+        from tasks.contracts.scores_table import write_score_chunks
         from tasks.score import score_chunks
-        from tasks.scores_table import write_score_chunks
 
         torch.set_num_threads(os.cpu_count() or 1)
         base, started = rss_mb(), time.perf_counter()
@@ -163,11 +163,11 @@ def run_stage(stage: str, work: Path) -> dict:
 def train_small_model(root: Path) -> None:
     """A ModelDirectory (shufflenet_v2_x0_5 at 16 px, one epoch on 1,000 images) for the score stage."""
     from tasks import convert_to_image_directory
+    from tasks.contracts.model_directory import ModelSpec
+    from tasks.contracts.training_config import TrainingFolders, TrainingParams
     from tasks.launch import launch_training
     from tasks.model import write_untrained_model_directory
-    from tasks.model_directory import ModelSpec
     from tasks.split import split_image_directory
-    from tasks.training.config import TrainingFolders, TrainingParams
 
     write_images(root / "source", 1000)
     converted = convert_to_image_directory(root / "source", root / "converted")

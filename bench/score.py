@@ -27,10 +27,8 @@ import torch
 from PIL import Image
 
 from bench.harness import Figure, alternate, in_fresh_process, table
-from tasks.convert import convert_to_image_directory
-from tasks.datasets import export_digits
-from tasks.image_directory import ImageDirectory
-from tasks.model_directory import (
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import (
     CLASSES_FILE,
     ONNX_FILE,
     SPEC_FILE,
@@ -39,6 +37,8 @@ from tasks.model_directory import (
     ModelSpec,
     TrainedModelSpec,
 )
+from tasks.convert import convert_to_image_directory
+from tasks.datasets import export_digits
 from tasks.onnx_export import export_onnx
 from tasks.registry import load_model
 from tasks.score import BATCH_SIZE, score_images

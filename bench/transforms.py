@@ -25,7 +25,7 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from bench.harness import Figure, table
-from tasks.model_directory import IMAGENET_MEAN, IMAGENET_STD
+from tasks.contracts.model_directory import IMAGENET_MEAN, IMAGENET_STD
 from tasks.transformations import ImageTransformations
 from tasks.vision.transforms import EdgePaddedRandomCrop, train_transform
 

@@ -20,13 +20,14 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
+from tasks.contracts.model_directory import ModelSpec
+from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.convert import ConversionLimits, convert
 from tasks.datasets import resolve_sources
 from tasks.evaluate import Evaluation, evaluate
 from tasks.gallery import show_misclassified
 from tasks.lost_runs import take_over_lost_run
 from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
-from tasks.model_directory import ModelSpec
 from tasks.onnx_export import export_and_check_onnx
 from tasks.preflight import check_training_inputs
 from tasks.registry import PromotionPolicy, Registration
@@ -35,7 +36,6 @@ from tasks.runs import Keep, tidy_registered_run
 from tasks.score import score
 from tasks.split import split
 from tasks.train import train
-from tasks.training.config import TrainingFolders, TrainingParams
 from tasks.validate import validate_labels
 from tasks.workdir import join, local_folder, store
 

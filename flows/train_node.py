@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from prefect import flow
 
+from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.nodes import find_rendezvous
 from tasks.train import train_node
-from tasks.training.config import TrainingFolders, TrainingParams
 
 
 @flow(name="train-node", log_prints=True)

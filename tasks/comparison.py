@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.contracts.scores_table import read_scores
 from tasks.evaluate import evaluate_scores
 from tasks.registry import resolve
-from tasks.scores_table import read_scores
 from tasks.storage import is_s3_uri
 
 

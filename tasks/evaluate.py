@@ -9,8 +9,8 @@ import pandas as pd
 from pydantic import BaseModel
 from sklearn import metrics as skm
 
+from tasks.contracts.scores_table import LABEL_COLUMN, SCORED_LABELS, probability_column, read_scores, scored_classes
 from tasks.errors import NotLabeledDatasetError
-from tasks.scores_table import LABEL_COLUMN, SCORED_LABELS, probability_column, read_scores, scored_classes
 
 
 class ClassReport(BaseModel):

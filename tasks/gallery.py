@@ -9,8 +9,8 @@ import io
 import pandas as pd
 from PIL import Image
 
-from tasks.image_directory import ImageDirectory
-from tasks.scores_table import IMAGE_COLUMN, LABEL_COLUMN, PROBABILITY_PREFIX, SCORED_LABELS, read_scores
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.scores_table import IMAGE_COLUMN, LABEL_COLUMN, PROBABILITY_PREFIX, SCORED_LABELS, read_scores
 
 THUMBNAIL_PX = 96
 GALLERY_SIZE = 16

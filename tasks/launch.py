@@ -23,6 +23,13 @@ from pathlib import Path
 
 import tasks
 from tasks.allocator import allocator_environment
+from tasks.contracts.model_directory import (
+    LOGS_DIR,
+    ModelDirectory,
+    TrainingMetrics,
+    driver_log_path,
+)
+from tasks.contracts.training_config import TrainingFolders, TrainingParams, training_flags
 from tasks.errors import (
     OutputInUseError,
     PipelineInputError,
@@ -45,13 +52,6 @@ from tasks.lifeline import (
     output_lock,
     read_heartbeats,
 )
-from tasks.model_directory import (
-    LOGS_DIR,
-    ModelDirectory,
-    TrainingMetrics,
-    driver_log_path,
-)
-from tasks.training.config import TrainingFolders, TrainingParams, training_flags
 from tasks.workdir import StagedTraining, stage_training
 
 WORKER_MODULE = "tasks.training.worker"

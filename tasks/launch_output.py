@@ -12,9 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tasks import errors
-from tasks.errors import PipelineInputError, TrainingDivergedError, TrainingFailedError
-from tasks.lifeline import read_failure
-from tasks.model_directory import (
+from tasks.contracts.model_directory import (
     DIVERGED_MARKER,
     FAILURE_MARKER,
     LOGS_DIR,
@@ -22,6 +20,8 @@ from tasks.model_directory import (
     TrainingMetrics,
     driver_log_path,
 )
+from tasks.errors import PipelineInputError, TrainingDivergedError, TrainingFailedError
+from tasks.lifeline import read_failure
 
 LOG_TAIL_LINES = 40
 _FAILED_RANK = re.compile(re.escape(FAILURE_MARKER) + r" (\d+)")

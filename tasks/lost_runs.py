@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tasks.contracts.model_directory import METRICS_FILE
 from tasks.errors import RerunLimitError, UnknownRunError
-from tasks.model_directory import METRICS_FILE
 from tasks.runs import mark_run, run_folder_location
 from tasks.storage import is_s3_uri, read_s3_object
 from tasks.workdir import epochs_in, join

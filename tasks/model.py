@@ -7,8 +7,14 @@ import os
 import shutil
 from pathlib import Path
 
+from tasks.contracts.model_directory import (
+    STAGED_WEIGHTS_FILE,
+    ModelSpec,
+    PretrainedWeights,
+    read_model_spec,
+    write_model_spec,
+)
 from tasks.fileio import atomic_write
-from tasks.model_directory import STAGED_WEIGHTS_FILE, ModelSpec, PretrainedWeights, read_model_spec, write_model_spec
 
 
 def with_pretrained_default(spec: ModelSpec, own_data: bool) -> ModelSpec:

@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
+from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.errors import NodesNotJoinedError, PipelineInputError, TrainingNodeFailedError
-from tasks.training.config import TrainingFolders, TrainingParams
 
 NODE_DEPLOYMENT = "train-node/train-node"
 # Long enough for a worker to see a cancellation and stop its flow run's processes.

@@ -20,7 +20,7 @@ from sklearn.metrics import (  # noqa: E402
     recall_score,
 )
 
-from tasks.model_directory import TrainingMetrics  # noqa: E402
+from tasks.contracts.model_directory import TrainingMetrics  # noqa: E402
 
 
 def significant(value, digits: int = 4):

@@ -77,7 +77,7 @@ def check_training_inputs(
 ) -> None:
     """Everything the training pipeline can check before it converts an image (or fetches weights)."""
     from tasks.architectures import check_image_size
-    from tasks.registry.layout import check_alias, check_model_name
+    from tasks.contracts.registry_layout import check_alias, check_model_name
     from tasks.registry.locations import open_backend
 
     check_image_size(architecture, image_size)
@@ -97,9 +97,9 @@ def check_training_inputs(
 
 def check_scoring_inputs(images: str, model: str, registry: str) -> None:
     """The images exist; the model is a model folder or a reference the registry resolves (nothing fetched)."""
+    from tasks.contracts.registry_layout import parse_reference
     from tasks.errors import InvalidModelNameError
     from tasks.registry.core import resolve
-    from tasks.registry.layout import parse_reference
 
     check_source(images, "scoring")
     if Path(model).is_dir():

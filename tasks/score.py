@@ -17,10 +17,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from tasks.allocator import keep_freed_memory
-from tasks.errors import InvalidDatasetError, PipelineInputError
-from tasks.image_directory import ImageDirectory
-from tasks.model_directory import ModelDirectory
-from tasks.scores_table import (
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import ModelDirectory
+from tasks.contracts.scores_table import (
     IMAGE_COLUMN,
     LABEL_COLUMN,
     SCORED_LABELS,
@@ -28,6 +27,7 @@ from tasks.scores_table import (
     top_k_columns,
     write_score_chunks,
 )
+from tasks.errors import InvalidDatasetError, PipelineInputError
 from tasks.vision.images import ImageFiles
 from tasks.vision.networks import load_trained_model, memory_format
 from tasks.vision.transforms import eval_transform

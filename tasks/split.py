@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.contracts.image_directory import MANIFEST_NAME, ImageDirectory, ImageDirectoryManifest, SplitRecord
+from tasks.contracts.image_index import ImageIndex
 from tasks.errors import ClassTooSmallToSplitError, InvalidDatasetError, NotLabeledDatasetError, PipelineInputError
 from tasks.fileio import staged_directory
-from tasks.image_directory import MANIFEST_NAME, ImageDirectory, ImageDirectoryManifest, SplitRecord
-from tasks.image_index import ImageIndex
 
 SIDES = ("first", "second")
 

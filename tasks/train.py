@@ -20,13 +20,13 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType
 from prefect.runtime import task_run
 
+from tasks.contracts.model_directory import TRAINING_CURVES_FILE, ModelDirectory, TrainingMetrics
+from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.launch import launch_training
 from tasks.launch_output import NewEpochs, read_metrics
-from tasks.model_directory import TRAINING_CURVES_FILE, ModelDirectory, TrainingMetrics
 from tasks.nodes import Rendezvous, run_nodes
 from tasks.plots import plot_training_curves, png_markdown, significant
 from tasks.retrying import stage_task
-from tasks.training.config import TrainingFolders, TrainingParams
 from tasks.workdir import mirror_of
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, Field, computed_field
 
+from tasks.contracts.image_directory import ImageDirectory
 from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
-from tasks.image_directory import ImageDirectory
 
 DEFAULT_MIN_IMAGES_PER_CLASS = 2
 _EXAMPLES = 5

@@ -29,11 +29,9 @@ from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tasks.errors import InvalidDatasetError
-from tasks.fileio import atomic_write, sha256_file
-from tasks.image_directory import MANIFEST_NAME, ImageDirectory
-from tasks.image_index import INDEX_NAME, sha256_of
-from tasks.model_directory import (
+from tasks.contracts.image_directory import MANIFEST_NAME, ImageDirectory
+from tasks.contracts.image_index import INDEX_NAME, sha256_of
+from tasks.contracts.model_directory import (
     CHECKPOINT_FILE,
     CLASSES_FILE,
     LOGS_DIR,
@@ -43,6 +41,9 @@ from tasks.model_directory import (
     WEIGHTS_FILE,
     TrainingMetrics,
 )
+from tasks.contracts.training_config import TrainingFolders
+from tasks.errors import InvalidDatasetError
+from tasks.fileio import atomic_write, sha256_file
 from tasks.storage import (
     download_files,
     is_s3_uri,
@@ -51,7 +52,6 @@ from tasks.storage import (
     read_s3_object,
     upload_files,
 )
-from tasks.training.config import TrainingFolders
 
 CACHE_VARIABLE = "IMAGE_CLASSIFIER_CACHE"
 logger = logging.getLogger(__name__)

@@ -80,8 +80,8 @@ def colour_image_dirs(built_once) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def resnet_spec(built_once) -> Path:
+    from tasks.contracts.model_directory import ModelSpec
     from tasks.model import write_untrained_model_directory
-    from tasks.model_directory import ModelSpec
 
     return built_once(
         "spec", lambda folder: write_untrained_model_directory(folder, ModelSpec(architecture="resnet18"))

@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 from prefect.client.orchestration import get_client
 
-from tasks.model_directory import ModelDirectory
+from tasks.contracts.model_directory import ModelDirectory
 from tasks.registry import DatasetLineage, register_model
 
 NAME = "colours-resnet18"  # the registered name of the colours model the registry tests use

@@ -12,9 +12,9 @@ import pandas as pd
 from PIL import Image
 from prefect import flow
 
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.scores_table import write_scores
 from tasks.gallery import THUMBNAIL_PX, gallery_markdown, show_misclassified
-from tasks.image_directory import ImageDirectory
-from tasks.scores_table import write_scores
 from tests.helpers import card_versions
 
 CLASSES = ["blue", "green", "red"]

@@ -15,12 +15,12 @@ from PIL import Image
 
 from flows.pipeline import train_pipeline
 from tasks import ImageDirectory, ModelDirectory
+from tasks.contracts.model_directory import ModelSpec
+from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.errors import InvalidTrainingSetupError, PipelineInputError
 from tasks.launch import launch_training
-from tasks.model_directory import ModelSpec
 from tasks.registry import read_registration
 from tasks.score import score_images
-from tasks.training.config import TrainingFolders, TrainingParams
 
 pytestmark = [
     pytest.mark.gpu,

@@ -10,9 +10,9 @@ import pytest
 from prefect import flow
 from prefect.states import Crashed
 
+from tasks.contracts.model_directory import EpochMetrics, TrainingMetrics
 from tasks.errors import RerunLimitError, UnknownRunError
 from tasks.lost_runs import MAX_RERUNS, Takeover, take_over_lost_run
-from tasks.model_directory import EpochMetrics, TrainingMetrics
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tasks import ImageDirectory, InvalidModelDirectoryError, ModelDirectory
+from tasks.contracts.model_directory import ONNX_FILE, WEIGHTS_FILE
 from tasks.errors import OnnxMismatchError
-from tasks.model_directory import ONNX_FILE, WEIGHTS_FILE
 from tasks.onnx_export import ONNX_TOLERANCE, check_onnx, export_onnx, sample_inputs
 from tasks.score import score_images
 

@@ -15,14 +15,14 @@ from tasks import (
     convert_to_image_directory,
 )
 from tasks.comparison import comparison_rows
+from tasks.contracts.scores_table import read_scores, scores_summary, write_score_chunks, write_scores
 from tasks.evaluate import evaluate_scores, evaluation_markdown
 from tasks.score import score_chunks, score_images
-from tasks.scores_table import read_scores, scores_summary, write_score_chunks, write_scores
 from tests.helpers import COLOURS, write_class_folders, write_image
 
 # What a process has loaded after importing the scores table's contract, then Evaluate Model.
 IMPORTS_PROBE = (
-    "import sys, tasks.scores_table; contract = sorted({'torch', 'prefect', 'sklearn'} & set(sys.modules)); "
+    "import sys, tasks.contracts.scores_table; contract = sorted({'torch', 'prefect', 'sklearn'} & set(sys.modules)); "
     "import tasks.evaluate; print(contract, 'torch' in sys.modules)"
 )
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tasks import convert_to_image_directory
+from tasks.contracts.image_directory import ImageDirectory
 from tasks.errors import ClassTooSmallToSplitError, InvalidDatasetError, NotLabeledDatasetError, PipelineInputError
-from tasks.image_directory import ImageDirectory
 from tasks.split import _link_or_copy, split_image_directory, split_markdown
 from tests.helpers import COLOURS, write_image
 

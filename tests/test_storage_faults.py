@@ -19,7 +19,7 @@ import json, logging, os, sys
 from pathlib import Path
 from tasks import convert_to_image_directory
 from tasks.errors import OutputStorageError
-from tasks.image_directory import Normalisation
+from tasks.contracts.image_directory import Normalisation
 output, source, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 said = []
 logging.getLogger("tasks.convert.conversion").addHandler(logging.Handler())
@@ -49,7 +49,7 @@ import json, os, sys
 from pathlib import Path
 import pandas as pd
 from tasks.errors import OutputStorageError
-from tasks.scores_table import write_scores
+from tasks.contracts.scores_table import write_scores
 output, rows = Path(sys.argv[1]), int(sys.argv[2])
 (output / "scores.csv").write_text("an older, complete table")
 table = pd.DataFrame({"image": [f"img-{i:07d}.png" for i in range(rows)], "Scored Labels": "cat"})
@@ -188,7 +188,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from tasks.errors import OutputStorageError
-from tasks.model_directory import TrainingMetrics
+from tasks.contracts.model_directory import TrainingMetrics
 from tasks.training.checkpoint import check_space_for_checkpoints, save_checkpoint
 output, step = Path(sys.argv[1]), sys.argv[2]
 model = nn.Linear(256, 256)  # 257 KB of weights
@@ -226,8 +226,8 @@ from pathlib import Path
 from tasks.errors import OutputStorageError
 from tasks.launch import launch_training
 from tasks.model import write_untrained_model_directory
-from tasks.model_directory import ModelSpec
-from tasks.training.config import TrainingFolders, TrainingParams
+from tasks.contracts.model_directory import ModelSpec
+from tasks.contracts.training_config import TrainingFolders, TrainingParams
 mount, train, validation, spec = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
 spec = write_untrained_model_directory(spec, ModelSpec(architecture="shufflenet_v2_x0_5", pretrained=False))
 output, filler, outcome = mount / "model", mount / "filler", {}
@@ -276,7 +276,7 @@ def test_a_training_whose_disk_fills_says_so_first_and_a_rerun_resumes_from_its_
 REGISTER = """
 import json, os, sys
 from tasks.errors import OutputStorageError
-from tasks.model_directory import ModelDirectory
+from tasks.contracts.model_directory import ModelDirectory
 from tasks.registry import list_versions, register_model
 registry = os.path.join(sys.argv[1], "registry")
 try:
@@ -302,9 +302,9 @@ def test_registration_on_a_full_disk_registers_nothing_and_says_so_first(trained
 def test_s3_refusing_a_write_is_a_storage_error_naming_the_object_and_not_retried(s3_bucket):
     import pandas as pd
 
+    from tasks.contracts.scores_table import write_scores
     from tasks.errors import OutputStorageError, PipelineInputError
     from tasks.registry.s3 import S3Backend
-    from tasks.scores_table import write_scores
 
     missing = f"{s3_bucket}-gone"
     with pytest.raises(OutputStorageError, match=rf"^S3 refused to store s3://{missing}/scores.csv: NoSuchBucket"):

@@ -8,8 +8,8 @@ from tasks import (
     NotLabeledDatasetError,
     convert_to_image_directory,
 )
+from tasks.contracts.model_directory import ModelDirectory, ModelSpec, read_model_spec
 from tasks.model import write_untrained_model_directory
-from tasks.model_directory import ModelDirectory, ModelSpec, read_model_spec
 from tasks.validate import check_training_data
 from tests.helpers import write_class_folders, write_image
 

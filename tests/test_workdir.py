@@ -5,11 +5,11 @@ import shutil
 
 import pytest
 
+from tasks.contracts.model_directory import EpochMetrics, TrainingMetrics
+from tasks.contracts.training_config import TrainingFolders
 from tasks.errors import InvalidDatasetError, InvalidStorageURIError
 from tasks.fileio import write_text_atomic
-from tasks.model_directory import EpochMetrics, TrainingMetrics
 from tasks.storage import list_s3_names, parse_s3_uri, read_s3_object, s3_client
-from tasks.training.config import TrainingFolders
 from tasks.workdir import CACHE_VARIABLE, OutputMirror, fetch_image_directory, publish, stage_training
 
 

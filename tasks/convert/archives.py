@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO, NoReturn
 
+from tasks.contracts.image_directory import QuarantinedFile
 from tasks.errors import InvalidDatasetError
-from tasks.image_directory import QuarantinedFile
 
 ARCHIVE_KINDS = ".zip, .tar, .tar.gz/.tgz, .tar.bz2, .tar.xz, or a .gz of a tar"
 NAME_MAX = 255  # bytes in one path component on Linux and macOS file systems

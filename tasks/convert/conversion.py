@@ -34,6 +34,19 @@ from PIL import Image
 from pydantic import BaseModel, Field
 
 from tasks.allocator import release_free_memory
+from tasks.contracts.image_directory import (
+    FORMAT_VERSION,
+    IMAGE_EXTENSIONS,
+    MANIFEST_NAME,
+    ImageDirectory,
+    ImageDirectoryManifest,
+    ImageRecord,
+    Normalisation,
+    QuarantinedFile,
+    class_folders,
+)
+from tasks.contracts.image_index import INDEX_NAME, Row
+from tasks.contracts.index_writer import IndexWriter
 from tasks.convert.labelling import SingleClass, plan_source
 from tasks.convert.labels_file import read_labels_file
 from tasks.convert.listing import list_folder
@@ -50,18 +63,6 @@ from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_sour
 from tasks.convert.storing import DecodeBudget, ImageWriter, StoreSettings, space_needed
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import in_order, require_space
-from tasks.image_directory import (
-    FORMAT_VERSION,
-    IMAGE_EXTENSIONS,
-    MANIFEST_NAME,
-    ImageDirectory,
-    ImageDirectoryManifest,
-    ImageRecord,
-    Normalisation,
-    QuarantinedFile,
-    class_folders,
-)
-from tasks.image_index import INDEX_NAME, IndexWriter, Row
 from tasks.progress import every_while, run_logger
 from tasks.storage import is_s3_uri, read_bytes
 

@@ -21,6 +21,7 @@ import unicodedata
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from tasks.contracts.image_directory import IMAGE_EXTENSIONS, QuarantinedFile
 from tasks.convert.labels_file import read_labels_file
 from tasks.convert.listing import FolderListing
 from tasks.convert.plan import (
@@ -36,7 +37,6 @@ from tasks.convert.plan import (
     is_image_name,
 )
 from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
-from tasks.image_directory import IMAGE_EXTENSIONS, QuarantinedFile
 
 LABELS_FILE_NAMES = ("labels.csv", "labels.json")
 # What a source holding one class folder is: one labeled class (training), or images to score.

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from tasks.image_directory import MANIFEST_NAME, QuarantinedFile
-from tasks.image_index import INDEX_NAME
+from tasks.contracts.image_directory import MANIFEST_NAME, QuarantinedFile
+from tasks.contracts.image_index import INDEX_NAME
 
 # An ImageDirectory given as a source is read as the class folders it is, without its manifest.
 IGNORED_NAMES = frozenset({"__MACOSX", ".DS_Store", "Thumbs.db", "desktop.ini", MANIFEST_NAME, INDEX_NAME})

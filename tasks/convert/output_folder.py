@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.contracts.image_directory import ImageDirectory, ImageRecord
 from tasks.convert.plan import SourceFile
 from tasks.errors import InvalidDatasetError, OutputStorageError
 from tasks.fileio import STORAGE_ERRNOS, megabytes
-from tasks.image_directory import ImageDirectory, ImageRecord
 
 JOURNAL_NAME = ".stored.jsonl"
 

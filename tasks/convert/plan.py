@@ -15,8 +15,8 @@ from typing import Literal
 
 import numpy as np
 
+from tasks.contracts.image_directory import IMAGE_EXTENSIONS, QuarantinedFile, safe_name
 from tasks.convert.listing import Folder, FolderListing
-from tasks.image_directory import IMAGE_EXTENSIONS, QuarantinedFile, safe_name
 
 _SHOWN = 5  # names quoted in a message before "and N more"
 

@@ -24,11 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from tasks.contracts.image_directory import QuarantinedFile
 from tasks.convert.archives import extract_archive, refuse_oversize
 from tasks.convert.listing import is_os_litter, list_folder
 from tasks.errors import InvalidDatasetError, OutputStorageError
 from tasks.fileio import in_order, megabytes, sha256_file
-from tasks.image_directory import QuarantinedFile
 from tasks.storage import S3Location, download_s3_object, is_s3_uri, parse_s3_uri, s3_client
 
 DEFAULT_MAX_EXTRACTED_BYTES = 64 * 2**30

@@ -1,6 +1,6 @@
 """The model registry: versioned, aliased trained models on a local folder (default) or ``s3://bucket/prefix``.
 
-    layout.py        the contract: names, references, records and their keys
+    (the layout: names, references, records and their keys is ``tasks/contracts/registry_layout.py``)
     backends.py      the storage interface and the local-disk backend; s3.py the S3 one; locations.py picks one
     core.py          read, list, resolve references, aliases by compare-and-swap
     registering.py   register: claim a version, upload, commit (all or nothing)
@@ -18,6 +18,18 @@ from any process.
 
 from __future__ import annotations
 
+from tasks.contracts.registry_layout import (
+    CLAIM_FILE,
+    REGISTRATION_FILE,
+    AliasRecord,
+    DatasetLineage,
+    ModelReference,
+    Promotion,
+    Registration,
+    check_model_name,
+    default_model_name,
+    parse_reference,
+)
 from tasks.errors import CorruptRegistryRecordError, ModelIntegrityError
 from tasks.registry.backends import LocalBackend, RegistryBackend
 from tasks.registry.core import (
@@ -30,18 +42,6 @@ from tasks.registry.core import (
     unset_alias,
 )
 from tasks.registry.fetch import fetch_model, load_model
-from tasks.registry.layout import (
-    CLAIM_FILE,
-    REGISTRATION_FILE,
-    AliasRecord,
-    DatasetLineage,
-    ModelReference,
-    Promotion,
-    Registration,
-    check_model_name,
-    default_model_name,
-    parse_reference,
-)
 from tasks.registry.locations import open_backend
 from tasks.registry.promotion import PromotionPolicy, PromotionRule, challenge
 from tasks.registry.registering import register_model

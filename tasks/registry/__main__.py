@@ -27,10 +27,10 @@ import sys
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # noqa: E402 (before anything imports Prefect)
 
+from tasks.contracts.registry_layout import parse_reference
 from tasks.errors import InvalidModelNameError, PipelineInputError
 from tasks.registry.core import set_alias, unset_alias
 from tasks.registry.fetch import fetch_to
-from tasks.registry.layout import parse_reference
 from tasks.registry.manage import (
     VersionView,
     archive,

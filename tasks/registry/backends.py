@@ -1,6 +1,6 @@
 """Where registry keys live: one small interface, a local-disk backend here and an S3 one in ``s3.py``.
 
-Keys are ``/``-separated paths below the registry root (see ``layout.py``). Two operations make concurrent
+Keys are ``/``-separated paths below the registry root (see ``tasks/contracts/registry_layout.py``). Two operations make concurrent
 writers safe: ``create_exclusive`` (of several writers of one key, exactly one wins) and ``replace_if``, a
 compare-and-swap on a key read with ``read_tagged`` (an alias moves only from the state its mover judged).
 ``swap`` is the one read-judge-write loop built on them, used for every record people change (aliases, a

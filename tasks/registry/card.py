@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 
+from tasks.contracts.registry_layout import Approval, DatasetLineage, Promotion, Registration
 from tasks.registry.core import resolve
-from tasks.registry.layout import Approval, DatasetLineage, Promotion, Registration
 from tasks.registry.manage import VersionView
 from tasks.transformations import ImageTransformations
 

@@ -6,7 +6,7 @@ Readers only ever see committed versions (a ``registration.json`` is created aft
 An alias moves by compare-and-swap: read it (with its tag), judge, write only if it is unchanged, else
 read and judge again; so of two promotions racing, the later write has seen the earlier one.
 
-Every record read back is checked (``layout.parse_registration`` / ``parse_alias``) before its contents
+Every record read back is checked (``registry_layout.parse_registration`` / ``parse_alias``) before its contents
 become paths; a corrupt version is left out of listings and of ``latest`` with a warning.
 """
 
@@ -17,14 +17,8 @@ import os
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 
-from tasks.errors import (
-    CorruptRegistryRecordError,
-    InvalidModelNameError,
-    ModelNotFoundError,
-)
-from tasks.image_directory import ImageDirectory
-from tasks.registry.backends import RegistryBackend, swap
-from tasks.registry.layout import (
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.registry_layout import (
     ALIASES_FOLDER,
     REGISTRATION_FILE,
     AliasRecord,
@@ -43,6 +37,12 @@ from tasks.registry.layout import (
     version_key,
     version_numbers,
 )
+from tasks.errors import (
+    CorruptRegistryRecordError,
+    InvalidModelNameError,
+    ModelNotFoundError,
+)
+from tasks.registry.backends import RegistryBackend, swap
 from tasks.registry.locations import open_backend
 from tasks.registry.status import is_deleted, read_status
 

@@ -15,6 +15,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tasks.contracts.registry_layout import (
+    REGISTERED_FILES,
+    REGISTRATION_FILE,
+    Approval,
+    ModelReference,
+    Registration,
+    VersionStatus,
+    closest_first,
+    version_key,
+)
 from tasks.errors import AliasedVersionError, InvalidQueryError
 from tasks.registry.core import (
     Registry,
@@ -25,16 +35,6 @@ from tasks.registry.core import (
     registrations,
     resolve,
     versions_with_status,
-)
-from tasks.registry.layout import (
-    REGISTERED_FILES,
-    REGISTRATION_FILE,
-    Approval,
-    ModelReference,
-    Registration,
-    VersionStatus,
-    closest_first,
-    version_key,
 )
 from tasks.registry.status import change_status, read_status
 

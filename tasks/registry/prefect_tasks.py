@@ -29,7 +29,8 @@ from prefect.states import Running
 from pydantic import BaseModel, Field
 
 from tasks.console import quiet_console
-from tasks.model_directory import ModelDirectory
+from tasks.contracts.model_directory import ModelDirectory
+from tasks.contracts.registry_layout import Approval
 from tasks.registry import (
     Promotion,
     PromotionPolicy,
@@ -49,7 +50,6 @@ from tasks.registry.card import (
     review_markdown,
     verdict,
 )
-from tasks.registry.layout import Approval
 from tasks.registry.manage import model_versions
 from tasks.registry.promotion import decide_promotion
 from tasks.retrying import stage_task

@@ -3,7 +3,7 @@ figure, whether a person approves), the rule it judges by (``PromotionRule``), t
 current version, the alias moved (by compare-and-swap, tasks/registry/core.py) when the challenger wins, and a
 person's answer acted on (``decide_promotion``) when the policy asks for approval. The pause that asks the person is
 ``prefect_tasks.settle_promotion``; the pages they read are ``card.py``. The verdict recorded with a version is
-``layout.Promotion``."""
+``registry_layout.Promotion``."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from tasks.contracts.registry_layout import AliasRecord, Approval, Promotion, Registration, check_alias
 from tasks.errors import PipelineInputError
 from tasks.registry.backends import RegistryBackend
 from tasks.registry.core import Registry, _alias, _move_alias, backend_of, read_registration
-from tasks.registry.layout import AliasRecord, Approval, Promotion, Registration, check_alias
 from tasks.registry.status import change_status
 
 

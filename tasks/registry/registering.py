@@ -14,12 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import InvalidModelDirectoryError, OutputStorageError
-from tasks.fileio import sha256_file, storage_fault
-from tasks.model_directory import MODEL_FILES, ONNX_FILE, ModelDirectory
-from tasks.registry.backends import RegistryBackend
-from tasks.registry.core import Registry, _create_owned, backend_of, registrations
-from tasks.registry.layout import (
+from tasks.contracts.model_directory import MODEL_FILES, ONNX_FILE, ModelDirectory
+from tasks.contracts.registry_layout import (
     CLAIM_FILE,
     REGISTRATION_FILE,
     Claim,
@@ -30,6 +26,10 @@ from tasks.registry.layout import (
     version_key,
     version_numbers,
 )
+from tasks.errors import InvalidModelDirectoryError, OutputStorageError
+from tasks.fileio import sha256_file, storage_fault
+from tasks.registry.backends import RegistryBackend
+from tasks.registry.core import Registry, _create_owned, backend_of, registrations
 from tasks.registry.promotion import PromotionPolicy, challenge, check_metric, promote
 from tasks.storage import is_s3_uri
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timezone
 
+from tasks.contracts.registry_layout import STATUS_FILE, Registration, VersionStatus, parse_status, version_key
 from tasks.errors import ModelNotFoundError
 from tasks.registry.backends import RegistryBackend, swap
-from tasks.registry.layout import STATUS_FILE, Registration, VersionStatus, parse_status, version_key
 
 
 def read_status(backend: RegistryBackend, name: str, version: int) -> VersionStatus | None:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from tasks.contracts.model_directory import CHECKPOINT_FILE, TrainingMetrics
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import atomic_write, require_space, storage_faults
-from tasks.model_directory import CHECKPOINT_FILE, TrainingMetrics
 
 if TYPE_CHECKING:
     from torch import nn

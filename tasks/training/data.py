@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import TrainedModelSpec
+from tasks.contracts.training_config import TrainingParams
 from tasks.errors import InvalidDatasetError
-from tasks.image_directory import ImageDirectory
-from tasks.model_directory import TrainedModelSpec
 from tasks.training.batches import BatchesOfTwoOrMore
-from tasks.training.config import TrainingParams
 from tasks.training.distributed import DistributedEnv
 from tasks.vision.images import ImageFiles
 from tasks.vision.transforms import eval_transform, train_transform

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from tasks.contracts.training_config import TrainingParams
 from tasks.errors import InvalidTrainingSetupError
-from tasks.training.config import TrainingParams
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from tasks.training.config import TrainingParams
+from tasks.contracts.training_config import TrainingParams
 from tasks.vision.networks import backbone_modules, split_head_and_backbone
 
 

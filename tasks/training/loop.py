@@ -14,10 +14,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tasks.contracts.model_directory import (
+    DIVERGED_MARKER,
+    METRICS_FILE,
+    TRAINING_LOG_FILE,
+    EpochMetrics,
+    TrainingMetrics,
+)
+from tasks.contracts.training_config import TrainingParams
 from tasks.fileio import write_text_atomic
 from tasks.lifeline import Heartbeat
-from tasks.model_directory import DIVERGED_MARKER, METRICS_FILE, TRAINING_LOG_FILE, EpochMetrics, TrainingMetrics
-from tasks.training.config import TrainingParams
 from tasks.training.distributed import all_reduce_sum
 from tasks.training.fine_tuning import parameter_groups
 from tasks.vision.networks import memory_format

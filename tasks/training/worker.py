@@ -30,11 +30,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tasks.architectures import family_of, input_size
-from tasks.fileio import write_text_atomic
-from tasks.image_directory import ImageDirectory
-from tasks.lifeline import Heartbeat, die_with_parent, output_lock, write_failure
-from tasks.memory import peak_rss_mb
-from tasks.model_directory import (
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import (
     CHECKPOINT_FILE,
     CLASSES_FILE,
     FAILURE_MARKER,
@@ -48,8 +45,11 @@ from tasks.model_directory import (
     driver_log_path,
     read_model_spec,
 )
+from tasks.contracts.training_config import TrainingParams, add_training_flags, params_from_flags
+from tasks.fileio import write_text_atomic
+from tasks.lifeline import Heartbeat, die_with_parent, output_lock, write_failure
+from tasks.memory import peak_rss_mb
 from tasks.training.checkpoint import resume_or_start, save_checkpoint, saved_or_storage_fault
-from tasks.training.config import TrainingParams, add_training_flags, params_from_flags
 from tasks.training.data import TrainingData, check_same_classes
 from tasks.training.distributed import (
     DistributedEnv,

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from tasks.image_directory import ImageSamples
+from tasks.contracts.image_directory import ImageSamples
 from tasks.vision.transforms import ImageTransform
 
 DEFAULT_IMAGE_SIZE = 224

@@ -10,7 +10,7 @@ import torchvision
 from torch import nn
 
 from tasks.architectures import family_of
-from tasks.model_directory import ModelDirectory, ModelSpec
+from tasks.contracts.model_directory import ModelDirectory, ModelSpec
 from tasks.vision.weights import load_weights
 
 

@@ -36,9 +36,9 @@ import torch
 import torchvision
 from torch import nn
 
+from tasks.contracts.model_directory import SPEC_FILE, STAGED_WEIGHTS_FILE, ModelSpec, PretrainedWeights
 from tasks.errors import InvalidModelDirectoryError, PretrainedWeightsError, PretrainedWeightsUnavailableError
 from tasks.fileio import sha256_file
-from tasks.model_directory import SPEC_FILE, STAGED_WEIGHTS_FILE, ModelSpec, PretrainedWeights
 from tasks.progress import every_while, run_logger
 from tasks.storage import download_s3_object, is_s3_uri, parse_s3_uri, s3_client
 

@@ -11,8 +11,8 @@ from PIL import Image
 
 from deployments.local import PROJECT_ROOT
 from tasks import ImageDirectory, InvalidDatasetError, NotLabeledDatasetError, convert_to_image_directory
+from tasks.contracts.image_directory import MANIFEST_NAME, Normalisation
 from tasks.fileio import sha256_file
-from tasks.image_directory import MANIFEST_NAME, Normalisation
 from tests.helpers import COLOURS, artifacts_and_run_count, write_class_folders, write_image
 
 
@@ -529,7 +529,7 @@ def test_hidden_class_folders_are_classes_and_other_hidden_entries_are_reported(
 
 
 def test_long_escaped_names_keep_their_extension_and_stay_distinct(tmp_path):
-    from tasks.image_directory import safe_name
+    from tasks.contracts.image_directory import safe_name
 
     names = ["a:" * 100 + "1.png", "a:" * 100 + "2.png"]
     write_flat(tmp_path / "src", {name: "red" for name in names})

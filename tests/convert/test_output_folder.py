@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
+from tasks.contracts.image_directory import ImageRecord
 from tasks.convert.output_folder import JOURNAL_NAME, StoredJournal
 from tasks.convert.plan import SourceFile
-from tasks.image_directory import ImageRecord
 
 
 def record(path: str, source: str, size: int, label: str = "cat") -> ImageRecord:

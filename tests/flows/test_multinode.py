@@ -12,6 +12,7 @@ from uuid import uuid4
 import pytest
 
 from deployments.local import PROJECT_ROOT
+from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.nodes import (
     ELASTIC_FINISH_GRACE_SECONDS,
     node_run_parameters,
@@ -20,7 +21,6 @@ from tasks.nodes import (
     reachable_address,
 )
 from tasks.registry import list_versions, read_registration
-from tasks.training.config import TrainingFolders, TrainingParams
 from tasks.workdir import CACHE_VARIABLE
 from tests.flows.nodes_stack import (
     HOSTS,
@@ -159,7 +159,7 @@ def run_files(s3_work: str, registration) -> str:
 
 
 def test_two_nodes_train_through_the_pool_with_no_shared_files_and_register_one_model(stack, s3_work, two_nodes_on_s3):
-    from tasks.model_directory import TrainingMetrics
+    from tasks.contracts.model_directory import TrainingMetrics
     from tasks.storage import list_s3_names, read_s3_object
 
     assert "Registered colours-2nodes version 1" in two_nodes_on_s3.stdout
@@ -207,7 +207,7 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(
     import signal
 
     from tasks.allocator import ENVIRONMENT
-    from tasks.model_directory import TrainingMetrics
+    from tasks.contracts.model_directory import TrainingMetrics
     from tasks.storage import read_s3_object
 
     for host in HOSTS:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from deployments.local import PROJECT_ROOT
-from tasks.model_directory import ModelDirectory, driver_log_path
+from tasks.contracts.model_directory import ModelDirectory, driver_log_path
 from tasks.registry import list_versions, read_registration
 from tests.flows.nodes_stack import (
     node_runs,

@@ -14,10 +14,10 @@ import torch
 import torchvision
 
 from flows.pipeline import train_pipeline
-from tasks.image_directory import ImageDirectory
-from tasks.model_directory import ModelDirectory, ModelSpec
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import ModelDirectory, ModelSpec
+from tasks.contracts.training_config import TrainingParams
 from tasks.registry import read_registration
-from tasks.training.config import TrainingParams
 from tasks.transformations import ImageTransformations, RandomFlip
 from tests.helpers import artifacts_and_task_runs, write_class_folders
 

@@ -14,12 +14,12 @@ from prefect.client.orchestration import get_client
 
 from flows.pipeline import train_pipeline
 from tasks import ImageDirectory, InvalidDatasetError
+from tasks.contracts.model_directory import ModelDirectory, ModelSpec
+from tasks.contracts.training_config import TrainingParams
 from tasks.convert import ConversionLimits
-from tasks.model_directory import ModelDirectory, ModelSpec
 from tasks.registry import PromotionPolicy, list_versions, read_registration, resolve
 from tasks.runs import folder_size
 from tasks.score import score_images
-from tasks.training.config import TrainingParams
 from tests.helpers import artifacts_and_task_runs, progress_artifacts, write_class_folders
 
 pytestmark = pytest.mark.integration

@@ -21,9 +21,9 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
 
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import ModelDirectory
 from tasks.evaluate import evaluate_scores
-from tasks.image_directory import ImageDirectory
-from tasks.model_directory import ModelDirectory
 from tasks.registry import PromotionPolicy, resolve
 from tasks.registry.card import model_card_key
 from tasks.registry.manage import model_versions, show_version

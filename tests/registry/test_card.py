@@ -7,9 +7,9 @@ import pytest
 from prefect import flow
 from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import ModelDirectory
 from tasks.evaluate import evaluate_scores
-from tasks.image_directory import ImageDirectory
-from tasks.model_directory import ModelDirectory
 from tasks.registry import PromotionPolicy, lineage
 from tasks.registry.card import model_card_key
 from tasks.registry.prefect_tasks import register

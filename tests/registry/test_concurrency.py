@@ -17,8 +17,8 @@ import torch
 
 from deployments.local import PROJECT_ROOT
 from tasks import ModelDirectory
+from tasks.contracts.model_directory import MODEL_FILES, WEIGHTS_FILE
 from tasks.fileio import sha256_file
-from tasks.model_directory import MODEL_FILES, WEIGHTS_FILE
 from tasks.registry import (
     CLAIM_FILE,
     REGISTRATION_FILE,
@@ -72,7 +72,7 @@ def register_as(
 # A registration in a fresh interpreter: it waits for the file ``go`` (when given) so that all start at once.
 REGISTER = """
 import pathlib, sys, time
-from tasks.model_directory import ModelDirectory
+from tasks.contracts.model_directory import ModelDirectory
 from tasks.registry import PromotionPolicy, register_model, resolve
 registry, name, model, worker, go, promote = sys.argv[1:7]
 if go:

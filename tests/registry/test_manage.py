@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tasks.contracts.model_directory import ModelDirectory
+from tasks.contracts.registry_layout import CLAIM_FILE, STATUS_FILE
 from tasks.errors import AliasedVersionError, InvalidQueryError, ModelNotFoundError
 from tasks.fileio import sha256_file
-from tasks.model_directory import ModelDirectory
 from tasks.registry import (
     list_versions,
     open_backend,
@@ -22,7 +23,6 @@ from tasks.registry import (
     set_alias,
     unset_alias,
 )
-from tasks.registry.layout import CLAIM_FILE, STATUS_FILE
 from tasks.registry.manage import (
     archive,
     delete_version,

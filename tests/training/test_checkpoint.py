@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from tasks.contracts.model_directory import EpochMetrics, TrainingMetrics
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import storage_cause
-from tasks.model_directory import EpochMetrics, TrainingMetrics
 from tasks.training.checkpoint import (
     read_checkpoint,
     rescale_schedule,

@@ -4,9 +4,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tasks.model_directory import WEIGHTS_FILE, ModelSpec, TrainingMetrics, read_model_spec
+from tasks.contracts.model_directory import WEIGHTS_FILE, ModelSpec, TrainingMetrics, read_model_spec
+from tasks.contracts.training_config import TrainingParams, params_from_flags, training_flags
 from tasks.training.checkpoint import read_checkpoint, rescale_schedule, restore_checkpoint, save_checkpoint
-from tasks.training.config import TrainingParams, params_from_flags, training_flags
 from tasks.training.loop import make_optimizer, warmup_poly_schedule
 from tasks.training.worker import get_args_parser
 from tasks.vision.networks import build_network

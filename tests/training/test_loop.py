@@ -2,11 +2,11 @@
 
 import torch
 
-from tasks.model_directory import (
+from tasks.contracts.model_directory import (
     EpochMetrics,
     TrainingMetrics,
 )
-from tasks.training.config import TrainingParams
+from tasks.contracts.training_config import TrainingParams
 from tasks.training.loop import make_optimizer, warmup_poly_schedule
 
 

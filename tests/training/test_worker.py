@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
+from tasks.contracts.model_directory import CHECKPOINT_FILE, MODEL_FILES, ModelDirectory, driver_log_path
+from tasks.contracts.training_config import TrainingParams
 from tasks.lifeline import Heartbeat
-from tasks.model_directory import CHECKPOINT_FILE, MODEL_FILES, ModelDirectory, driver_log_path
 from tasks.training import loop, worker
-from tasks.training.config import TrainingParams
 from tests.helpers import run_worker
 
 

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from torch import nn
 
 from tasks.architectures import ARCHITECTURES, FAMILIES, family_of, input_size
+from tasks.contracts.model_directory import CLASSES_FILE, WEIGHTS_FILE, ModelDirectory, ModelSpec, TrainedModelSpec
 from tasks.errors import InvalidTrainingSetupError
-from tasks.model_directory import CLASSES_FILE, WEIGHTS_FILE, ModelDirectory, ModelSpec, TrainedModelSpec
 from tasks.onnx_export import ONNX_TOLERANCE, check_onnx, export_onnx
 from tasks.vision.networks import backbone_modules, build_network, head_module, split_head_and_backbone
 

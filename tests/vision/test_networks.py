@@ -8,8 +8,8 @@ import torchvision
 
 from tasks import InvalidModelDirectoryError
 from tasks.architectures import DENSENETS, RESNETS
+from tasks.contracts.model_directory import ModelSpec
 from tasks.model import write_untrained_model_directory
-from tasks.model_directory import ModelSpec
 from tasks.vision.networks import build_network
 
 

@@ -8,8 +8,8 @@ from PIL import Image
 from pydantic import ValidationError
 from torchvision.transforms import v2
 
+from tasks.contracts.model_directory import SPEC_FILE, ModelDirectory, ModelSpec, TrainedModelSpec, read_model_spec
 from tasks.errors import InvalidTransformationsError
-from tasks.model_directory import SPEC_FILE, ModelDirectory, ModelSpec, TrainedModelSpec, read_model_spec
 from tasks.transformations import DETERMINISTIC, RANDOM, ImageTransformations
 from tasks.vision.transforms import EdgePaddedRandomCrop, eval_transform, train_transform
 
@@ -183,7 +183,7 @@ def test_a_model_trained_with_transformations_scores_and_exports_with_their_dete
 ):
     """Through the real worker (torchrun, 1 process, 1 epoch): the spec carries the transformations to the model
     directory; scoring and ONNX take the 20 px inputs (16 px crop + 2 px padding), not image_size x image_size."""
-    from tasks.image_directory import ImageDirectory
+    from tasks.contracts.image_directory import ImageDirectory
     from tasks.model import write_untrained_model_directory
     from tasks.onnx_export import check_onnx, export_onnx
     from tasks.score import score_images

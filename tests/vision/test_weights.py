@@ -17,10 +17,7 @@ from prefect import flow
 
 from deployments.local import free_port
 from flows.pipeline import train_pipeline
-from tasks.errors import PipelineInputError, PretrainedWeightsError, PretrainedWeightsUnavailableError
-from tasks.fileio import sha256_file
-from tasks.model import with_pretrained_default, write_untrained_model_directory
-from tasks.model_directory import (
+from tasks.contracts.model_directory import (
     SPEC_FILE,
     STAGED_WEIGHTS_FILE,
     ModelSpec,
@@ -28,6 +25,9 @@ from tasks.model_directory import (
     TrainedModelSpec,
     read_model_spec,
 )
+from tasks.errors import PipelineInputError, PretrainedWeightsError, PretrainedWeightsUnavailableError
+from tasks.fileio import sha256_file
+from tasks.model import with_pretrained_default, write_untrained_model_directory
 from tasks.registry.card import model_card_markdown
 from tasks.registry.manage import model_versions
 from tasks.registry.prefect_tasks import register

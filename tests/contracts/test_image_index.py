@@ -1,4 +1,4 @@
-"""The ImageDirectory's index (tasks/image_index.py): columns written in one pass, memory-mapped, and the
+"""The ImageDirectory's index (tasks/contracts/image_index.py): columns written in one pass, memory-mapped, and the
 format 1 manifests (records in the JSON) still read."""
 
 import hashlib
@@ -8,9 +8,10 @@ import random
 import numpy as np
 import pytest
 
+from tasks.contracts.image_directory import MANIFEST_NAME, ImageDirectory, ImageDirectoryManifest, ImageRecord
+from tasks.contracts.image_index import INDEX_NAME, ImageIndex, Row, Strings
+from tasks.contracts.index_writer import IndexWriter
 from tasks.errors import InvalidDatasetError
-from tasks.image_directory import MANIFEST_NAME, ImageDirectory, ImageDirectoryManifest, ImageRecord
-from tasks.image_index import INDEX_NAME, ImageIndex, IndexWriter, Row, Strings
 from tasks.transformations import ImageTransformations
 from tasks.vision.images import ImageFiles
 from tasks.vision.transforms import eval_transform

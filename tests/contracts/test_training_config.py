@@ -1,9 +1,9 @@
-"""tasks/training/config.py: TrainingParams' defaults (Azure's component) and the worker's flags."""
+"""tasks/contracts/training_config.py: TrainingParams' defaults (Azure's component) and the worker's flags."""
 
 import pytest
 
+from tasks.contracts.training_config import TrainingFolders, TrainingParams, params_from_flags
 from tasks.launch import build_torchrun_command
-from tasks.training.config import TrainingFolders, TrainingParams, params_from_flags
 from tasks.training.worker import get_args_parser
 
 

@@ -16,14 +16,13 @@ where it lies in the file: a process holds no Python object per image, and the t
 the pages through the page cache. About 100 bytes an image on disk. A file at the root, not a folder, so that
 tools that take every folder for a class (torchvision's ``ImageFolder``) still read the directory.
 
-Written in one pass by ``IndexWriter`` (bounded memory: rows are buffered and appended to raw column files, which
+Written in one pass by ``index_writer.IndexWriter`` (bounded memory: rows are buffered and appended to raw column files, which
 become the ``.npz`` at the end); ``ImageIndex.from_rows`` builds a small one in memory.
 """
 
 from __future__ import annotations
 
 import hashlib
-import shutil
 import struct
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -34,8 +33,8 @@ from typing import NamedTuple
 import numpy as np
 
 INDEX_NAME = "image_index.npz"
-_STRINGS = ("path", "source_path")
-_FIXED = {
+STRING_COLUMNS = ("path", "source_path")
+FIXED_COLUMNS = {
     "label": np.dtype("<i4"),
     "sha256": np.dtype("u1"),
     "size_bytes": np.dtype("<i8"),
@@ -43,9 +42,8 @@ _FIXED = {
     "height": np.dtype("<i4"),
     "mode": np.dtype("S8"),
 }
-_ROW_SHAPE = {"sha256": (32,)}
-_CHUNK = 65536  # rows handled at once where a column is walked in Python or re-laid out
-_HASHED_ROWS = 4096  # rows hashed at once as an index is written (a Python object each while they are)
+ROW_SHAPE = {"sha256": (32,)}
+CHUNK_ROWS = 65536  # rows handled at once where a column is walked in Python or re-laid out
 
 
 class Row(NamedTuple):
@@ -78,8 +76,8 @@ class Strings(Sequence[str]):
         return self.data[self.offsets[i] : self.offsets[i + 1]].tobytes().decode()
 
     def __iter__(self) -> Iterator[str]:
-        for start in range(0, len(self), _CHUNK):
-            offsets = self.offsets[start : start + _CHUNK + 1]
+        for start in range(0, len(self), CHUNK_ROWS):
+            offsets = self.offsets[start : start + CHUNK_ROWS + 1]
             blob, base = self.data[offsets[0] : offsets[-1]].tobytes(), int(offsets[0])
             ends = (offsets - base).tolist()
             yield from (blob[a:b].decode() for a, b in zip(ends, ends[1:]))
@@ -90,8 +88,8 @@ class Strings(Sequence[str]):
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         data = np.empty(int(offsets[-1]), dtype=np.uint8)
-        for begin in range(0, len(rows), _CHUNK):
-            starts, counts = self.offsets[rows[begin : begin + _CHUNK]], lengths[begin : begin + _CHUNK]
+        for begin in range(0, len(rows), CHUNK_ROWS):
+            starts, counts = self.offsets[rows[begin : begin + CHUNK_ROWS]], lengths[begin : begin + CHUNK_ROWS]
             within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
             data[offsets[begin] : offsets[begin + len(counts)]] = self.data[np.repeat(starts, counts) + within]
         return Strings(data, offsets)
@@ -103,8 +101,8 @@ class Strings(Sequence[str]):
         width = int((self.offsets[1:] - self.offsets[:-1]).max()) or 1
         keys = np.zeros(len(self), dtype=f"S{width}")
         padded = keys.view(np.uint8).reshape(len(self), width)
-        for start in range(0, len(self), _CHUNK):
-            offsets = self.offsets[start : start + _CHUNK + 1]
+        for start in range(0, len(self), CHUNK_ROWS):
+            offsets = self.offsets[start : start + CHUNK_ROWS + 1]
             lengths = offsets[1:] - offsets[:-1]
             rows = np.repeat(np.arange(start, start + len(lengths)), lengths)
             columns = np.arange(int(offsets[-1] - offsets[0])) - np.repeat(offsets[:-1] - offsets[0], lengths)
@@ -136,7 +134,9 @@ class ImageIndex:
         def strings(name: str) -> Strings:
             return Strings(columns[f"{name}.bytes"], columns[f"{name}.offsets"])
 
-        return cls(**{name: strings(name) for name in _STRINGS}, **{name: columns[name] for name in _FIXED})
+        return cls(
+            **{name: strings(name) for name in STRING_COLUMNS}, **{name: columns[name] for name in FIXED_COLUMNS}
+        )
 
     @classmethod
     def from_rows(cls, rows: Iterable[Row]) -> ImageIndex:
@@ -144,8 +144,8 @@ class ImageIndex:
         rows = list(rows)
         columns = list(zip(*rows)) if rows else [()] * len(Row._fields)
         data = dict(zip(Row._fields, columns))
-        strings = {name: _strings([s or "" for s in data[name]]) for name in _STRINGS}
-        fixed = {name: np.array(data[name], dtype=dtype) for name, dtype in _FIXED.items() if name != "sha256"}
+        strings = {name: _strings([s or "" for s in data[name]]) for name in STRING_COLUMNS}
+        fixed = {name: np.array(data[name], dtype=dtype) for name, dtype in FIXED_COLUMNS.items() if name != "sha256"}
         sha = np.frombuffer(b"".join(bytes.fromhex(h) for h in data["sha256"]), dtype=np.uint8).reshape(-1, 32)
         return cls(**strings, **fixed, sha256=sha)
 
@@ -164,17 +164,17 @@ class ImageIndex:
     def take(self, rows: np.ndarray) -> ImageIndex:
         """The images at ``rows``, in that order, as a new index in memory."""
         rows = np.asarray(rows, dtype=np.int64)
-        taken = {name: getattr(self, name).take(rows) for name in _STRINGS}
-        return ImageIndex(**taken, **{name: np.asarray(getattr(self, name)[rows]) for name in _FIXED})
+        taken = {name: getattr(self, name).take(rows) for name in STRING_COLUMNS}
+        return ImageIndex(**taken, **{name: np.asarray(getattr(self, name)[rows]) for name in FIXED_COLUMNS})
 
     def with_labels(self, labels: np.ndarray) -> ImageIndex:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return ImageIndex(**{**values, "label": np.asarray(labels, dtype=_FIXED["label"])})
+        return ImageIndex(**{**values, "label": np.asarray(labels, dtype=FIXED_COLUMNS["label"])})
 
     def columns(self) -> dict[str, np.ndarray]:
-        arrays = {f"{n}.bytes": getattr(self, n).data for n in _STRINGS}
-        arrays |= {f"{n}.offsets": getattr(self, n).offsets for n in _STRINGS}
-        return arrays | {n: getattr(self, n) for n in _FIXED}
+        arrays = {f"{n}.bytes": getattr(self, n).data for n in STRING_COLUMNS}
+        arrays |= {f"{n}.offsets": getattr(self, n).offsets for n in STRING_COLUMNS}
+        return arrays | {n: getattr(self, n) for n in FIXED_COLUMNS}
 
     def save(self, path: Path) -> str:
         """Write the index to ``path`` (an ``.npz``); returns the file's sha256."""
@@ -186,16 +186,16 @@ class ImageIndex:
         names = [*classes, "None"]  # label -1 picks the last
         digest = hashlib.sha256()
         order = self.path.sorted_order()
-        for start in range(0, len(order), _CHUNK):
-            rows = order[start : start + _CHUNK]
+        for start in range(0, len(order), CHUNK_ROWS):
+            rows = order[start : start + CHUNK_ROWS]
             paths = self.path.take(rows)
             hashes = self.sha256[rows]
             for path, label, sha in zip(paths, self.label[rows].tolist(), hashes):
-                digest.update(_content_line(path, names[label], sha.tobytes()))
+                digest.update(content_line(path, names[label], sha.tobytes()))
         return digest.hexdigest()
 
 
-def _content_line(path: str, class_name: str, sha256: bytes) -> bytes:
+def content_line(path: str, class_name: str, sha256: bytes) -> bytes:
     """One image's line of a content hash (label -1 names the class "None")."""
     return f"{path}\0{class_name}\0{sha256.hex()}\n".encode()
 
@@ -244,120 +244,7 @@ def _mapped_members(path: Path) -> dict[str, np.ndarray]:
                 arrays[name] = np.zeros(shape, dtype)
             else:
                 arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=handle.tell(), shape=shape)
-    expected = {f"{n}.{part}" for n in _STRINGS for part in ("bytes", "offsets")} | set(_FIXED)
+    expected = {f"{n}.{part}" for n in STRING_COLUMNS for part in ("bytes", "offsets")} | set(FIXED_COLUMNS)
     if missing := expected - arrays.keys():
         raise ValueError(f"no {', '.join(sorted(missing))} in it")
     return arrays
-
-
-class IndexWriter:
-    """Writes an index row by row with bounded memory: rows are buffered and appended to raw column files (in a
-    scratch folder beside it), which ``finish`` turns into the ``.npz``. ``relabel``, when set, maps each label
-    on the way (``relabel[old] = new``; -1 stays)."""
-
-    _BUFFER = 4096
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.scratch = path, path.with_name(f".{path.name}.rows")
-        shutil.rmtree(self.scratch, ignore_errors=True)
-        self.scratch.mkdir(parents=True)
-        self._flushed = 0
-        self.relabel: np.ndarray | None = None
-        self._rows: list[Row] = []
-        self._last_path: bytes | None = None
-        self.in_path_order = True  # each row's path after the one before, as bytes: hashed without sorting
-        self._string_bytes = dict.fromkeys(_STRINGS, 0)
-        self._raw = {name: open(self.scratch / name, "wb") for name in self._raw_names()}  # noqa: SIM115
-        for name in _STRINGS:  # offsets start at 0; each row appends its string's end
-            self._raw[f"{name}.offsets"].write(np.zeros(1, dtype="<i8").tobytes())
-
-    @staticmethod
-    def _raw_names() -> list[str]:
-        return [*(f"{n}.bytes" for n in _STRINGS), *(f"{n}.offsets" for n in _STRINGS), *_FIXED]
-
-    @property
-    def count(self) -> int:
-        """Rows appended so far."""
-        return self._flushed + len(self._rows)
-
-    def append(self, row: Row) -> None:
-        path = row.path.encode()
-        if self._last_path is not None and path <= self._last_path:
-            self.in_path_order = False
-        self._last_path = path
-        self._rows.append(row)
-        if len(self._rows) >= self._BUFFER:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._rows:
-            return
-        chunk = ImageIndex.from_rows(self._rows)
-        for name in _STRINGS:
-            strings: Strings = getattr(chunk, name)
-            self._raw[f"{name}.bytes"].write(strings.data.tobytes())
-            ends = strings.offsets[1:] + self._string_bytes[name]
-            self._raw[f"{name}.offsets"].write(ends.astype("<i8").tobytes())
-            self._string_bytes[name] += int(strings.offsets[-1])
-        for name in _FIXED:
-            self._raw[name].write(np.ascontiguousarray(getattr(chunk, name)).tobytes())
-        self._flushed += len(self._rows)
-        self._rows = []
-
-    def finish(self, classes: Sequence[str] | None = None) -> tuple[str, str | None]:
-        """Write the ``.npz``, each column copied from its raw file a chunk at a time (nothing is read whole or
-        memory-mapped), and remove the scratch folder. Returns the file's sha256 and, given the ``classes``, the
-        content hash (``ImageIndex.content_hash``) when the rows came in path order (else None: hash the index)."""
-        self._flush()
-        self.close()
-        with zipfile.ZipFile(self.path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-            for name in self._raw_names():
-                raw = self.scratch / name
-                dtype = self._dtype(name)
-                shape = (self.count, 32) if name == "sha256" else (raw.stat().st_size // dtype.itemsize,)
-                header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
-                with archive.open(f"{name}.npy", "w", force_zip64=True) as out, open(raw, "rb") as source:
-                    np.lib.format.write_array_header_1_0(out, header)
-                    while chunk := source.read(_CHUNK * dtype.itemsize):
-                        out.write(self._relabelled(chunk) if name == "label" else chunk)
-        content = self._content_hash(classes) if classes is not None and self.in_path_order else None
-        shutil.rmtree(self.scratch)
-        return sha256_of(self.path), content
-
-    @staticmethod
-    def _dtype(name: str) -> np.dtype:
-        return np.dtype("<i8") if name.endswith(".offsets") else _FIXED.get(name, np.dtype("u1"))
-
-    def _relabelled(self, chunk: bytes) -> bytes:
-        if self.relabel is None or not len(self.relabel):
-            return chunk
-        values = np.frombuffer(chunk, dtype=_FIXED["label"])
-        return np.where(values >= 0, self.relabel[np.maximum(values, 0)], values).astype(_FIXED["label"]).tobytes()
-
-    def _content_hash(self, classes: Sequence[str]) -> str:
-        """``ImageIndex.content_hash`` of rows written in path order, read back from the raw files in chunks."""
-        names, digest = [*classes, "None"], hashlib.sha256()
-        raw = {n: open(self.scratch / n, "rb") for n in ("path.bytes", "path.offsets", "label", "sha256")}  # noqa: SIM115
-        try:
-            for start in range(0, self.count, _HASHED_ROWS):
-                rows = min(_HASHED_ROWS, self.count - start)
-                raw["path.offsets"].seek(start * 8)
-                offsets = np.frombuffer(raw["path.offsets"].read((rows + 1) * 8), dtype="<i8")
-                raw["path.bytes"].seek(int(offsets[0]))
-                data = raw["path.bytes"].read(int(offsets[-1] - offsets[0]))
-                labels = raw["label"].read(rows * 4)
-                labels = np.frombuffer(self._relabelled(labels), "<i4")
-                hashes = raw["sha256"].read(rows * 32)
-                ends = (offsets - offsets[0]).tolist()
-                for i, label in enumerate(labels.tolist()):
-                    path = data[ends[i] : ends[i + 1]].decode()
-                    digest.update(_content_line(path, names[label], hashes[32 * i : 32 * i + 32]))
-        finally:
-            for handle in raw.values():
-                handle.close()
-        return digest.hexdigest()
-
-    def close(self) -> None:
-        """Close the raw files (``finish`` does; a caller stopping without finishing removes the scratch folder)."""
-        for handle in self._raw.values():
-            handle.close()

@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from tasks.contracts.image_directory import SplitRecord
+from tasks.contracts.model_directory import MODEL_FILES, ONNX_FILE
 from tasks.errors import CorruptRegistryRecordError, InvalidModelNameError
-from tasks.image_directory import SplitRecord
-from tasks.model_directory import MODEL_FILES, ONNX_FILE
 
 CLAIM_FILE = "claim.json"
 REGISTRATION_FILE = "registration.json"

@@ -3,7 +3,7 @@
 Layout::
 
     <root>/image_directory.json          the manifest below: classes, counts, source, settings, warnings (JSON)
-    <root>/image_index.npz               one record per image, as memory-mapped columns (``tasks.image_index``)
+    <root>/image_index.npz               one record per image, as memory-mapped columns (``tasks.contracts.image_index``)
     <root>/<class folder>/<image file>   labeled directories (one folder per class, see ``class_folders``)
     <root>/<image file>                  unlabeled directories (for scoring; sub-folders of the source are kept)
 
@@ -32,9 +32,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from tasks.contracts.image_index import INDEX_NAME, ImageIndex, Row
+from tasks.contracts.index_writer import IndexWriter
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import write_text_atomic
-from tasks.image_index import INDEX_NAME, ImageIndex, IndexWriter, Row
 
 MANIFEST_NAME = "image_directory.json"
 FORMAT_VERSION = 2
