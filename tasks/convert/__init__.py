@@ -1,7 +1,7 @@
 """Convert to Image Directory: a folder, archive or S3 prefix of images becomes an ImageDirectory.
 
-    sources.py     where images come from, as types behind one interface: FolderSource, ArchiveSource,
-                   S3Source (``open_source`` picks one)
+    sources.py     where images come from, as types behind one interface: FolderSource, ArchiveSource;
+                   s3_source.py the S3Source; locations.py picks one for a location (``open_source``)
     archives.py    unpacking .zip / .tar(.gz|.bz2|.xz) safely: no member lands outside, sizes are capped
     listing.py     one walk of a local folder: what can be read, what was skipped and why
     labelling.py   which file has which label: class folders, a labels file, or none

@@ -50,6 +50,7 @@ from tasks.contracts.index_writer import IndexWriter
 from tasks.convert.labelling import SingleClass, plan_source
 from tasks.convert.labels_file import read_labels_file
 from tasks.convert.listing import list_folder
+from tasks.convert.locations import open_source
 from tasks.convert.output_folder import (
     StoredJournal,
     WriteFailed,
@@ -59,7 +60,7 @@ from tasks.convert.output_folder import (
     writing,
 )
 from tasks.convert.plan import examples_of
-from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source, open_source
+from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source
 from tasks.convert.storing import DecodeBudget, ImageWriter, StoreSettings, space_needed
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import in_order, require_space

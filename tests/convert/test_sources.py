@@ -162,7 +162,7 @@ def test_s3_prefix_is_streamed_into_an_image_directory_and_reused_while_unchange
 
 
 def test_s3_prefix_changed_between_its_listing_and_its_download_is_refused(s3_bucket, tmp_path):
-    from tasks.convert.sources import open_source
+    from tasks.convert.locations import open_source
 
     write_class_folders(tmp_path / "train", 2)
     upload(tmp_path / "train", s3_bucket, "moving")
