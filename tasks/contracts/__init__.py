@@ -7,8 +7,8 @@ by every stage that touches it. Nothing here imports torch or Prefect.
     scores_table.py      the scores table: column names, written chunk by chunk, read back, summarised
     registry_layout.py   the registry's names, references, records and the keys they are stored under
     training_config.py   the parameter objects a training is given: TrainingFolders and TrainingParams
+    conversion_limits.py the parameter object a conversion is given: ConversionLimits
 
-The other parameter objects live with the one stage that reads them: ``ConversionLimits``
-(``tasks.convert.conversion``), ``ImageTransformations`` (``tasks.transformations``, stored in a ModelSpec) and
-``PromotionPolicy`` (``tasks.registry.promotion``).
+Two other parameter objects live with the one stage that reads them: ``ImageTransformations``
+(``tasks.transformations``, stored in a ModelSpec) and ``PromotionPolicy`` (``tasks.registry.promotion``).
 """

@@ -25,5 +25,8 @@ __all__ = ["ConversionLimits", "convert", "convert_to_image_directory"]
 def __getattr__(name: str):
     if name not in __all__:
         raise AttributeError(f"module 'tasks.convert' has no attribute {name!r}")
-    module = "tasks.convert.prefect_tasks" if name == "convert" else "tasks.convert.conversion"
+    module = {
+        "convert": "tasks.convert.prefect_tasks",
+        "ConversionLimits": "tasks.contracts.conversion_limits",
+    }.get(name, "tasks.convert.conversion")
     return getattr(importlib.import_module(module), name)

@@ -31,9 +31,13 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from pydantic import BaseModel, Field
 
 from tasks.allocator import release_free_memory
+from tasks.contracts.conversion_limits import (
+    DEFAULT_DECODE_MEMORY_BYTES,
+    DEFAULT_MAX_EXTRACTED_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+)
 from tasks.contracts.image_directory import (
     FORMAT_VERSION,
     IMAGE_EXTENSIONS,
@@ -60,39 +64,15 @@ from tasks.convert.output_folder import (
     writing,
 )
 from tasks.convert.plan import examples_of
-from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, Source
+from tasks.convert.sources import Source
 from tasks.convert.storing import DecodeBudget, ImageWriter, StoreSettings, space_needed
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import in_order, require_space
 from tasks.progress import every_while, run_logger
 from tasks.storage import is_s3_uri, read_bytes
 
-# A 48-megapixel phone photo fits; Pillow's own decompression-bomb warning starts at ~89 MP.
-DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
-DEFAULT_DECODE_MEMORY_BYTES = 2**30
 _TRIM_EVERY = 4096  # images stored between two hand-backs of the threads' freed memory (tasks.allocator)
 logger = logging.getLogger(__name__)
-
-
-class ConversionLimits(BaseModel):
-    """What one conversion may unpack and decode: the bounds that keep a hostile or huge source from filling
-    the disk or the memory. The flows take it as their ``conversion`` parameter (a form in the UI)."""
-
-    max_extracted_bytes: int = Field(
-        DEFAULT_MAX_EXTRACTED_BYTES,
-        gt=0,
-        description="Most bytes an archive or S3 prefix may unpack or download (larger ones are refused as archive bombs)",
-    )
-    max_image_pixels: int = Field(
-        DEFAULT_MAX_IMAGE_PIXELS,
-        gt=0,
-        description="Largest image in pixels (width x height); larger ones are quarantined from their header, never decoded",
-    )
-    decode_memory_bytes: int = Field(
-        DEFAULT_DECODE_MEMORY_BYTES,
-        gt=0,
-        description="Decoded pixels, in bytes, that all decoding threads may hold at once",
-    )
 
 
 class _Found:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.contracts.conversion_limits import DEFAULT_MAX_EXTRACTED_BYTES
 from tasks.convert.s3_source import S3Source
-from tasks.convert.sources import DEFAULT_MAX_EXTRACTED_BYTES, ArchiveSource, FolderSource, Source
+from tasks.convert.sources import ArchiveSource, FolderSource, Source
 from tasks.errors import InvalidDatasetError
 from tasks.storage import is_s3_uri
 

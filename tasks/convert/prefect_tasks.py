@@ -6,8 +6,9 @@ from __future__ import annotations
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.image_directory import Normalisation
-from tasks.convert.conversion import ConversionLimits, convert_to_image_directory
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.convert.labelling import SingleClass
 from tasks.retrying import stage_task
 

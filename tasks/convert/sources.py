@@ -30,8 +30,6 @@ from tasks.convert.listing import list_folder
 from tasks.errors import OutputStorageError
 from tasks.fileio import in_order, megabytes, sha256_file
 
-DEFAULT_MAX_EXTRACTED_BYTES = 64 * 2**30
-
 
 @dataclass
 class OpenedSource:
