@@ -213,27 +213,21 @@ def check_inputs(arguments: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None, prog: str = "python -m flows.pipeline") -> int:
     """Command line: a flag per parameter of the flow, and per field of ModelSpec, TrainingParams and
-    ConversionLimits (flows/cli.py FlowFlags).
+    ConversionLimits (flows/flags.py FlowFlags).
 
     A user's mistake is one line on stderr and exit status 2, found before any work where it can be (see
     tasks/preflight.py); the run's full log goes to <work-dir>/logs/pipeline-<time>-<pid>.log."""
     from flows import cli
 
-    parser = cli.CommandParser(prog=prog, description=cli.summary(train_pipeline))
-    # replaces_run is the lost-host automation's; a model's weights record is the model stage's.
-    flags = cli.FlowFlags(parser, train_pipeline, skip=("replaces_run",), skip_fields={"model": ("weights",)})
-    cli.add_debug_flag(parser)
-    args = parser.parse_args(argv)
-    try:
-        given = flags.arguments(args)
-        arguments = flags.with_defaults(given)
-        check_inputs(arguments)
-    except cli.INPUT_ERRORS as error:
-        cli.fail(error, args.debug)
-    result = cli.run_command(
-        lambda: train_pipeline(**given),
-        log_file=cli.log_file_for(arguments["work_dir"], "pipeline"),
-        debug=args.debug,
+    result = cli.run_flow(
+        train_pipeline,
+        argv,
+        prog=prog,
+        check=check_inputs,
+        log_name="pipeline",
+        # replaces_run is the lost-host automation's; a model's weights record is the model stage's.
+        skip=("replaces_run",),
+        skip_fields={"model": ("weights",)},
     )
     print(result.summary())
     return 0  # an exit status: console scripts call sys.exit(main())

@@ -95,20 +95,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m flows.score") -> 
     on stderr and exit status 2, in seconds; the run's full log goes to <work-dir>/logs/score-<time>-<pid>.log."""
     from flows import cli
 
-    parser = cli.CommandParser(prog=prog, description=cli.summary(score_pipeline))
-    flags = cli.FlowFlags(parser, score_pipeline, flags={"output_csv": "--output"})
-    cli.add_debug_flag(parser)
-    args = parser.parse_args(argv)
-    try:
-        given = flags.arguments(args)
-        arguments = flags.with_defaults(given)
-        check_scoring_inputs(arguments["images"], arguments["model"], arguments["registry"])
-    except cli.INPUT_ERRORS as error:
-        cli.fail(error, args.debug)
-    result = cli.run_command(
-        lambda: score_pipeline(**given),
-        log_file=cli.log_file_for(arguments["work_dir"], "score"),
-        debug=args.debug,
+    result = cli.run_flow(
+        score_pipeline,
+        argv,
+        prog=prog,
+        check=lambda arguments: check_scoring_inputs(arguments["images"], arguments["model"], arguments["registry"]),
+        log_name="score",
+        flags={"output_csv": "--output"},
     )
     print(f"{result.images} images scored -> {result.scores}")
     if result.evaluation:
