@@ -9,7 +9,7 @@ alone took batches of 64 from 45 to 83 images/s.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import Literal, TypedDict, Unpack
 
 import numpy as np
 import pandas as pd
@@ -34,6 +34,14 @@ from tasks.vision.transforms import eval_transform
 
 BATCH_SIZE = 64
 Runtime = Literal["torch", "onnx"]
+
+
+class ScoringOptions(TypedDict, total=False):
+    """``score_images``' options, each with ``score_chunks``' default."""
+
+    batch_size: int  # images per forward pass (BATCH_SIZE)
+    runtime: Runtime  # "torch" (the default) or "onnx" (onnxruntime on the exported model.onnx)
+    top_k: int  # > 0: Top 1 ... Top k label and probability columns too (0)
 
 
 Normalize = Callable[[torch.Tensor], torch.Tensor]
@@ -130,17 +138,11 @@ def _table(
     return table
 
 
-def score_images(
-    model_dir: ModelDirectory,
-    images: ImageDirectory,
-    batch_size: int = BATCH_SIZE,
-    runtime: Runtime = "torch",
-    top_k: int = 0,
-) -> pd.DataFrame:
+def score_images(model_dir: ModelDirectory, images: ImageDirectory, **options: Unpack[ScoringOptions]) -> pd.DataFrame:
     """One row per image: ``image``, ``Scored Labels``, ``Scored Probabilities_<class>``..., with ``top_k`` > 0
     ``Top 1 Label``, ``Top 1 Probability`` ... ``Top k ...`` (k at most the number of classes), and ``label``
     when known. The whole table in memory: the stage writes it chunk by chunk instead (``score_chunks``)."""
-    chunks = list(score_chunks(model_dir, images, batch_size, runtime, top_k))
+    chunks = list(score_chunks(model_dir, images, **options))
     return chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
 
 

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -125,6 +126,16 @@ def _make_folder(folder: Path, settings: StoreSettings) -> None:
         settings.made_folders.add(folder)
 
 
+class Stored(NamedTuple):
+    """What was stored of one image (named as in ImageRecord)."""
+
+    width: int
+    height: int
+    mode: str
+    sha256: str
+    size_bytes: int
+
+
 def _decode(image: Image.Image, settings: StoreSettings) -> tuple[int, int, str]:
     """Decode ``image`` in full (truncation and damage only show then): its width, height and mode."""
     size, mode = image.size, image.mode
@@ -136,18 +147,18 @@ def _decode(image: Image.Image, settings: StoreSettings) -> tuple[int, int, str]
     return *size, mode
 
 
-def _store_bytes(data: bytes, destination: Path, settings: StoreSettings) -> tuple[int, int, str, str, int]:
+def _store_bytes(data: bytes, destination: Path, settings: StoreSettings) -> Stored:
     """Check ``data`` from its header, write it, then decode it: what is decoded and hashed are the very bytes
     stored, whatever the source does meanwhile."""
     with Image.open(io.BytesIO(data)) as image:  # the header only: a huge or hostile file is refused before any decode
         _check_pixels(image, settings.max_pixels)
         with writing(), open(destination, "xb") as writer:
             writer.write(data)
-        return *_decode(image, settings), hashlib.sha256(data).hexdigest(), len(data)
+        return Stored(*_decode(image, settings), hashlib.sha256(data).hexdigest(), len(data))
 
 
-def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tuple[int, int, str, str, int]:
-    """Write one checked image to ``destination``: width, height and mode of what was stored, its sha256 and size."""
+def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> Stored:
+    """Write one checked image to ``destination``: what was stored."""
     data = _read_small(file.path) if settings.normalisation is None else None
     if (len(data) if data is not None else file.size()) == 0:
         raise _Empty
@@ -166,13 +177,13 @@ def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> tupl
                     result.thumbnail((normalisation.max_side, normalisation.max_side), Image.Resampling.LANCZOS)
                 with writing(), open(destination, "xb") as writer:
                     result.save(writer, format=fmt, **_SAVE_OPTIONS.get(fmt, {}))
-                return result.width, result.height, result.mode, sha256_file(destination), destination.stat().st_size
+                return Stored(*result.size, result.mode, sha256_file(destination), destination.stat().st_size)
     # A large file is streamed: the copy is what gets decoded and hashed.
     _copy_exclusively(file.path, destination)
     with Image.open(destination) as image:
         _check_pixels(image, settings.max_pixels)
         decoded = _decode(image, settings)
-    return *decoded, sha256_file(destination), destination.stat().st_size
+    return Stored(*decoded, sha256_file(destination), destination.stat().st_size)
 
 
 def store_image(file: SourceFile, target: str, root: Path, settings: StoreSettings) -> ImageRecord | QuarantinedFile:
@@ -181,7 +192,7 @@ def store_image(file: SourceFile, target: str, root: Path, settings: StoreSettin
     where = file.original.as_posix()
     destination = root / target
     try:
-        width, height, mode, sha256, size = _store(file, destination, settings)
+        stored = _store(file, destination, settings)
     except FileExistsError:
         raise  # two images planned to one path: a bug to surface, never a file to overwrite or quarantine
     except WriteFailed:
@@ -203,16 +214,7 @@ def store_image(file: SourceFile, target: str, root: Path, settings: StoreSettin
     except (SyntaxError, ValueError, EOFError) as error:
         reason = f"damaged or truncated image: {error}"
     else:
-        return ImageRecord(
-            path=target,
-            label=file.label,
-            sha256=sha256,
-            size_bytes=size,
-            width=width,
-            height=height,
-            mode=mode,
-            source_path=where,
-        )
+        return ImageRecord(path=target, label=file.label, source_path=where, **stored._asdict())
     destination.unlink(missing_ok=True)  # this call created it (exclusively), or nothing is there
     return QuarantinedFile(path=where, reason=reason)
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -104,11 +105,27 @@ class EpochContext:
     frozen: Sequence[nn.Module] = field(default_factory=tuple)
 
 
+class Trained(NamedTuple):
+    """An epoch's training figures (named as in EpochMetrics)."""
+
+    train_loss: float  # mean over every rank's images
+    train_error: float
+    train_images_per_s: float  # across all ranks
+    lr: float  # the learning rate the epoch started with
+
+
+class Validated(NamedTuple):
+    """The validation figures of an epoch (named as in EpochMetrics)."""
+
+    val_loss: float
+    top1: float
+    top5: float  # top-k with k = min(5, classes)
+
+
 def train_one_epoch(
     ctx: EpochContext, loader: Iterable, normalize: Callable[[torch.Tensor], torch.Tensor], epoch: int
-) -> tuple[float, float, float, float]:
-    """One pass over ``loader``. Returns (mean training loss, training error, images/s across all ranks, learning
-    rate the epoch started with)."""
+) -> Trained:
+    """One pass over ``loader``: its training figures across all ranks."""
     model, optimizer, params, device = ctx.model, ctx.optimizer, ctx.params, ctx.device
     model.train()
     for module in ctx.frozen:
@@ -149,14 +166,14 @@ def train_one_epoch(
     elapsed = time.perf_counter() - started
     total_loss, total_correct, total_seen = all_reduce_sum([loss_sum.item(), correct.item(), seen], device)
     total_seen = max(1.0, total_seen)
-    return total_loss / total_seen, 1.0 - total_correct / total_seen, total_seen / elapsed, start_lr
+    return Trained(total_loss / total_seen, 1.0 - total_correct / total_seen, total_seen / elapsed, start_lr)
 
 
 @torch.inference_mode()
 def evaluate(
     ctx: EpochContext, model: nn.Module, loader: Iterable, normalize, num_classes: int, epoch: int
-) -> tuple[float, float, float]:
-    """(loss, top-1, top-5) of ``model`` (the bare network: no gradients to share) over the whole validation set;
+) -> Validated:
+    """Loss, top-1 and top-5 of ``model`` (the bare network: no gradients to share) over the whole validation set;
     each rank scores its own shard."""
     model.eval()
     k = min(5, num_classes)
@@ -172,7 +189,7 @@ def evaluate(
         sums[2] += (top == labels[:, None]).any(dim=1).sum().item()
         sums[3] += labels.size(0)
     loss, top1, topk, count = all_reduce_sum(sums, ctx.device)
-    return loss / count, top1 / count, topk / count
+    return Validated(loss / count, top1 / count, topk / count)
 
 
 def write_training_log(output: Path, metrics: TrainingMetrics) -> None:

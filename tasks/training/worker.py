@@ -155,31 +155,21 @@ def run_epoch(ctx: EpochContext, model: nn.Module, data: TrainingData, classes: 
     torch.manual_seed(params.random_seed + epoch)
     data.sampler.set_epoch(epoch)
     started = time.perf_counter()
-    train_loss, train_error, images_per_s, lr = train_one_epoch(
-        ctx, data.train_loader, data.train_set.transform.normalize, epoch
-    )
+    trained = train_one_epoch(ctx, data.train_loader, data.train_set.transform.normalize, epoch)
     share_buffers_of_rank_0(model)
-    val_loss, top1, top5 = evaluate(ctx, model, data.val_loader, data.val_set.transform.normalize, classes, epoch)
+    validated = evaluate(ctx, model, data.val_loader, data.val_set.transform.normalize, classes, epoch)
     record = EpochMetrics(
-        epoch=epoch + 1,
-        lr=lr,
-        train_images_per_s=images_per_s,
-        train_loss=train_loss,
-        train_error=train_error,
-        val_loss=val_loss,
-        top1=top1,
-        top5=top5,
-        seconds=time.perf_counter() - started,
+        epoch=epoch + 1, seconds=time.perf_counter() - started, **trained._asdict(), **validated._asdict()
     )
     logger.info(
         "epoch %d/%d train loss %.4f val loss %.4f top-1 %.4f top-5 %.4f (%.0f images/s, %.1f s)",
         record.epoch,
         params.epochs,
-        train_loss,
-        val_loss,
-        top1,
-        top5,
-        images_per_s,
+        record.train_loss,
+        record.val_loss,
+        record.top1,
+        record.top5,
+        record.train_images_per_s,
         record.seconds,
     )
     return record

@@ -72,18 +72,11 @@ class ImageFiles(Dataset):
         capacity = min(len(samples), cache_bytes // (3 * side * side))
         self._cache = torch.empty((capacity, 3, side, side), dtype=torch.uint8)
         self._cached = [False] * capacity
+        self.cache_capacity, self.cache_bytes = capacity, self._cache.nbytes  # images, and the bytes they take
 
     @property
     def cached_images(self) -> int:
         return sum(self._cached)
-
-    @property
-    def cache_capacity(self) -> int:
-        return len(self._cached)
-
-    @property
-    def cache_bytes(self) -> int:
-        return self._cache.nbytes
 
     def __len__(self) -> int:
         return len(self.samples)
