@@ -71,7 +71,7 @@ class Heartbeat:
         threading.Thread(target=self._run, name="heartbeat", daemon=True).start()
         return self
 
-    def at(self, phase: str, epoch: int, step: int = 0) -> None:
+    def progress(self, phase: str, epoch: int, step: int = 0) -> None:
         """Record progress; plain attribute stores, cheap enough for every batch."""
         self.phase, self.epoch, self.step = phase, epoch, step
 

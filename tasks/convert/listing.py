@@ -24,7 +24,7 @@ from tasks.contracts.image_index import INDEX_NAME
 IGNORED_NAMES = frozenset({"__MACOSX", ".DS_Store", "Thumbs.db", "desktop.ini", MANIFEST_NAME, INDEX_NAME})
 
 
-def is_os_litter(name: str) -> bool:
+def is_left_by_the_os(name: str) -> bool:
     """Files that operating systems leave behind (and a manifest of an ImageDirectory given as a source)."""
     return name in IGNORED_NAMES or name.startswith("._")  # "._x": macOS AppleDouble metadata of x
 
@@ -101,7 +101,7 @@ def _link_problem(path: Path, root: Path) -> str | None:
 
 
 def list_folder(root: Path) -> FolderListing:
-    """Walk ``root`` once, following links that stay inside it; OS litter (__MACOSX, .DS_Store, Thumbs.db) is left out without a word."""
+    """Walk ``root`` once, following links that stay inside it; files the OS leaves behind (__MACOSX, .DS_Store, Thumbs.db) is left out without a word."""
     root = root.resolve()
     listing = FolderListing()
 
@@ -129,7 +129,7 @@ def list_folder(root: Path) -> FolderListing:
         names, others = [], []
         with os.scandir(folder) as scan:
             for entry in scan:
-                if is_os_litter(entry.name):
+                if is_left_by_the_os(entry.name):
                     continue
                 if entry.is_file(follow_symlinks=False) and not entry.is_symlink():
                     names.append(entry.name)

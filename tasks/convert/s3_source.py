@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 
 from tasks.contracts.image_directory import QuarantinedFile
 from tasks.convert.archives import refuse_oversize
-from tasks.convert.listing import is_os_litter
+from tasks.convert.listing import is_left_by_the_os
 from tasks.convert.sources import OpenedSource, Source, content_digest, scratch_space, unpacked
 from tasks.errors import InvalidDatasetError
 from tasks.fileio import in_order
@@ -113,7 +113,7 @@ class S3Source(Source):
     def _readable(obj: S3Object) -> bool:
         # Hidden keys come down too: the folder rules then apply (a hidden folder of images beside the class
         # folders is a class, ".net"; other hidden entries are skipped and reported).
-        return _s3_key_problem(obj.relative) is None and not is_os_litter(PurePosixPath(obj.relative).name)
+        return _s3_key_problem(obj.relative) is None and not is_left_by_the_os(PurePosixPath(obj.relative).name)
 
     @property
     def survey(self) -> S3Survey:

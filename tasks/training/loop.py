@@ -149,7 +149,7 @@ def train_one_epoch(
         loss_sum += loss.detach() * labels.size(0)
         correct += (logits.detach().argmax(dim=1) == labels).sum()
         seen += labels.size(0)
-        ctx.heartbeat.at("train", epoch, step)
+        ctx.heartbeat.progress("train", epoch, step)
         if step % params.print_frequency == 0 or time.perf_counter() - last_line >= PROGRESS_SECONDS:
             last_line = time.perf_counter()
             check_finite(loss_sum, epoch, step, params, ctx.world_size)
@@ -179,7 +179,7 @@ def evaluate(
     k = min(5, num_classes)
     sums = [0.0, 0.0, 0.0, 0.0]  # loss, top-1 hits, top-k hits, images
     for step, (images, labels) in enumerate(loader, start=1):
-        ctx.heartbeat.at("validate", epoch, step)
+        ctx.heartbeat.progress("validate", epoch, step)
         images, labels = model_input(images, normalize, ctx.device), labels.to(ctx.device)
         with autocast(ctx.device, ctx.params):
             logits = model(images).float()

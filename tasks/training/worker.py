@@ -227,7 +227,7 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         is_best = metrics.add_epoch(record, patience=params.patience, total_epochs=params.epochs)
         if metrics.stopped_early:
             logger.info("stopping early: validation loss has not decreased for %d epochs", params.patience)
-        heartbeat.at("save", epoch)
+        heartbeat.progress("save", epoch)
         if env.is_main:
             # Order matters: whoever sees epoch N in metrics.json can rely on its checkpoint being there.
             if is_best:
