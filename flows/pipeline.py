@@ -37,7 +37,7 @@ from tasks.score import score
 from tasks.split import split
 from tasks.train import train
 from tasks.validate import validate_labels
-from tasks.workdir import join, local_folder, store
+from tasks.work_dir_on_s3 import join, local_folder, store
 
 
 class PipelineResult(BaseModel):

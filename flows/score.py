@@ -20,7 +20,7 @@ from tasks.evaluate import Evaluation, evaluate
 from tasks.preflight import check_scoring_inputs
 from tasks.registry.prefect_tasks import resolve_model
 from tasks.score import BATCH_SIZE, Runtime, score
-from tasks.workdir import join, local_folder
+from tasks.work_dir_on_s3 import join, local_folder
 
 
 class ScoreResult(BaseModel):

@@ -8,7 +8,7 @@ from pathlib import Path
 from tasks.contracts.scores_table import read_scores
 from tasks.evaluate import evaluate_scores
 from tasks.registry import resolve
-from tasks.storage import is_s3_uri
+from tasks.s3 import is_s3_uri
 
 
 def comparison_rows(left: dict, right: dict, left_name: str, right_name: str) -> list[dict]:

@@ -15,7 +15,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from tasks.errors import InvalidDatasetError
-from tasks.fileio import staged_directory
+from tasks.local_files import staged_directory
 from tasks.split import check_fraction
 
 DIGITS_SPLITS = ("train", "validation")

@@ -52,7 +52,7 @@ from tasks.lifeline import (
     output_lock,
     read_heartbeats,
 )
-from tasks.workdir import StagedTraining, stage_training
+from tasks.work_dir_on_s3 import StagedTraining, stage_training
 
 WORKER_MODULE = "tasks.training.worker"
 
@@ -263,7 +263,7 @@ def launch_training(
 
     Everything that starts training (the train task, each node of a multi-node training, tests, benchmarks)
     comes through here. Any location may be ``s3://``: the inputs are fetched to this host's cache and the
-    output kept in step with its S3 folder while training runs (tasks/workdir.py)."""
+    output kept in step with its S3 folder while training runs (tasks/work_dir_on_s3.py)."""
     staged = stage_training(folders)
     command = build_torchrun_command(staged, params, run_id=run_id, is_host=is_host)
     # One short line at INFO; the whole command (tens of flags and paths) at DEBUG, for whoever needs to rerun it.

@@ -25,8 +25,8 @@ from pydantic import BaseModel
 from tasks.contracts.model_directory import METRICS_FILE
 from tasks.errors import RerunLimitError, UnknownRunError
 from tasks.runs import mark_run, run_folder_location
-from tasks.storage import is_s3_uri, read_s3_object
-from tasks.workdir import epochs_in, join
+from tasks.s3 import is_s3_uri, read_s3_object
+from tasks.work_dir_on_s3 import epochs_in, join
 
 MAX_RERUNS = 2  # a training is run at most 1 + MAX_RERUNS times when its hosts keep being lost
 

@@ -27,7 +27,7 @@ from torch import nn
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ONNX_FILE, ModelDirectory
 from tasks.errors import InvalidModelDirectoryError, OnnxMismatchError
-from tasks.fileio import atomic_write
+from tasks.local_files import atomic_write
 from tasks.vision.images import ImageFiles
 from tasks.vision.networks import load_trained_model
 from tasks.vision.transforms import eval_transform

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.errors import InvalidDatasetError, PretrainedWeightsError
-from tasks.storage import is_s3_uri
+from tasks.s3 import is_s3_uri
 
 
 def _is_remote(location: str) -> bool:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from tasks.errors import PipelineInputError
-from tasks.storage import is_s3_uri
+from tasks.s3 import is_s3_uri
 
 Keep = Literal["results", "all"]
 RUN_MARKER = "run.json"

@@ -24,7 +24,7 @@ import numpy as np
 from tasks.contracts.image_directory import MANIFEST_NAME, ImageDirectory, ImageDirectoryManifest, SplitRecord
 from tasks.contracts.image_index import ImageIndex
 from tasks.errors import ClassTooSmallToSplitError, InvalidDatasetError, NotLabeledDatasetError, PipelineInputError
-from tasks.fileio import staged_directory
+from tasks.local_files import staged_directory
 
 SIDES = ("first", "second")
 

@@ -27,7 +27,7 @@ from tasks.launch_output import NewEpochs, read_metrics
 from tasks.nodes import Rendezvous, run_nodes
 from tasks.plots import plot_training_curves, png_markdown, significant
 from tasks.retrying import stage_task
-from tasks.workdir import mirror_of
+from tasks.work_dir_on_s3 import mirror_of
 
 
 def epochs_done(metrics: TrainingMetrics | None, total: int) -> str:

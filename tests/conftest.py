@@ -183,7 +183,7 @@ def s3_bucket(s3_endpoint, monkeypatch):
     """An empty bucket on the loopback endpoint, with AWS_ENDPOINT_URL and test credentials set."""
     import uuid
 
-    from tasks.storage import s3_client
+    from tasks.s3 import s3_client
 
     for variable, value in s3_settings(s3_endpoint).items():
         monkeypatch.setenv(variable, value)

@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field
 from tasks.contracts.image_index import INDEX_NAME, ImageIndex, Row
 from tasks.contracts.index_writer import IndexWriter
 from tasks.errors import InvalidDatasetError
-from tasks.fileio import write_text_atomic
+from tasks.local_files import write_text_atomic
 
 MANIFEST_NAME = "image_directory.json"
 FORMAT_VERSION = 2

@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from tasks.architectures import ARCHITECTURES, FAMILY_OPTIONS, option_error, unknown_architecture_message
 from tasks.errors import InvalidModelDirectoryError
-from tasks.fileio import write_text_atomic
+from tasks.local_files import write_text_atomic
 from tasks.transformations import ImageTransformations
 
 SPEC_FILE = "model_spec.json"

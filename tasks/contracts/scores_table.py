@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from tasks.fileio import atomic_write, storage_faults
-from tasks.storage import is_s3_uri, parse_s3_uri, read_bytes, s3_client, s3_writing
+from tasks.local_files import atomic_write, storage_faults
+from tasks.s3 import is_s3_uri, parse_s3_uri, read_bytes, s3_client, s3_writing
 
 SCORED_LABELS = "Scored Labels"
 PROBABILITY_PREFIX = "Scored Probabilities_"

@@ -27,7 +27,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from tasks.contracts.image_directory import ImageRecord, Normalisation, QuarantinedFile
 from tasks.convert.output_folder import StoredJournal, WriteFailed, writing
 from tasks.convert.plan import SourceFile
-from tasks.fileio import sha256_file
+from tasks.local_files import sha256_file
 
 # Pillow holds RGB as 4 bytes a pixel; normalising adds the rotated and the converted copy.
 _BYTES_PER_PIXEL, _NORMALISING_BYTES_PER_PIXEL = 4, 12

@@ -23,8 +23,8 @@ from tasks.contracts.model_directory import (
     TrainingMetrics,
 )
 from tasks.contracts.training_config import TrainingParams
-from tasks.fileio import write_text_atomic
 from tasks.lifeline import Heartbeat
+from tasks.local_files import write_text_atomic
 from tasks.training.distributed import all_reduce_sum
 from tasks.training.fine_tuning import parameter_groups
 from tasks.vision.networks import memory_format

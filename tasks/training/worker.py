@@ -46,8 +46,8 @@ from tasks.contracts.model_directory import (
     read_model_spec,
 )
 from tasks.contracts.training_config import TrainingParams, add_training_flags, params_from_flags
-from tasks.fileio import write_text_atomic
 from tasks.lifeline import Heartbeat, die_with_parent, output_lock, write_failure
+from tasks.local_files import write_text_atomic
 from tasks.memory import peak_rss_mb
 from tasks.training.checkpoint import resume_or_start, save_checkpoint, saved_or_storage_fault
 from tasks.training.data import TrainingData, check_same_classes

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tasks import InvalidDatasetError, convert_to_image_directory
-from tasks.fileio import sha256_file
+from tasks.local_files import sha256_file
 from tests.helpers import write_image
 
 

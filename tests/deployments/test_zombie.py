@@ -26,7 +26,7 @@ from deployments.automations import (
     heartbeat_seconds,
 )
 from deployments.local import PROJECT_ROOT, PrefectStack
-from tasks.workdir import CACHE_VARIABLE
+from tasks.work_dir_on_s3 import CACHE_VARIABLE
 from tests.helpers import s3_settings, training_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -182,7 +182,7 @@ def heartbeats_of(stack, flow_run_id) -> int:
 
 
 def s3_keys(bucket: str, prefix: str) -> list[str]:
-    from tasks.storage import s3_client
+    from tasks.s3 import s3_client
 
     pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
     return [item["Key"] for page in pages for item in page.get("Contents", [])]

@@ -11,14 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from deployments.local import PROJECT_ROOT, PrefectStack
-from tasks.workdir import CACHE_VARIABLE
+from tasks.work_dir_on_s3 import CACHE_VARIABLE
 from tests.helpers import s3_settings
 
 HOSTS = ("host-a", "host-b")
 
 
 def host_env(folder) -> dict[str, str]:
-    """A "host"'s own cache (tasks/workdir.py): nothing it fetches or trains is seen by another."""
+    """A "host"'s own cache (tasks/work_dir_on_s3.py): nothing it fetches or trains is seen by another."""
     return {CACHE_VARIABLE: str(folder / "cache")}
 
 

@@ -21,7 +21,7 @@ from tasks.nodes import (
     reachable_address,
 )
 from tasks.registry import list_versions, read_registration
-from tasks.workdir import CACHE_VARIABLE
+from tasks.work_dir_on_s3 import CACHE_VARIABLE
 from tests.flows.nodes_stack import (
     HOSTS,
     host_env,
@@ -119,7 +119,7 @@ def stack(tmp_path_factory, s3_endpoint):
 @pytest.fixture(scope="module")
 def s3_work(stack):
     """A bucket on the stack's S3 server for work_dir and registry, this process's S3 settings pointing at it."""
-    from tasks.storage import s3_client
+    from tasks.s3 import s3_client
 
     with pytest.MonkeyPatch.context() as patch:
         for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
@@ -148,7 +148,7 @@ def two_nodes_on_s3(stack, s3_work, colour_image_dirs, tmp_path_factory):
 
 def run_files(s3_work: str, registration) -> str:
     """The S3 run folder of a registered version (named after its flow run)."""
-    from tasks.storage import list_s3_names
+    from tasks.s3 import list_s3_names
 
     (run,) = {
         n.split("/")[0]
@@ -160,7 +160,7 @@ def run_files(s3_work: str, registration) -> str:
 
 def test_two_nodes_train_through_the_pool_with_no_shared_files_and_register_one_model(stack, s3_work, two_nodes_on_s3):
     from tasks.contracts.model_directory import TrainingMetrics
-    from tasks.storage import list_s3_names, read_s3_object
+    from tasks.s3 import list_s3_names, read_s3_object
 
     assert "Registered colours-2nodes version 1" in two_nodes_on_s3.stdout
     registry = f"{s3_work}/registry"
@@ -208,7 +208,7 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(
 
     from tasks.allocator import ENVIRONMENT
     from tasks.contracts.model_directory import TrainingMetrics
-    from tasks.storage import read_s3_object
+    from tasks.s3 import read_s3_object
 
     for host in HOSTS:
         if host not in stack.workers:

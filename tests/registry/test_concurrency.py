@@ -18,7 +18,7 @@ import torch
 from deployments.local import PROJECT_ROOT
 from tasks import ModelDirectory
 from tasks.contracts.model_directory import MODEL_FILES, WEIGHTS_FILE
-from tasks.fileio import sha256_file
+from tasks.local_files import sha256_file
 from tasks.registry import (
     CLAIM_FILE,
     REGISTRATION_FILE,

@@ -8,7 +8,7 @@ import pytest
 
 from tasks import InvalidModelNameError, ModelDirectory, PipelineInputError
 from tasks.errors import InvalidModelDirectoryError, ModelNotFoundError
-from tasks.fileio import sha256_file
+from tasks.local_files import sha256_file
 from tasks.registry import (
     CLAIM_FILE,
     REGISTRATION_FILE,

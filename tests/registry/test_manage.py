@@ -13,7 +13,7 @@ import pytest
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.registry_layout import CLAIM_FILE, STATUS_FILE
 from tasks.errors import AliasedVersionError, InvalidQueryError, ModelNotFoundError
-from tasks.fileio import sha256_file
+from tasks.local_files import sha256_file
 from tasks.registry import (
     list_versions,
     open_backend,

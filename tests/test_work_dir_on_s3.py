@@ -1,4 +1,4 @@
-"""A work_dir on S3 (tasks/workdir.py) against a real HTTP S3 endpoint (moto's server): the ImageDirectory stored
+"""A work_dir on S3 (tasks/work_dir_on_s3.py) against a real HTTP S3 endpoint (moto's server): the ImageDirectory stored
 once and fetched into a content-keyed cache, checked against its manifest, and a training output kept in step."""
 
 import shutil
@@ -8,9 +8,9 @@ import pytest
 from tasks.contracts.model_directory import EpochMetrics, TrainingMetrics
 from tasks.contracts.training_config import TrainingFolders
 from tasks.errors import InvalidDatasetError, InvalidStorageURIError
-from tasks.fileio import write_text_atomic
-from tasks.storage import list_s3_names, parse_s3_uri, read_s3_object, s3_client
-from tasks.workdir import CACHE_VARIABLE, OutputMirror, fetch_image_directory, publish, stage_training
+from tasks.local_files import write_text_atomic
+from tasks.s3 import list_s3_names, parse_s3_uri, read_s3_object, s3_client
+from tasks.work_dir_on_s3 import CACHE_VARIABLE, OutputMirror, fetch_image_directory, publish, stage_training
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_an_image_directory_is_stored_once_and_each_host_fetches_it_once(s3_buck
 
 
 def test_a_name_that_would_land_outside_the_folder_is_refused(s3_bucket, tmp_path):
-    from tasks.storage import download_files
+    from tasks.s3 import download_files
 
     with pytest.raises(InvalidStorageURIError, match="would land outside"):
         download_files(f"s3://{s3_bucket}/run", ["../../etc/passwd"], tmp_path)
@@ -110,14 +110,14 @@ def test_an_upload_never_announces_epochs_whose_checkpoint_it_did_not_store(s3_b
     """The training may finish epochs while a (big) checkpoint is being uploaded: the metrics.json stored after it
     announces the epochs of the moment the upload began, never newer ones (found by the lost-host test: metrics
     said epoch 3 while the stored checkpoint was epoch 1's, and the run that took over resumed after epoch 1)."""
-    import tasks.storage
+    import tasks.s3
 
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "a"))
     mirror = OutputMirror(f"s3://{s3_bucket}/run/model")
     (mirror.local / "checkpoints").mkdir(parents=True)
     (mirror.local / "checkpoints" / "last.pt").write_bytes(b"epoch 1")
     (mirror.local / "metrics.json").write_text(metrics(1))
-    real_client = tasks.storage.s3_client
+    real_client = tasks.s3.s3_client
 
     class TrainingGoesOn:
         """A client whose checkpoint upload lasts while the training writes epoch 2 (checkpoint, then metrics)."""
@@ -134,9 +134,9 @@ def test_an_upload_never_announces_epochs_whose_checkpoint_it_did_not_store(s3_b
                 write_text_atomic(mirror.local / "metrics.json", metrics(2))
             return self.client.put_object(**kwargs)
 
-    monkeypatch.setattr(tasks.storage, "s3_client", TrainingGoesOn)
+    monkeypatch.setattr(tasks.s3, "s3_client", TrainingGoesOn)
     mirror.sync()
-    monkeypatch.setattr(tasks.storage, "s3_client", real_client)
+    monkeypatch.setattr(tasks.s3, "s3_client", real_client)
     stored = read_s3_object(f"{mirror.location}/checkpoints/last.pt")
     assert (stored, mirror.remote_metrics().epochs[-1].epoch) == (b"epoch 1", 1)
     mirror.sync()  # the next look stores epoch 2, checkpoint first
@@ -148,7 +148,7 @@ def test_store_does_not_retry_a_bad_location(prefect_server, tmp_path):
     from prefect import flow
     from prefect.client.orchestration import get_client
 
-    from tasks.workdir import store
+    from tasks.work_dir_on_s3 import store
 
     folder = tmp_path / "data"
     folder.mkdir()

@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from tasks.errors import InvalidStorageURIError, OutputStorageError
-from tasks.fileio import atomic_write
+from tasks.local_files import atomic_write
 
 S3_SCHEME = "s3://"
 RETRY_ATTEMPTS = 10
@@ -58,7 +58,7 @@ def parse_s3_uri(uri: str) -> S3Location:
     if not bucket:
         raise InvalidStorageURIError(f"{uri!r} names no bucket: expected s3://bucket/prefix")
     if any(part in (".", "..") for part in prefix.split("/")):
-        # Keys are mirrored into local folders (tasks/workdir.py): a ".." would climb out of them.
+        # Keys are mirrored into local folders (tasks/work_dir_on_s3.py): a ".." would climb out of them.
         raise InvalidStorageURIError(f"{uri!r} has a '.' or '..' part: expected s3://bucket/prefix")
     return S3Location(bucket=bucket, prefix=prefix.strip("/"))
 

@@ -43,8 +43,8 @@ from tasks.contracts.model_directory import (
 )
 from tasks.contracts.training_config import TrainingFolders
 from tasks.errors import InvalidDatasetError
-from tasks.fileio import atomic_write, sha256_file
-from tasks.storage import (
+from tasks.local_files import atomic_write, sha256_file
+from tasks.s3 import (
     download_files,
     is_s3_uri,
     list_s3_names,

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from tasks.storage import (
+from tasks.s3 import (
     BODY_ATTEMPTS,
     IncompleteBodyError,
     download_s3_object,
