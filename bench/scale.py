@@ -165,9 +165,9 @@ def train_small_model(root: Path) -> None:
     from tasks import convert_to_image_directory
     from tasks.contracts.model_directory import ModelSpec
     from tasks.contracts.training_config import TrainingFolders, TrainingParams
-    from tasks.launch import launch_training
     from tasks.model import write_untrained_model_directory
     from tasks.split import split_image_directory
+    from tasks.torchrun_launcher import launch_training
 
     write_images(root / "source", 1000)
     converted = convert_to_image_directory(root / "source", root / "converted")

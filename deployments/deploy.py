@@ -33,7 +33,7 @@ from deployments.automations import (
 )
 from deployments.local import PROJECT_ROOT
 from tasks.lost_runs import MAX_RERUNS
-from tasks.nodes import NODE_DEPLOYMENT
+from tasks.multinode import NODE_DEPLOYMENT
 
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
 

@@ -1,6 +1,6 @@
 """Training processes that never outlive their run, and a launcher that notices when one stops answering.
 
-Three mechanisms, shared by the launcher (tasks/launch.py) and the torchrun worker (no Prefect, no torch here):
+Three mechanisms, shared by the launcher (tasks/torchrun_launcher.py) and the torchrun worker (no Prefect, no torch here):
 
 - ``die_with_parent``: Linux's parent-death signal. torchrun starts each worker in a session of its own, so
   killing torchrun's process group (or SIGKILL of the flow process) would otherwise leave the workers training.

@@ -1,5 +1,5 @@
-"""Train PyTorch Model, the Prefect task: train through ``tasks.launch.launch_training`` on this host, or on
-``nodes`` hosts through the work pool (tasks/nodes.py); the training-progress bar, the live training-curves
+"""Train PyTorch Model, the Prefect task: train through ``tasks.torchrun_launcher.launch_training`` on this host, or on
+``nodes`` hosts through the work pool (tasks/multinode.py); the training-progress bar, the live training-curves
 picture and the training-metrics table as artifacts."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from prefect.runtime import task_run
 
 from tasks.contracts.model_directory import TRAINING_CURVES_FILE, ModelDirectory, TrainingMetrics
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.launch import launch_training
-from tasks.launch_output import NewEpochs, read_metrics
-from tasks.nodes import Rendezvous, run_nodes
+from tasks.multinode import Rendezvous, run_nodes
 from tasks.plots import plot_training_curves, png_markdown, significant
 from tasks.retrying import stage_task
+from tasks.torchrun_launcher import launch_training
+from tasks.torchrun_output import NewEpochs, read_metrics
 from tasks.work_dir_on_s3 import mirror_of
 
 
@@ -92,7 +92,7 @@ def train(folders: TrainingFolders, params: TrainingParams) -> str:
             on_metrics=on_metrics,
         )
     else:
-        # One flow run per node through the work pool (tasks/nodes.py); they write into output_dir, watched here.
+        # One flow run per node through the work pool (tasks/multinode.py); they write into output_dir, watched here.
         read = mirror.remote_metrics if mirror else lambda: read_metrics(Path(folders.output_dir))
         run_nodes(folders, params, on_poll=NewEpochs(read, on_metrics).poll)
         # On S3: the stages after training read the model from this host's copy.

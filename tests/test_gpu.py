@@ -18,9 +18,9 @@ from tasks import ImageDirectory, ModelDirectory
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.errors import InvalidTrainingSetupError, PipelineInputError
-from tasks.launch import launch_training
 from tasks.registry import read_registration
 from tasks.score import score_images
+from tasks.torchrun_launcher import launch_training
 
 pytestmark = [
     pytest.mark.gpu,

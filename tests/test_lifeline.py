@@ -15,9 +15,9 @@ from tasks import InvalidDatasetError, InvalidModelDirectoryError, OutputInUseEr
 from tasks.contracts.model_directory import LOGS_DIR
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.errors import TrainingHungError, TrainingTimeoutError
-from tasks.launch import WatchLimits, build_torchrun_command, launch_training, worker_environment
-from tasks.launch_output import LineLevels
 from tasks.lifeline import HangWatch, TrainingHang, read_heartbeats
+from tasks.torchrun_launcher import WatchLimits, build_torchrun_command, launch_training, worker_environment
+from tasks.torchrun_output import LineLevels
 from tests.helpers import alive, processes_of, write_class_folders
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,7 @@ def test_workers_die_with_the_flow_process_killed_by_sigkill(tmp_path, colour_im
     output = tmp_path / "model"
     train, val = colour_image_dirs
     script = textwrap.dedent(f"""
-        from tasks.launch import launch_training
+        from tasks.torchrun_launcher import launch_training
         from tasks.contracts.training_config import TrainingFolders, TrainingParams
         folders = TrainingFolders({str(train)!r}, {str(val)!r}, {str(resnet_spec)!r}, {str(output)!r})
         launch_training(folders, TrainingParams(**{LONG!r}))

@@ -253,7 +253,7 @@ def run() -> None:
     log_dir = output / LOGS_DIR
     heartbeat = Heartbeat(log_dir, env.rank).start()
     try:
-        # Shared with this attempt's other ranks; a launcher starting another attempt waits for it (tasks/launch.py).
+        # Shared with this attempt's other ranks; a launcher starting another attempt waits for it (tasks/torchrun_launcher.py).
         with output_lock(log_dir, shared=True):
             main(args, heartbeat)
     except BaseException as error:

@@ -3,7 +3,7 @@
 import pytest
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams, params_from_flags
-from tasks.launch import build_torchrun_command
+from tasks.torchrun_launcher import build_torchrun_command
 from tasks.training.worker import get_args_parser
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from deployments.local import PROJECT_ROOT
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.nodes import (
+from tasks.multinode import (
     ELASTIC_FINISH_GRACE_SECONDS,
     node_run_parameters,
     nodes_outcome,
@@ -266,7 +266,7 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(
             parent.kill()
     assert parent.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
 
-    # The node path launches workers as the single-node path does (tasks.launch.worker_environment).
+    # The node path launches workers as the single-node path does (tasks.torchrun_launcher.worker_environment).
     assert {k: environ.get(k) for k in ENVIRONMENT} == ENVIRONMENT
     assert (environ["PYTHONUNBUFFERED"], environ["OMP_NUM_THREADS"], environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]) == (
         "1",

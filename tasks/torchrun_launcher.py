@@ -36,7 +36,14 @@ from tasks.errors import (
     TrainingHungError,
     TrainingTimeoutError,
 )
-from tasks.launch_output import (
+from tasks.lifeline import (
+    HangWatch,
+    TrainingHang,
+    local_pids,
+    output_lock,
+    read_heartbeats,
+)
+from tasks.torchrun_output import (
     LOG_TAIL_LINES,
     LineLevels,
     NewEpochs,
@@ -44,13 +51,6 @@ from tasks.launch_output import (
     print_line,
     read_metrics,
     training_failure,
-)
-from tasks.lifeline import (
-    HangWatch,
-    TrainingHang,
-    local_pids,
-    output_lock,
-    read_heartbeats,
 )
 from tasks.work_dir_on_s3 import StagedTraining, stage_training
 

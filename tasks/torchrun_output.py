@@ -1,4 +1,4 @@
-"""What a launched training leaves and prints, read by its launcher (tasks/launch.py): the metrics file and its new
+"""What a launched training leaves and prints, read by its launcher (tasks/torchrun_launcher.py): the metrics file and its new
 epochs, the level of each line torchrun and the workers print, and the failure they tell of: the rank that failed
 first, its log's tail, and the typed error a person reads first (an input mistake raised in a worker keeps its
 type across the process boundary)."""

@@ -1,4 +1,4 @@
-"""tasks/launch.py: the torchrun command, the workers' environment, and what a launch of a real torchrun
+"""tasks/torchrun_launcher.py: the torchrun command, the workers' environment, and what a launch of a real torchrun
 refuses or reports (staged weights changed, CUDA missing, a failing worker)."""
 
 import logging
@@ -15,8 +15,8 @@ from tasks.contracts.model_directory import (
 )
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.errors import InvalidTrainingSetupError, PretrainedWeightsError
-from tasks.launch import build_torchrun_command, launch_training, worker_environment
 from tasks.model import write_untrained_model_directory
+from tasks.torchrun_launcher import build_torchrun_command, launch_training, worker_environment
 
 DIRS = TrainingFolders(train_dir="/d/train", validation_dir="/d/val", model_spec_dir="/d/spec", output_dir="/d/model")
 

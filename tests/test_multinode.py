@@ -5,7 +5,7 @@ import time
 import pytest
 
 from deployments.local import PROJECT_ROOT
-from tasks import nodes
+from tasks import multinode
 
 
 @pytest.fixture
@@ -31,11 +31,11 @@ def test_a_node_still_running_past_the_grace_after_another_completed_is_set_cras
             client.set_flow_run_state(run.id, state, force=True)
     warnings = []
     read = [client.read_flow_run(run.id) for run in (done, lost)]
-    nodes.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
+    multinode.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
     assert client.read_flow_run(lost.id).state.is_running()  # within the grace: the host may still report
-    monkeypatch.setattr(nodes, "ELASTIC_FINISH_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(multinode, "ELASTIC_FINISH_GRACE_SECONDS", 0.0)
     time.sleep(0.05)
-    nodes.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
+    multinode.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
     ended = client.read_flow_run(lost.id).state
     assert ended.is_crashed() and "host was lost with its worker" in ended.message
     assert client.read_flow_run(done.id).state.is_completed()
@@ -48,7 +48,7 @@ def test_a_node_run_left_cancelling_by_a_lost_worker_is_set_cancelled_through_th
     client, make = node_runs
     (stuck,) = make(1)
     client.set_flow_run_state(stuck.id, Running(), force=True)
-    (ended,) = nodes.cancel_unfinished(client, [stuck], "cancelled with the other nodes", wait_seconds=1.0)
+    (ended,) = multinode.cancel_unfinished(client, [stuck], "cancelled with the other nodes", wait_seconds=1.0)
     assert ended.state.is_cancelled() and "no worker ended it within 1 s" in ended.state.message
 
 
@@ -57,7 +57,7 @@ def test_the_node_deployment_the_train_stage_submits_is_the_one_deployments_pref
 
     import yaml
 
-    from tasks.nodes import NODE_DEPLOYMENT
+    from tasks.multinode import NODE_DEPLOYMENT
 
     deployments = yaml.safe_load((PROJECT_ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]
     defined = set()

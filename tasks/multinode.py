@@ -3,7 +3,7 @@
 With ``nodes > 1`` (or ``min:max``) the train task (tasks/train.py) submits one run of the node deployment
 (flows/train_node.py) per node, as subflows of its own flow run: the UI shows each node's run, state and logs under
 the train task, and whichever worker of the deployment's pool (``gpu``, one per GPU host) is free picks each up.
-Every node trains through ``tasks.launch.launch_training``, the one launch path, and all meet at one c10d
+Every node trains through ``tasks.torchrun_launcher.launch_training``, the one launch path, and all meet at one c10d
 rendezvous: the first node to start takes a free port on its host, publishes ``host:port`` as a Prefect Variable
 (created once: the server refuses a second) and serves the rendezvous there; the others read it and join
 (``rendezvous_endpoint`` set by hand overrides it).
