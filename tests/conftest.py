@@ -15,6 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# One compute thread per process, for this process and every one it starts (servers, flow runs, torchrun's ranks):
+# the suite runs several trainings and servers at once on a few cores, and OpenMP threads that outnumber the cores
+# spin while they wait. On a loaded 2-core machine one storage-fault test took 58.6 CPU-s with the default threads
+# and 23.2 with one (docs/development.md); what the tests assert is the same either way.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

@@ -235,9 +235,12 @@ def checkout_files() -> list[str]:
 
 
 def user_environment(home: Path) -> dict[str, str]:
-    """A new user's shell: no virtual environment on the PATH, no PYTHONPATH, no Prefect or AWS settings."""
+    """A new user's shell: no virtual environment on the PATH, no PYTHONPATH, no Prefect or AWS settings (the
+    machine's locale, temporary folder, terminal and thread count stay)."""
     path = [p for p in os.environ["PATH"].split(os.pathsep) if p and not (Path(p) / "activate").is_file()]
-    kept = {name: os.environ[name] for name in ("LANG", "LC_ALL", "TMPDIR", "TERM") if name in os.environ}
+    kept = {
+        name: os.environ[name] for name in ("LANG", "LC_ALL", "TMPDIR", "TERM", "OMP_NUM_THREADS") if name in os.environ
+    }
     return {**kept, "PATH": os.pathsep.join(path), "HOME": str(home)}
 
 
