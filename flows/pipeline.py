@@ -28,12 +28,10 @@ from tasks.evaluate import Evaluation, evaluate
 from tasks.gallery import show_misclassified
 from tasks.lost_runs import take_over_lost_run
 from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
-from tasks.onnx_export import export_and_check_onnx
 from tasks.preflight import check_training_inputs
 from tasks.registry import PromotionPolicy, Registration
 from tasks.registry.prefect_tasks import register, settle_promotion
 from tasks.runs import Keep, tidy_registered_run
-from tasks.score import score
 from tasks.split import split
 from tasks.train import train
 from tasks.validate import validate_labels
@@ -159,6 +157,11 @@ def train_pipeline(
         output_dir=join(run_dir, "model"),
     )
     model_dir = train(folders, training)
+    # Imported here, not with the module: they bring torch, which the flow's own process needs from this point
+    # only; `import flows.pipeline` (a command line stopping at a mistake, `prefect deploy`) stays light.
+    from tasks.onnx_export import export_and_check_onnx
+    from tasks.score import score
+
     if export_onnx:
         model_dir = export_and_check_onnx(model_dir, validation_dir)
     scores = score(model_dir, validation_dir, join(run_dir, "scores.csv")).table

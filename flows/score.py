@@ -15,11 +15,11 @@ from pydantic import BaseModel
 
 from flows import run_folder
 from tasks.comparison import compare
+from tasks.contracts.scores_table import BATCH_SIZE, Runtime
 from tasks.convert import ConversionLimits, convert
 from tasks.evaluate import Evaluation, evaluate
 from tasks.preflight import check_scoring_inputs
 from tasks.registry.prefect_tasks import resolve_model
-from tasks.score import BATCH_SIZE, Runtime, score
 from tasks.work_dir_on_s3 import join, local_folder
 
 
@@ -72,6 +72,8 @@ def score_pipeline(
     image_dir = convert(
         images, str(here / "images"), "score", labeled=labeled, single_class="unlabeled", limits=conversion
     )
+    from tasks.score import score  # here, not with the module: torch, which only scoring needs
+
     scored = score(model_dir, image_dir, output_csv or join(run_dir, "scores.csv"), runtime, batch_size, top_k)
     evaluation = evaluate(scored.table, str(here / "confusion_matrix.png")) if scored.labeled else None
     result = ScoreResult(model_dir=model_dir, scores=scored.table, images=scored.images, evaluation=evaluation)

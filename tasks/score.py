@@ -9,7 +9,7 @@ alone took batches of 64 from 45 to 83 images/s.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Literal, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pandas as pd
@@ -20,9 +20,11 @@ from tasks.allocator import keep_freed_memory
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.scores_table import (
+    BATCH_SIZE,
     IMAGE_COLUMN,
     LABEL_COLUMN,
     SCORED_LABELS,
+    Runtime,
     probability_column,
     top_k_columns,
     write_score_chunks,
@@ -31,9 +33,6 @@ from tasks.errors import InvalidDatasetError, PipelineInputError
 from tasks.vision.images import ImageFiles
 from tasks.vision.networks import load_trained_model, memory_format
 from tasks.vision.transforms import eval_transform
-
-BATCH_SIZE = 64
-Runtime = Literal["torch", "onnx"]
 
 
 class ScoringOptions(TypedDict, total=False):

@@ -4,7 +4,8 @@ A CSV with one row per image: ``image`` (the user's own path of it), ``Scored La
 ``Scored Probabilities_<class>`` per class in the model's output order (Azure's column names), with ``top_k``
 scoring ``Top 1 Label``, ``Top 1 Probability`` ... after them, and ``label`` when the images were labeled.
 Written a chunk of rows at a time (``write_score_chunks``): scoring a million images never holds their table.
-Plain pandas: no torch, no Prefect.
+Plain pandas: no torch, no Prefect. The two parameters of scoring that the flows take (``Runtime``,
+``BATCH_SIZE``) are here too, so that a flow's signature does not import torch.
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
 
 from tasks.local_files import atomic_write, storage_faults
 from tasks.s3 import is_s3_uri, parse_s3_uri, read_bytes, s3_client, s3_writing
+
+# How a table is scored: by PyTorch or by onnxruntime on the exported model, this many images at a time.
+Runtime = Literal["torch", "onnx"]
+BATCH_SIZE = 64
 
 SCORED_LABELS = "Scored Labels"
 PROBABILITY_PREFIX = "Scored Probabilities_"
