@@ -156,7 +156,7 @@ def verdict(promotion: Promotion) -> str:
 def registered_model_markdown(registration: Registration, location: str, metric: str) -> tuple[str, str]:
     """(markdown, one-line description) of the registered-model artifact."""
     headline = f"{registration.name} v{registration.version}"
-    if metric in registration.metrics:
+    if registration.metrics.get(metric) is not None:
         headline += f", {metric} {figure(registration.metrics[metric])}"
     rows = "\n".join(f"| {k} | {figure(v)} |" for k, v in registration.metrics.items() if isinstance(v, (int, float)))
     markdown = (
