@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel
+from sklearn import metrics as skm
 
 from tasks.contracts.scores_table import LABEL_COLUMN, SCORED_LABELS, probability_column, read_scores, scored_classes
 from tasks.errors import NotLabeledDatasetError
@@ -51,8 +52,6 @@ class Evaluation(BaseModel):
 
 
 def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
-    from sklearn import metrics as skm  # here, not with the module: importing the flows stays light
-
     if LABEL_COLUMN not in scores.columns:
         raise NotLabeledDatasetError("the scores table has no 'label' column: evaluation needs labeled images")
     classes = scored_classes(scores)

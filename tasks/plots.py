@@ -1,6 +1,5 @@
 """Pictures for people: training curves, confusion matrices and two-class ROC / precision-recall curves, as
-PNG files (matplotlib, no display). matplotlib and scikit-learn are imported when a picture is drawn, not with the
-module: the flows import it, and a command line that stops at a mistake should not pay for them."""
+PNG files (matplotlib, no display)."""
 
 from __future__ import annotations
 
@@ -8,19 +7,20 @@ import base64
 import os
 from pathlib import Path
 
-import numpy as np
+import matplotlib
 
-from tasks.contracts.model_directory import TrainingMetrics
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from sklearn.metrics import (  # noqa: E402
+    ConfusionMatrixDisplay,
+    PrecisionRecallDisplay,
+    RocCurveDisplay,
+    precision_score,
+    recall_score,
+)
 
-
-def _pyplot():
-    """matplotlib's pyplot on the Agg backend (files only, no display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from tasks.contracts.model_directory import TrainingMetrics  # noqa: E402
 
 
 def significant(value, digits: int = 4):
@@ -29,7 +29,6 @@ def significant(value, digits: int = 4):
 
 
 def plot_training_curves(metrics: TrainingMetrics, path: str | os.PathLike[str]) -> None:
-    plt = _pyplot()
     epochs = [e.epoch for e in metrics.epochs]
     figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
     loss_axes.plot(epochs, [e.train_loss for e in metrics.epochs], marker="o", label="training")
@@ -49,9 +48,6 @@ def plot_training_curves(metrics: TrainingMetrics, path: str | os.PathLike[str])
 
 
 def plot_confusion_matrix(matrix: list[list[int]], classes: list[str], path: str | os.PathLike[str]) -> None:
-    plt = _pyplot()
-    from sklearn.metrics import ConfusionMatrixDisplay
-
     size = min(14, 3 + 0.5 * len(classes))
     figure, axes = plt.subplots(figsize=(size, size))
     ConfusionMatrixDisplay(confusion_matrix=np.array(matrix), display_labels=classes).plot(
@@ -68,9 +64,6 @@ def plot_two_class_curves(
 ) -> None:
     """ROC (with its AUC) and precision-recall (with average precision) of ``probability`` of class ``positive``
     against the true ``labels``, the point of the decision ``probability >= threshold`` marked on both."""
-    plt = _pyplot()
-    from sklearn.metrics import PrecisionRecallDisplay, RocCurveDisplay, precision_score, recall_score
-
     figure, (roc_axes, pr_axes) = plt.subplots(1, 2, figsize=(10, 4.5))
     options = {"pos_label": positive, "name": positive, "plot_chance_level": True}
     RocCurveDisplay.from_predictions(labels, probability, ax=roc_axes, **options)
