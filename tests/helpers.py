@@ -218,3 +218,34 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:
         pass
+
+
+def pipeline_command(train, validation, name: str, work, *flags: str) -> list[str]:
+    """`python -m flows.pipeline` on real folders, trained from scratch, its registry and runs under ``work`` (a
+    folder or an S3 URI); ``flags`` add to or override these."""
+    return [
+        sys.executable,
+        "-m",
+        "flows.pipeline",
+        "--no-pretrained",
+        "--train-data",
+        str(train),
+        "--validation-data",
+        str(validation),
+        "--model-name",
+        name,
+        "--registry",
+        f"{work}/registry",
+        "--work-dir",
+        f"{work}/runs",
+        *flags,
+    ]
+
+
+def register_colours(registry: str, name: str, trained_model, colour_image_dirs, figures: dict, promotion):
+    """The register task (inside a flow run) for the shared colours model with ``figures``, as the pipeline calls it."""
+    from tasks.registry.prefect_tasks import register
+
+    train, val = colour_image_dirs
+    datasets = {"train": str(train), "validation": str(val)}
+    return register(registry, name, str(trained_model), figures, datasets, {"epochs": 2}, promotion=promotion)

@@ -4,7 +4,6 @@ the pipeline run as a person runs it. Each test file that uses it starts its own
 files run in parallel."""
 
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.work_dir_on_s3 import CACHE_VARIABLE
+from tests import helpers
 from tests.helpers import s3_settings
 
 HOSTS = ("host-a", "host-b")
@@ -49,32 +49,9 @@ def start_host(stack, host: str) -> None:
 def pipeline_command(colour_image_dirs, work: str, name: str, *flags: str) -> list[str]:
     """`python -m flows.pipeline` with 2 nodes (unless ``flags`` say otherwise): run against the stack's server, the
     parent flow runs here and its nodes on the pool; registry and runs under ``work`` (a folder or an S3 URI)."""
-    train, val = colour_image_dirs
-    return [
-        sys.executable,
-        "-m",
-        "flows.pipeline",
-        "--no-pretrained",
-        "--train-data",
-        str(train),
-        "--validation-data",
-        str(val),
-        "--model-name",
-        name,
-        "--registry",
-        f"{work}/registry",
-        "--work-dir",
-        f"{work}/runs",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "4",
-        "--device",
-        "cpu",
-        "--nodes",
-        "2",
-        *flags,
-    ]
+    return helpers.pipeline_command(
+        *colour_image_dirs, name, work, "--epochs", "1", "--batch-size", "4", "--device", "cpu", "--nodes", "2", *flags
+    )
 
 
 def run_pipeline(

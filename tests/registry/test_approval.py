@@ -27,9 +27,9 @@ from tasks.evaluate import evaluate_scores
 from tasks.registry import PromotionPolicy, resolve
 from tasks.registry.card import model_card_key
 from tasks.registry.manage import model_versions, show_version
-from tasks.registry.prefect_tasks import register, settle_promotion
+from tasks.registry.prefect_tasks import settle_promotion
 from tasks.score import score_images
-from tests.helpers import card_versions
+from tests.helpers import card_versions, register_colours
 
 NAME = "colours-approval"  # its own model card: other tests count the versions of theirs
 FLOW_NAME = "register-with-approval"
@@ -43,19 +43,10 @@ def evaluation(trained_model, colour_image_dirs):
 
 @pytest.fixture(scope="module")
 def register_with_approval(trained_model, colour_image_dirs, evaluation):
-    train, val = colour_image_dirs
-
     @flow(name=FLOW_NAME)
     def register_with_approval(registry: str, timeout_s: int = 120):
-        registered = register(
-            registry,
-            NAME,
-            str(trained_model),
-            evaluation.figures(),
-            {"train": str(train), "validation": str(val)},
-            {"epochs": 2},
-            promotion=PromotionPolicy(promote_to="production", approval=True),
-        )
+        policy = PromotionPolicy(promote_to="production", approval=True)
+        registered = register_colours(registry, NAME, trained_model, colour_image_dirs, evaluation.figures(), policy)
         return settle_promotion(registry, registered, timeout_s)
 
     return register_with_approval

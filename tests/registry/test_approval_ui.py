@@ -5,7 +5,6 @@ build/ui-check/ (the README's docs/images/ pictures are copies of them)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
@@ -21,7 +20,7 @@ from tests.browser import (
     table_overflow,
     wait_for_text,
 )
-from tests.helpers import write_class_folders
+from tests.helpers import pipeline_command, write_class_folders
 
 pytestmark = pytest.mark.integration
 
@@ -40,33 +39,14 @@ def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(sta
     val = write_class_folders(tmp_path / "val", 3, seed=1)
     registry = tmp_path / "registry"
     pipeline = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "flows.pipeline",
-            "--no-pretrained",
-            "--train-data",
-            str(train),
-            "--validation-data",
-            str(val),
-            "--model-name",
+        pipeline_command(
+            train,
+            val,
             NAME,
-            "--registry",
-            str(registry),
-            "--work-dir",
-            str(tmp_path / "runs"),
-            "--epochs",
-            "2",
-            "--batch-size",
-            "4",
-            "--learning-rate",
-            "0.01",
-            "--promote-to",
-            "production",
-            "--approval",
-            "--approval-timeout-s",
-            "300",
-        ],
+            tmp_path,
+            *("--epochs", "2", "--batch-size", "4", "--learning-rate", "0.01", "--promote-to", "production"),
+            *("--approval", "--approval-timeout-s", "300"),
+        ),
         cwd=PROJECT_ROOT,
         env=stack.env,
         stdout=subprocess.PIPE,

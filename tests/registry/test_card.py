@@ -12,9 +12,8 @@ from tasks.contracts.model_directory import ModelDirectory
 from tasks.evaluate import evaluate_scores
 from tasks.registry import PromotionPolicy, lineage
 from tasks.registry.card import model_card_key
-from tasks.registry.prefect_tasks import register
 from tasks.score import score_images
-from tests.helpers import card_versions, registry_cli
+from tests.helpers import card_versions, register_colours, registry_cli
 
 pytestmark = pytest.mark.integration
 
@@ -30,15 +29,8 @@ def test_the_model_card_follows_registrations_and_alias_moves(
 
     @flow(name="register-colours")
     def register_once(promote_to: str | None):
-        return register(
-            registry,
-            NAME,
-            str(trained_model),
-            evaluation.figures(),
-            {"train": str(train), "validation": str(val)},
-            {"epochs": 2},
-            promotion=PromotionPolicy(promote_to=promote_to),
-        )
+        policy = PromotionPolicy(promote_to=promote_to)
+        return register_colours(registry, NAME, trained_model, colour_image_dirs, evaluation.figures(), policy)
 
     first, second = register_once("production"), register_once(None)
     moved = registry_cli(
