@@ -30,7 +30,7 @@ from pathlib import Path
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tasks.contracts.image_directory import MANIFEST_NAME, ImageDirectory
-from tasks.contracts.image_index import INDEX_NAME, sha256_of
+from tasks.contracts.image_index import INDEX_NAME
 from tasks.contracts.model_directory import (
     CHECKPOINT_FILE,
     CLASSES_FILE,
@@ -114,7 +114,7 @@ def fetch_image_directory(location: str) -> Path:
     try:
         if index_sha256:
             download_files(location, [INDEX_NAME], download)
-            if sha256_of(download / INDEX_NAME) != index_sha256:
+            if sha256_file(download / INDEX_NAME) != index_sha256:
                 raise InvalidDatasetError(f"{location}: its {INDEX_NAME} differs from the sha256 its manifest gives")
         (download / MANIFEST_NAME).write_bytes(data)
         index = ImageDirectory(download).index

@@ -16,8 +16,8 @@ where it lies in the file: a process holds no Python object per image, and the t
 the pages through the page cache. About 100 bytes an image on disk. A file at the root, not a folder, so that
 tools that take every folder for a class (torchvision's ``ImageFolder``) still read the directory.
 
-Written in one pass by ``index_writer.IndexWriter`` (bounded memory: rows are buffered and appended to raw column files, which
-become the ``.npz`` at the end); ``ImageIndex.from_rows`` builds a small one in memory.
+Written in one pass by ``index_writer.IndexWriter`` (bounded memory: rows are buffered and appended to raw column
+files, which become the ``.npz`` at the end); ``ImageIndex.from_rows`` builds a small one in memory.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tasks.local_files import sha256_file
+
 INDEX_NAME = "image_index.npz"
 STRING_COLUMNS = ("path", "source_path")
 FIXED_COLUMNS = {
@@ -42,7 +44,6 @@ FIXED_COLUMNS = {
     "height": np.dtype("<i4"),
     "mode": np.dtype("S8"),
 }
-ROW_SHAPE = {"sha256": (32,)}
 CHUNK_ROWS = 65536  # rows handled at once where a column is walked in Python or re-laid out
 
 
@@ -207,18 +208,10 @@ def _strings(values: Sequence[str]) -> Strings:
     return Strings(np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets)
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _save(path: Path, columns: dict[str, np.ndarray]) -> str:
     # numpy writes each array into the zip in chunks, uncompressed (memory-mapped columns are not read whole).
     np.savez(path, **columns)
-    return sha256_of(path)
+    return sha256_file(path)
 
 
 def _mapped_members(path: Path) -> dict[str, np.ndarray]:

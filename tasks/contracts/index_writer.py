@@ -19,8 +19,8 @@ from tasks.contracts.image_index import (
     Row,
     Strings,
     content_line,
-    sha256_of,
 )
+from tasks.local_files import sha256_file
 
 _HASHED_ROWS = 4096  # rows hashed at once as an index is written (a Python object each while they are)
 
@@ -97,7 +97,7 @@ class IndexWriter:
                         out.write(self._relabelled(chunk) if name == "label" else chunk)
         content = self._content_hash(classes) if classes is not None and self.in_path_order else None
         shutil.rmtree(self.scratch)
-        return sha256_of(self.path), content
+        return sha256_file(self.path), content
 
     @staticmethod
     def _dtype(name: str) -> np.dtype:

@@ -101,7 +101,7 @@ def _link_problem(path: Path, root: Path) -> str | None:
 
 
 def list_folder(root: Path) -> FolderListing:
-    """Walk ``root`` once, following links that stay inside it; files the OS leaves behind (__MACOSX, .DS_Store, Thumbs.db) is left out without a word."""
+    """Walk ``root`` once, following links that stay inside it; files the OS leaves behind (__MACOSX, .DS_Store, Thumbs.db) are left out without a word."""
     root = root.resolve()
     listing = FolderListing()
 

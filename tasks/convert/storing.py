@@ -6,7 +6,7 @@ storage's (the file cannot be read: quarantined as "unreadable file" with its er
 later image would fail the same way and none of them is to blame. Pillow's own decode errors carry no errno.
 
 Each image is written with an exclusive create, checked, and only then recorded in the folder's journal
-(``journal.StoredJournal``), which lets a conversion stopped by its storage go on where it stopped.
+(``output_folder.StoredJournal``), which lets a conversion stopped by its storage go on where it stopped.
 """
 
 from __future__ import annotations
