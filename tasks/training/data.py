@@ -4,6 +4,7 @@ loaders, and the decoded-image cache's share of memory."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,8 +16,12 @@ from tasks.contracts.training_config import TrainingParams
 from tasks.errors import InvalidDatasetError
 from tasks.training.batches import BatchesOfTwoOrMore
 from tasks.training.distributed import DistributedEnv
+from tasks.vision.device_pipeline import DevicePipeline, EncodedImageFiles, collate_payloads
 from tasks.vision.images import ImageFiles
+from tasks.vision.networks import memory_format
 from tasks.vision.transforms import eval_transform, train_transform
+
+ModelInput = Callable[[object], torch.Tensor]  # a loader's batch of images -> the network's input on the device
 
 
 def check_same_classes(train: ImageDirectory, validation: ImageDirectory) -> list[str]:
@@ -34,14 +39,33 @@ def loader_workers(params: TrainingParams, env: DistributedEnv, device: torch.de
     return min(8, max(1, (os.cpu_count() or 1) // env.local_world_size - 1)) if device.type == "cuda" else 0
 
 
+def decodes_on_device(params: TrainingParams, device: torch.device) -> bool:
+    return params.decode_on == "device" or (params.decode_on == "auto" and device.type == "cuda")
+
+
+def uint8_to_device(normalize: Callable[[torch.Tensor], torch.Tensor], device: torch.device) -> ModelInput:
+    """A uint8 batch from the loader, copied to the device and normalised there (a quarter of the bytes to copy)."""
+    return lambda pixels: normalize(pixels.to(device, non_blocking=True, memory_format=memory_format(device)))
+
+
+def on_device(pipeline: DevicePipeline, training: bool, device: torch.device) -> ModelInput:
+    """Encoded images from the loader, decoded and transformed by ``pipeline`` on the device."""
+    return lambda payloads: pipeline(payloads, training).contiguous(memory_format=memory_format(device))
+
+
 @dataclass
 class TrainingData:
-    train_set: ImageFiles
-    val_set: ImageFiles
+    """The loaders, and how each one's batches become the network's input (``train_input``, ``val_input``)."""
+
+    train_set: ImageFiles | EncodedImageFiles
+    val_set: ImageFiles | EncodedImageFiles
     sampler: DistributedSampler
     train_loader: DataLoader
     val_loader: DataLoader
     workers: int
+    train_input: ModelInput
+    val_input: ModelInput
+    decoded: str  # where images are decoded, for the log
 
     @classmethod
     def load(
@@ -54,21 +78,36 @@ class TrainingData:
         device: torch.device,
     ) -> TrainingData:
         workers = loader_workers(params, env, device)
-        # Loader processes would each fill a cache of their own: the decoded-image cache is for in-process loading.
-        # The budget is per machine, shared out between its processes (each caches every image it is dealt).
-        cache_bytes = params.image_cache_mb * 2**20 // env.local_world_size if workers == 0 else 0
         transforms = (spec.transformations, spec.image_size, spec.mean, spec.std)
-        train_set = ImageFiles(train.samples(), train_transform(*transforms), cache_bytes, normalized=False)
-        val_set = ImageFiles(
-            validation.samples(), eval_transform(*transforms), cache_bytes - train_set.cache_bytes, normalized=False
-        )
+        on_gpu = device.type == "cuda"
+        options = {"num_workers": workers, "pin_memory": on_gpu, "persistent_workers": workers > 0}
+        if decodes_on_device(params, device):
+            train_set = EncodedImageFiles(train.samples(), train_transform(*transforms))
+            val_set = EncodedImageFiles(validation.samples(), eval_transform(*transforms))
+            options["collate_fn"] = collate_payloads
+            pipelines = [
+                DevicePipeline(s.transform, spec.transformations, spec.image_size, device) for s in (train_set, val_set)
+            ]
+            inputs = on_device(pipelines[0], True, device), on_device(pipelines[1], False, device)
+            decoded = f"JPEGs on {device} in batches, other formats by {workers or 'this'} loader process(es)"
+        else:
+            # Loader processes would each fill a cache of their own: the decoded-image cache is for in-process loading.
+            # The budget is per machine, shared out between its processes (each caches every image it is dealt).
+            cache_bytes = params.image_cache_mb * 2**20 // env.local_world_size if workers == 0 else 0
+            train_set = ImageFiles(train.samples(), train_transform(*transforms), cache_bytes, normalized=False)
+            val_set = ImageFiles(
+                validation.samples(), eval_transform(*transforms), cache_bytes - train_set.cache_bytes, normalized=False
+            )
+            inputs = (
+                uint8_to_device(train_set.transform.normalize, device),
+                uint8_to_device(val_set.transform.normalize, device),
+            )
+            decoded = f"by {workers or 'this'} loader process(es)"
         sampler = DistributedSampler(
             train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed
         )
-        on_gpu = device.type == "cuda"
-        options = {"num_workers": workers, "pin_memory": on_gpu, "persistent_workers": workers > 0}
         train_loader = DataLoader(train_set, batch_sampler=BatchesOfTwoOrMore(sampler, params.batch_size), **options)
         # A strided shard per rank covers every validation image exactly once (DistributedSampler would pad).
         val_shard = Subset(val_set, range(env.rank, len(val_set), env.world_size))
         val_loader = DataLoader(val_shard, batch_size=params.batch_size * 2, **options)
-        return cls(train_set, val_set, sampler, train_loader, val_loader, workers)
+        return cls(train_set, val_set, sampler, train_loader, val_loader, workers, *inputs, decoded)

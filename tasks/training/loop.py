@@ -27,7 +27,6 @@ from tasks.lifeline import Heartbeat
 from tasks.local_files import write_text_atomic
 from tasks.training.distributed import all_reduce_sum
 from tasks.training.fine_tuning import parameter_groups
-from tasks.vision.networks import memory_format
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +83,6 @@ def check_finite(loss_sum: torch.Tensor, epoch: int, step: int, params: Training
         )
 
 
-def model_input(pixels: torch.Tensor, normalize, device: torch.device) -> torch.Tensor:
-    """A uint8 batch from the loader, copied to the device and normalised there (a quarter of the bytes to copy)."""
-    return normalize(pixels.to(device, non_blocking=True, memory_format=memory_format(device)))
-
-
 @dataclass(frozen=True)
 class EpochContext:
     """What every epoch of one rank uses. ``model`` is what trains (the DistributedDataParallel wrapper when there
@@ -123,9 +117,10 @@ class Validated(NamedTuple):
 
 
 def train_one_epoch(
-    ctx: EpochContext, loader: Iterable, normalize: Callable[[torch.Tensor], torch.Tensor], epoch: int
+    ctx: EpochContext, loader: Iterable, model_input: Callable[[object], torch.Tensor], epoch: int
 ) -> Trained:
-    """One pass over ``loader``: its training figures across all ranks."""
+    """One pass over ``loader`` (``model_input`` turns its images into the network's input on the device): its
+    training figures across all ranks."""
     model, optimizer, params, device = ctx.model, ctx.optimizer, ctx.params, ctx.device
     model.train()
     for module in ctx.frozen:
@@ -137,7 +132,7 @@ def train_one_epoch(
     seen = 0
     started = last_line = time.perf_counter()
     for step, (images, labels) in enumerate(loader, start=1):
-        images = model_input(images, normalize, device)
+        images = model_input(images)
         labels = labels.to(device, non_blocking=True)
         with autocast(device, params):
             logits = model(images)
@@ -171,7 +166,7 @@ def train_one_epoch(
 
 @torch.inference_mode()
 def evaluate(
-    ctx: EpochContext, model: nn.Module, loader: Iterable, normalize, num_classes: int, epoch: int
+    ctx: EpochContext, model: nn.Module, loader: Iterable, model_input, num_classes: int, epoch: int
 ) -> Validated:
     """Loss, top-1 and top-5 of ``model`` (the bare network: no gradients to share) over the whole validation set;
     each rank scores its own shard."""
@@ -180,7 +175,7 @@ def evaluate(
     sums = [0.0, 0.0, 0.0, 0.0]  # loss, top-1 hits, top-k hits, images
     for step, (images, labels) in enumerate(loader, start=1):
         ctx.heartbeat.progress("validate", epoch, step)
-        images, labels = model_input(images, normalize, ctx.device), labels.to(ctx.device)
+        images, labels = model_input(images), labels.to(ctx.device)
         with autocast(ctx.device, ctx.params):
             logits = model(images).float()
         top = logits.topk(k, dim=1).indices

@@ -122,7 +122,7 @@ def build_model(
 def log_plan(spec: TrainedModelSpec, model: nn.Module, data: TrainingData, ctx: EpochContext) -> None:
     params, train, val = ctx.params, data.train_set, data.val_set
     logger.info(
-        "training %s on %d images (%d classes) at %d px, validating on %d; batch %d x %d processes, %d loader workers; "
+        "training %s on %d images (%d classes) at %d px, validating on %d; batch %d x %d processes; images decoded %s; "
         "decoded images kept in memory: %d of %d training, %d of %d validation",
         spec.architecture,
         len(train),
@@ -131,7 +131,7 @@ def log_plan(spec: TrainedModelSpec, model: nn.Module, data: TrainingData, ctx: 
         len(val),
         params.batch_size,
         ctx.world_size,
-        data.workers,
+        data.decoded,
         train.cache_capacity,
         len(train),
         val.cache_capacity,
@@ -155,9 +155,9 @@ def run_epoch(ctx: EpochContext, model: nn.Module, data: TrainingData, classes: 
     torch.manual_seed(params.random_seed + epoch)
     data.sampler.set_epoch(epoch)
     started = time.perf_counter()
-    trained = train_one_epoch(ctx, data.train_loader, data.train_set.transform.normalize, epoch)
+    trained = train_one_epoch(ctx, data.train_loader, data.train_input, epoch)
     share_buffers_of_rank_0(model)
-    validated = evaluate(ctx, model, data.val_loader, data.val_set.transform.normalize, classes, epoch)
+    validated = evaluate(ctx, model, data.val_loader, data.val_input, classes, epoch)
     record = EpochMetrics(
         epoch=epoch + 1, seconds=time.perf_counter() - started, **trained._asdict(), **validated._asdict()
     )

@@ -32,7 +32,7 @@ def choose_image_size(median_side: int) -> int:
     return max(SMALLEST_IMAGE_SIZE, math.ceil(median_side / 32) * 32)
 
 
-class _PathsAndLabels(Sequence[tuple[str, int]]):
+class PathsAndLabels(Sequence[tuple[str, int]]):
     """(path, class index) pairs held as path strings and an array of indexes: a few times smaller than tuples."""
 
     def __init__(self, samples: Sequence[tuple[Path, int]]) -> None:
@@ -65,7 +65,7 @@ class ImageFiles(Dataset):
         cache_bytes: int = 0,
         normalized: bool = True,
     ) -> None:
-        self.samples = samples if isinstance(samples, ImageSamples) else _PathsAndLabels(samples)
+        self.samples = samples if isinstance(samples, ImageSamples) else PathsAndLabels(samples)
         self.transform = transform
         self.normalized = normalized
         side = transform.size

@@ -56,10 +56,11 @@ class ImageTransform:
 class EdgePaddedRandomCrop:
     """torchvision's ``v2.RandomCrop(size, padding, padding_mode="edge")`` on square uint8 tensors, without
     building the whole padded image: the same offsets, drawn the same way; only the margins the window reaches are
-    padded.
+    padded. Off the CPU the window's rows and columns are picked by index instead, an index past the edge clamped
+    to it (what edge padding repeats); ``DevicePipeline`` crops a whole batch that way with the same draws.
 
     torchvision pads the whole image in float32 and converts back: 0.40 ms of the 1.9 ms a 224 px training image
-    took on one core of the H100 host (decode, resize, crop, normalise); this takes 0.13 ms."""
+    took on one core of the H100 host (decode, resize, crop, normalise); padding only the margins took 0.13 ms."""
 
     def __init__(self, size: int, padding: int) -> None:
         self.size, self.padding = size, padding
@@ -69,9 +70,22 @@ class EdgePaddedRandomCrop:
         # Like torchvision: no draw when the window fills the padded image.
         return (int(torch.randint(0, room + 1, size=()).item()) if room > 0 else 0) - self.padding
 
+    def offsets(self, height: int, width: int) -> tuple[int, int]:
+        """(top, left) of the window, relative to the unpadded image (negative: in the padding)."""
+        top = self._offset(height)
+        return top, self._offset(width)
+
+    def window(self, offset: int, side: int) -> torch.Tensor:
+        """The rows (or columns) of a window at ``offset`` on an image ``side`` long: indexes clamped to the edge."""
+        return torch.arange(offset, offset + self.size).clamp_(0, side - 1)
+
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         _, height, width = pixels.shape
-        top, left = self._offset(height), self._offset(width)
+        top, left = self.offsets(height, width)
+        if pixels.device.type != "cpu":  # replicate padding has no uint8 kernel there: pick the indexes
+            rows, columns = self.window(top, height), self.window(left, width)
+            return pixels.index_select(1, rows.to(pixels.device)).index_select(2, columns.to(pixels.device))
+        # On the CPU a slice and a padded margin: 0.03 ms at 224 px, 7x faster than picking indexes.
         first_row, end_row = max(0, top), min(height, top + self.size)
         first_column, end_column = max(0, left), min(width, left + self.size)
         window = pixels[:, first_row:end_row, first_column:end_column]
@@ -163,6 +177,13 @@ def augment_steps(
         value = [round(255 * m) for m in mean] if o.value == "mean" else list(o.value)
         steps.append(v2.RandomErasing(o.p, o.scale, o.ratio, value=value))
     return steps
+
+
+def steps_of(pipeline: Callable) -> tuple[Callable, ...]:
+    """The steps ``_pipeline`` chained (none for the unchanged pipeline)."""
+    if isinstance(pipeline, Chain):
+        return pipeline.steps
+    return () if pipeline is _unchanged else (pipeline,)
 
 
 def _pipeline(steps: list[Callable]) -> Callable:

@@ -115,3 +115,35 @@ def test_a_rank_holds_its_image_list_in_no_more_memory_than_imagefolder_does(tmp
     print(f"ImageFiles {ours / 5_000:.0f} B per image, ImageFolder {imagefolder / 5_000:.0f} B")
     assert ours <= imagefolder, (ours, imagefolder)
     del interned
+
+
+def test_decoding_on_the_device_feeds_the_network_what_the_loader_path_does(tmp_path):
+    """``decode_on="device"`` (the default on CUDA), here on the CPU: the loaders hand over encoded JPEGs, the
+    device pipeline decodes them a batch at a time; validation inputs agree with the loader path's within one grey
+    level (torch's antialiased resize for PIL's) and the training batch comes in the network's shape."""
+    from tasks import convert_to_image_directory
+    from tasks.contracts.image_directory import ImageDirectory
+    from tasks.contracts.model_directory import ModelSpec, TrainedModelSpec
+    from tasks.contracts.training_config import TrainingParams
+    from tasks.training.data import TrainingData
+    from tasks.training.distributed import DistributedEnv
+
+    source = write_class_folders(tmp_path / "src", per_class=3, ext=".jpg")
+    images = ImageDirectory(convert_to_image_directory(source, tmp_path / "images").root)
+    spec = TrainedModelSpec(**ModelSpec(architecture="resnet18").model_dump(), num_classes=3, image_size=32)
+    env, cpu = (
+        DistributedEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, restart_count=0),
+        torch.device("cpu"),
+    )
+    loaded = {
+        where: TrainingData.load(images, images, spec, TrainingParams(batch_size=4, decode_on=where), env, cpu)
+        for where in ("cpu", "device")
+    }
+    assert "JPEGs on cpu in batches" in loaded["device"].decoded and "loader" in loaded["cpu"].decoded
+    inputs = {where: [data.val_input(batch[0]) for batch in data.val_loader] for where, data in loaded.items()}
+    for on_device, by_loader in zip(inputs["device"], inputs["cpu"], strict=True):
+        assert on_device.shape == by_loader.shape and on_device.dtype == torch.float32
+        assert (on_device - by_loader).abs().max() <= 1.01 / 255 / min(spec.std)
+    payloads, labels = next(iter(loaded["device"].train_loader))
+    assert isinstance(payloads, list) and all(payload.dim() == 1 for payload in payloads)
+    assert loaded["device"].train_input(payloads).shape == (len(labels), 3, 32, 32)

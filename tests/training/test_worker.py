@@ -24,7 +24,7 @@ def run_epoch(tmp_path, params: TrainingParams, batches: int = 6) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     heartbeat = Heartbeat(tmp_path, 0)  # not started: the loop only records its progress in it
-    normalize = lambda pixels: pixels.float() / 255  # noqa: E731
+    model_input = lambda pixels: pixels.float() / 255  # noqa: E731
     ctx = loop.EpochContext(
         model=model,
         optimizer=optimizer,
@@ -35,7 +35,7 @@ def run_epoch(tmp_path, params: TrainingParams, batches: int = 6) -> None:
         heartbeat=heartbeat,
         world_size=1,
     )
-    loop.train_one_epoch(ctx, loader, normalize, 0)
+    loop.train_one_epoch(ctx, loader, model_input, 0)
 
 
 def progress_lines(caplog) -> list[str]:

@@ -1,0 +1,192 @@
+"""Images decoded and transformed a whole batch at a time on the device that trains or scores (``decode_on``).
+
+The loader only reads files: a JPEG travels as its encoded bytes (a 1-D uint8 tensor, a tenth of the decoded
+pixels), any other format is decoded on the CPU as before. On the device, ``DevicePipeline``:
+
+1. decodes the batch's JPEGs in one call (``torchvision.io.decode_jpeg`` on a list: nvJPEG's batched decoder on
+   CUDA, libjpeg-turbo on the CPU); a JPEG it cannot decode there is decoded by PIL, like any other format;
+2. runs the deterministic options (resize, centre crop, pad, grayscale) as tensor operations, on all images of
+   one shape at once;
+3. runs the random options as batched tensor operations where it knows them (the edge-padded random crop and the
+   flips: one gather for the whole batch), each image's numbers drawn in the order the per-image CPU path draws
+   them, so for the same decoded pixels and seed the result is the same to the bit
+   (tests/vision/test_device_pipeline.py); other random options run image by image on the device;
+4. normalises the batch there.
+
+Decoding differs from the CPU path's PIL in the last bits (nvJPEG's inverse DCT and colour conversion, torch's
+antialiased resize for PIL's): tests/test_gpu.py measures the difference. Imports no Prefect.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms import v2
+
+from tasks.contracts.image_directory import ImageSamples
+from tasks.transformations import ImageTransformations
+from tasks.vision.images import PathsAndLabels
+from tasks.vision.transforms import EdgePaddedRandomCrop, ImageTransform, decode_steps, steps_of
+
+logger = logging.getLogger(__name__)
+
+JPEG_START = b"\xff\xd8\xff"  # every JPEG file begins with a start-of-image marker and the next marker's 0xFF
+
+
+def is_jpeg(data: torch.Tensor) -> bool:
+    return bytes(data[:3].tolist()) == JPEG_START
+
+
+class EncodedImageFiles(Dataset):
+    """(payload, class index) per image for ``DevicePipeline``: a JPEG's file bytes as a 1-D uint8 tensor, any other
+    image decoded here by PIL through ``transform.decode`` (a 3-D uint8 tensor)."""
+
+    cache_capacity = 0  # nothing is kept: the device decodes every epoch
+
+    def __init__(self, samples: Sequence[tuple[Path, int]], transform: ImageTransform) -> None:
+        self.samples = samples if isinstance(samples, ImageSamples) else PathsAndLabels(samples)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        data = torch.from_numpy(np.fromfile(path, dtype=np.uint8))
+        if is_jpeg(data):
+            return data, label
+        return decode_on_cpu(data, self.transform), label
+
+
+def decode_on_cpu(data: torch.Tensor, transform: ImageTransform) -> torch.Tensor:
+    with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
+        return transform.decode(image.convert("RGB"))
+
+
+def threaded_batches(
+    dataset: Dataset, batch_size: int, collate: Callable[[list], object], threads: int, ahead: int = 4
+) -> Iterator[object]:
+    """``dataset``'s items in order, ``batch_size`` at a time through ``collate``, read by ``threads`` threads up to
+    ``ahead`` batches ahead of the consumer: file reads and PIL release the GIL, so the reading overlaps the
+    device's work. Threads, not DataLoader processes: worker processes forked inside a Prefect flow run died at
+    start on the H100 host ("DataLoader worker exited unexpectedly")."""
+    starts = iter(range(0, len(dataset), batch_size))  # type: ignore[arg-type]
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="read-images") as pool:
+        pending: deque[list[Future]] = deque()
+
+        def submit_next() -> None:
+            start = next(starts, None)
+            if start is not None:
+                stop = min(start + batch_size, len(dataset))  # type: ignore[arg-type]
+                pending.append([pool.submit(dataset.__getitem__, i) for i in range(start, stop)])
+
+        for _ in range(ahead):
+            submit_next()
+        while pending:
+            futures = pending.popleft()
+            submit_next()
+            yield collate([future.result() for future in futures])
+
+
+def collate_payloads(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A DataLoader's ``collate_fn``: payloads of different lengths stay a list; the labels become one tensor."""
+    return [payload for payload, _ in batch], torch.tensor([label for _, label in batch], dtype=torch.int64)
+
+
+BATCHED_STEPS = (EdgePaddedRandomCrop, v2.RandomHorizontalFlip, v2.RandomVerticalFlip)
+
+
+class DevicePipeline:
+    """Payloads (``EncodedImageFiles``) to a normalised float batch on ``device``.
+
+    ``transform`` is the CPU pipeline of the same options (``train_transform`` or ``eval_transform``): its
+    ``decode`` for formats other than JPEG, its random steps and its normalisation are the ones used here."""
+
+    def __init__(
+        self, transform: ImageTransform, transformations: ImageTransformations, image_size: int, device: torch.device
+    ) -> None:
+        self.transform, self.device = transform, torch.device(device)
+        self.decode_steps = decode_steps(transformations, image_size)[:-1]  # all but PIL-to-tensor: they take tensors
+        self.random_steps = steps_of(transform.augment)
+        self.batched = all(isinstance(step, BATCHED_STEPS) for step in self.random_steps)
+
+    def decode(self, payloads: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The uint8 batch (N, 3, side, side) on the device after the deterministic options, in payload order."""
+        images: list[torch.Tensor | None] = [None] * len(payloads)
+        encoded = [i for i, payload in enumerate(payloads) if payload.dim() == 1]
+        for i, payload in enumerate(payloads):
+            if payload.dim() != 1:  # decoded by the loader (not a JPEG): the deterministic options are done
+                images[i] = payload.to(self.device, non_blocking=True)
+        decoded = self._decode_jpegs([payloads[i] for i in encoded])
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for i, pixels in zip(encoded, decoded, strict=True):
+            if pixels.dim() == 1:  # nvJPEG refused it (CMYK, progressive edge cases...): PIL, as on the CPU path
+                images[i] = decode_on_cpu(pixels.cpu(), self.transform).to(self.device)
+            else:
+                images[i] = pixels
+                by_shape.setdefault(tuple(pixels.shape), []).append(i)
+        for indexes in by_shape.values():  # one call per shape for the resize and the other deterministic options
+            batch = torch.stack([images[i] for i in indexes])
+            for step in self.decode_steps:
+                batch = step(batch)
+            for i, pixels in zip(indexes, batch, strict=True):
+                images[i] = pixels
+        return torch.stack(images)  # type: ignore[arg-type]
+
+    def _decode_jpegs(self, payloads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Decoded RGB images, or the payload itself for one the decoder refused."""
+        if not payloads:
+            return []
+        device = self.device if self.device.type == "cuda" else "cpu"
+        try:
+            return list(decode_jpeg(payloads, mode=ImageReadMode.RGB, device=device))
+        except RuntimeError as error:  # one bad image fails the whole batched call: find it, decode the rest
+            logger.debug("batched JPEG decoding failed (%s): decoding one by one", error)
+        images = []
+        for payload in payloads:
+            try:
+                images.append(decode_jpeg(payload, mode=ImageReadMode.RGB, device=device))
+            except RuntimeError:
+                images.append(payload)
+        return images
+
+    def augment(self, batch: torch.Tensor) -> torch.Tensor:
+        """The random options on a uint8 batch: one gather for crops and flips, else image by image."""
+        if not self.random_steps:
+            return batch
+        if not self.batched:
+            return torch.stack([self.transform.augment(pixels) for pixels in batch])
+        count, _, height, width = batch.shape
+        rows, columns = [], []
+        for _ in range(count):  # per image, in the steps' order: the draws of the per-image CPU path
+            row, column = torch.arange(height), torch.arange(width)  # which source row, column lands where
+            for step in self.random_steps:
+                if isinstance(step, EdgePaddedRandomCrop):
+                    top, left = step.offsets(len(row), len(column))
+                    row, column = row[step.window(top, len(row))], column[step.window(left, len(column))]
+                elif torch.rand(1) < step.p:  # v2's flips: `if torch.rand(1) >= p: return unchanged`
+                    if isinstance(step, v2.RandomHorizontalFlip):
+                        column = column.flip(0)
+                    else:
+                        row = row.flip(0)
+            rows.append(row)
+            columns.append(column)
+        rows_, columns_ = torch.stack(rows).to(self.device), torch.stack(columns).to(self.device)
+        images = torch.arange(count, device=self.device)[:, None, None]
+        # (N, side, side, 3) from advanced indexing, seen as (N, 3, side, side): channels-last memory, as the
+        # network wants it on CUDA.
+        return batch[images, :, rows_[:, :, None], columns_[:, None, :]].permute(0, 3, 1, 2)
+
+    def __call__(self, payloads: Sequence[torch.Tensor], training: bool = True) -> torch.Tensor:
+        batch = self.decode(payloads)
+        return self.transform.normalize(self.augment(batch) if training else batch)

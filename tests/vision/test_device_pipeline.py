@@ -1,0 +1,113 @@
+"""The batch pipeline that decodes and transforms on the training device (tasks/vision/device_pipeline.py), run
+here on the CPU: the same code runs on CUDA in tests/test_gpu.py. Its random steps give the per-image CPU path's
+pixels to the bit; its decoding agrees with PIL's within what two JPEG decoders and two resizers differ by."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tasks.transformations import ImageTransformations
+from tasks.vision.device_pipeline import (
+    DevicePipeline,
+    EncodedImageFiles,
+    collate_payloads,
+    is_jpeg,
+    threaded_batches,
+)
+from tasks.vision.images import ImageFiles
+from tasks.vision.transforms import eval_transform, train_transform
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+CPU = torch.device("cpu")
+
+
+def pipeline_for(options: dict, size: int = 32, training: bool = True) -> DevicePipeline:
+    transformations = ImageTransformations(**options)
+    make = train_transform if training else eval_transform
+    return DevicePipeline(make(transformations, size, MEAN, STD), transformations, size, CPU)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # the default: edge-padded random crop
+        {"random_horizontal_flip": True, "random_vertical_flip": {"p": 0.3}},
+        {"random_crop": None, "random_horizontal_flip": True},
+        {"random_crop": {"size": 24, "padding": 0.4}, "random_horizontal_flip": True},
+    ],
+)
+def test_the_batched_random_steps_give_the_per_image_pixels_to_the_bit(options):
+    pipeline = pipeline_for(options)
+    assert pipeline.batched
+    batch = torch.randint(0, 256, (40, 3, 32, 32), dtype=torch.uint8)
+    torch.manual_seed(7)
+    one_by_one = torch.stack([pipeline.transform.augment(pixels) for pixels in batch])
+    torch.manual_seed(7)
+    batched = pipeline.augment(batch)
+    assert batched.dtype == torch.uint8 and batched.shape == one_by_one.shape
+    assert torch.equal(batched, one_by_one)
+    # Not the identity: crops reached into the padding and flips happened, differently per image.
+    assert not torch.equal(batched, batch) and len({tuple(image.flatten()[:40].tolist()) for image in batched}) > 1
+
+
+def test_random_steps_it_has_no_batched_form_for_run_image_by_image_with_the_same_draws():
+    pipeline = pipeline_for({"random_rotation": {"degrees": 20}, "random_horizontal_flip": True})
+    assert not pipeline.batched
+    batch = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8)
+    torch.manual_seed(3)
+    one_by_one = torch.stack([pipeline.transform.augment(pixels) for pixels in batch])
+    torch.manual_seed(3)
+    assert torch.equal(pipeline.augment(batch), one_by_one)
+
+
+def write_images(root, sizes: list[tuple[int, int]], suffix: str = ".jpg", mode: str = "RGB") -> list:
+    rng = np.random.default_rng(len(sizes))
+    paths = []
+    for i, (width, height) in enumerate(sizes):
+        # Smooth content, as photographs are: noise would measure the JPEG codec, not the decoders.
+        small = rng.integers(0, 256, (max(2, height // 8), max(2, width // 8), 3), dtype=np.uint8)
+        image = Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC).convert(mode)
+        paths.append(root / f"{i:03d}{suffix}")
+        image.save(paths[-1], **({"quality": 92} if suffix == ".jpg" else {}))
+    return paths
+
+
+def test_decoding_a_batch_of_mixed_images_agrees_with_the_cpu_path(tmp_path):
+    sizes = [(48, 40), (48, 40), (64, 64), (37, 90), (48, 40)]
+    jpegs = write_images(tmp_path, sizes) + write_images(tmp_path / "..", [(50, 50)], mode="L")
+    pngs = write_images(tmp_path, [(40, 30), (16, 16)], suffix=".png")
+    samples = [(path, i % 2) for i, path in enumerate(jpegs + pngs)]
+    pipeline = pipeline_for({}, training=False)
+    dataset = EncodedImageFiles(samples, pipeline.transform)
+    payloads, labels = collate_payloads([dataset[i] for i in range(len(dataset))])
+
+    assert [payload.dim() for payload in payloads] == [1] * 6 + [3] * 2, "JPEGs travel encoded, PNGs decoded"
+    assert all(is_jpeg(payload) for payload in payloads[:6]) and labels.tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+    on_device = pipeline.decode(payloads)
+    reference = ImageFiles(samples, pipeline.transform, normalized=False)
+    expected = torch.stack([reference[i][0] for i in range(len(reference))])
+    assert on_device.shape == expected.shape == (8, 3, 32, 32) and on_device.dtype == torch.uint8
+    assert torch.equal(on_device[6:], expected[6:]), "other formats take the CPU path itself"
+    # JPEGs: libjpeg-turbo through torchvision and through PIL decode alike; the resize is torch's antialiased
+    # bilinear instead of PIL's: measured 0.04 grey levels apart on average, 1 at most.
+    difference = (on_device[:6].int() - expected[:6].int()).abs()
+    print(f"JPEG path vs PIL: mean {difference.float().mean():.3f}, max {difference.max()} grey levels")
+    assert difference.float().mean() < 0.25 and difference.max() <= 2
+    normalised = pipeline(payloads, training=False)
+    assert normalised.dtype == torch.float32 and torch.equal(normalised, pipeline.transform.normalize(on_device))
+
+
+def test_a_file_that_only_claims_to_be_a_jpeg_is_left_to_pil_which_names_it(tmp_path):
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 64)
+    pipeline = pipeline_for({}, training=False)
+    payload, _ = EncodedImageFiles([(broken, 0)], pipeline.transform)[0]
+    with pytest.raises(OSError, match="image file"):  # PIL's own error: what the CPU path raises for it
+        pipeline.decode([payload])
+
+
+def test_threads_read_every_batch_in_order():
+    dataset = [(torch.tensor([i]), i) for i in range(23)]
+    batches = list(threaded_batches(dataset, 5, collate_payloads, threads=3, ahead=2))
+    assert [labels.tolist() for _, labels in batches] == [list(range(s, min(s + 5, 23))) for s in range(0, 23, 5)]
