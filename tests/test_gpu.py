@@ -1,5 +1,6 @@
 """On a CUDA host: the pipeline end to end on the GPU (bf16 autocast, channels_last, cuDNN), ResNet-50 at 224 px
-from JPEGs, GPU scoring against the CPU's ONNX export, and a clear error for more processes than GPUs.
+from JPEGs decoded on the GPU, the device pipeline against the same code on the CPU, GPU scoring against the CPU's
+ONNX export, and a clear error for more processes than GPUs.
 
 Skipped elsewhere with the reason shown in pytest's summary (CI has no GPU). On a GPU host:
 
@@ -51,11 +52,17 @@ def test_digits_pipeline_trains_scores_and_registers_on_the_gpu(prefect_server, 
     assert result.evaluation.images == 100 and result.evaluation.accuracy >= 0.7
     # The GPU's scores (TF32 convolutions) agree with the ONNX export run on the CPU.
     images = ImageDirectory(Path(result.run_dir) / "data" / "validation")
-    on_gpu, on_cpu = score_images(model_dir, images), score_images(model_dir, images, runtime="onnx")
+    on_gpu = score_images(model_dir, images, precision="fp32")
+    on_cpu = score_images(model_dir, images, runtime="onnx")
     columns = [c for c in on_gpu.columns if c.startswith("Scored Probabilities_")]
     worst = np.abs(on_gpu[columns].to_numpy() - on_cpu[columns].to_numpy()).max()
     print(f"GPU torch vs CPU onnxruntime: max abs probability difference {worst:.2e}")
     assert worst < 1e-2 and (on_gpu["Scored Labels"] == on_cpu["Scored Labels"]).mean() >= 0.99
+    # The default on CUDA, bf16 autocast: the same labels but for a near tie or two.
+    in_bf16 = score_images(model_dir, images)
+    worst = np.abs(in_bf16[columns].to_numpy() - on_gpu[columns].to_numpy()).max()
+    print(f"GPU bf16 vs fp32: max abs probability difference {worst:.2e}")
+    assert (in_bf16["Scored Labels"] == on_gpu["Scored Labels"]).mean() >= 0.98
 
 
 def write_jpegs(root, count: int, classes: int, side: int = 256):
@@ -86,7 +93,9 @@ def test_resnet50_at_224_from_jpegs_on_the_gpu(prefect_server, tmp_path):
 
     model_dir = ModelDirectory(result.location)
     assert model_dir.spec.architecture == "resnet50" and model_dir.spec.image_size == 224
-    assert "on cuda:0 (single process, bf16 autocast, channels_last)" in rank_log(Path(result.run_dir) / "model")
+    log = rank_log(Path(result.run_dir) / "model")
+    assert "on cuda:0 (single process, bf16 autocast, channels_last)" in log
+    assert "images decoded JPEGs on cuda:0 in batches" in log
     assert result.version == 1 and result.evaluation.images == 30
     assert "model.onnx" in read_registration(tmp_path / "registry", result.model_name, 1).files
 
@@ -110,3 +119,46 @@ def test_two_gpus_train_with_nccl(colour_image_dirs, resnet_spec, tmp_path):
         TrainingFolders(train, val, resnet_spec, tmp_path / "model"), params, log=lambda level, line: None
     )
     assert "rank 0/2 on cuda:0 (nccl, bf16 autocast, channels_last)" in rank_log(model_dir.root)
+
+
+def test_the_device_pipeline_on_the_gpu_computes_what_it_does_on_the_cpu(tmp_path):
+    """nvJPEG against libjpeg-turbo, then the same tensor code on both devices: decoding differs in the last bits
+    (measured and printed), the random crops and flips are the same to the bit, a CMYK JPEG nvJPEG may refuse and a
+    PNG take the CPU's PIL path."""
+    from tasks.transformations import ImageTransformations
+    from tasks.vision.device_pipeline import DevicePipeline, EncodedImageFiles, collate_payloads
+    from tasks.vision.transforms import train_transform
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (width, height, mode, suffix) in enumerate(
+        [(320, 240, "RGB", ".jpg")] * 3
+        + [(500, 375, "RGB", ".jpg"), (256, 256, "L", ".jpg"), (300, 200, "CMYK", ".jpg"), (64, 64, "RGB", ".png")]
+    ):
+        small = rng.integers(0, 256, (height // 8, width // 8, 3), dtype=np.uint8)
+        image = Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC).convert(mode)
+        paths.append(tmp_path / f"{i}{suffix}")
+        image.save(paths[-1], **({"quality": 92} if suffix == ".jpg" else {}))
+    options = ImageTransformations(random_horizontal_flip=True)
+    transform = train_transform(options, 224, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    dataset = EncodedImageFiles([(path, 0) for path in paths], transform)
+    payloads, _ = collate_payloads([dataset[i] for i in range(len(dataset))])
+    gpu = DevicePipeline(transform, options, 224, torch.device("cuda"))
+    cpu = DevicePipeline(transform, options, 224, torch.device("cpu"))
+
+    on_gpu, on_cpu = gpu.decode(payloads), cpu.decode(payloads)
+    assert on_gpu.is_cuda and on_gpu.shape == on_cpu.shape == (7, 3, 224, 224)
+    difference = (on_gpu.cpu().int() - on_cpu.int()).abs()
+    print(
+        f"nvJPEG + CUDA resize vs libjpeg-turbo + CPU resize: mean {difference.float().mean():.3f}, "
+        f"max {difference.max()} grey levels; per image mean {difference.float().mean(dim=(1, 2, 3)).tolist()}"
+    )
+    assert difference.float().mean() < 1.0 and torch.equal(on_gpu[6].cpu(), on_cpu[6])  # the PNG: PIL on both
+    torch.manual_seed(5)
+    augmented_on_gpu = gpu.augment(on_cpu.cuda())
+    torch.manual_seed(5)
+    augmented_on_cpu = cpu.augment(on_cpu)
+    assert torch.equal(augmented_on_gpu.cpu(), augmented_on_cpu)
+    assert torch.allclose(gpu.transform.normalize(augmented_on_gpu).cpu(), cpu.transform.normalize(augmented_on_cpu))
+    normalised = gpu(payloads)
+    assert normalised.is_cuda and normalised.dtype == torch.float32 and normalised.shape == (7, 3, 224, 224)

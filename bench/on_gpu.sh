@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every GPU check of this project in one call, for a lent GPU host that has its own torch and no package index
+# (the device tool: docs/development.md). Prefect and the other packages the host lacks travel as wheels in .whl/.
+# Each step's output goes to $OUT (or ./gpu-results), so what finished comes back even if a later step runs out of
+# time. The bench scripts print ratios measured side by side in this one run.
+#
+#   bash bench/on_gpu.sh                                 # every step below, in this order
+#   bash bench/on_gpu.sh pipeline bench_gpu bench_score  # some of them
+set -u
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 1
+    export PYTHONPATH=/tmp/site:.
+else
+    export PYTHONPATH=.
+fi
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import sys, torch, torchvision; print('python', sys.version.split()[0], 'torch', torch.__version__, 'torchvision', torchvision.__version__, 'cudnn', torch.backends.cudnn.version()); print('cpus', __import__('os').cpu_count())"
+} 2>&1 | tee "$OUT/env.txt"
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to $OUT/NAME.txt
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s): $*"
+    local started=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
+    echo "== $name: exit $? after $((SECONDS - started)) s"
+    tail -n 15 "$OUT/$name.txt"
+}
+
+for name in "${@:-pipeline bench_gpu bench_score bench_score_digits test_gpu compile}"; do
+    for name in $name; do
+        case $name in
+        pipeline) step pipeline 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu.py -s -k device_pipeline ;;
+        bench_gpu) step bench_gpu 260 python3 -m bench.gpu ;;
+        compile) step compile 240 python3 -c "from bench.gpu import device_ceiling as d; e = d('resnet50', 224, 256)[0]; c, s = d('resnet50', 224, 256, compile=True); print(f'eager {e:.0f} images/s, torch.compile {c:.0f} images/s ({c / e:.2f}x), compiling {s:.0f} s')" ;;
+        bench_score) step bench_score 120 python3 -m bench.score --image-size 224 --limit-at-224 0 --repetitions 3 \
+            --runtime torch --precision fp32 --precision bf16 --jpegs 2048 ;;
+        bench_score_digits) step bench_score_digits 90 python3 -m bench.score --image-size 224 --limit-at-224 0 --repetitions 3 ;;
+        test_gpu) step test_gpu 200 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_gpu.py -s ;;
+        *) echo "unknown step $name" && exit 2 ;;
+        esac
+    done
+done
