@@ -112,6 +112,7 @@ def measure(
         repetitions,
     )
     spec = model_dir.spec
+    print(f"{what}: ours {medians['batched']:.1f} images/s, naive {medians['naive']:.1f} images/s", flush=True)
     return Figure(
         what,
         medians["batched"],
