@@ -179,17 +179,21 @@ def figures(images: int | None = None, ceiling_seconds: float | None = None, com
         scratch = Path(scratch)
         write_jpegs(scratch / "jpegs", images, side=size + size // 7)
         image_dir = convert_to_image_directory(scratch / "jpegs", scratch / "images").root
-        ceilings = {
-            where: loader_ceiling(image_dir, size, batch, workers, where, seconds) for where in ("cpu", "device")
-        }
-        trained = {
-            where: train_through_the_worker(image_dir, scratch, architecture, size, batch, workers, where)
-            for where in ("cpu", "device")
-        }
+        ceilings, trained = {}, {}
+        for where in ("device", "cpu"):
+            ceiling = loader_ceiling(image_dir, size, batch, workers, where, seconds)
+            ceilings[where] = measured(f"data-loading ceiling, decoded on {where}", ceiling)
+        for where in ("device", "cpu"):
+            trained[where] = train_through_the_worker(image_dir, scratch, architecture, size, batch, workers, where)
+            measured(f"training, decoded on {where}", trained[where][0])
     steps = 40 if cuda else 3
-    eager, _ = device_ceiling(architecture, size, batch, steps=steps)
-    unfused, _ = device_ceiling(architecture, size, batch, steps=steps, fused=False)
-    doubled, _ = device_ceiling(architecture, size, 2 * batch, steps=max(1, steps // 2))
+    eager = measured("device ceiling", device_ceiling(architecture, size, batch, steps=steps)[0])
+    unfused = measured(
+        "device ceiling, default SGD", device_ceiling(architecture, size, batch, steps=steps, fused=False)[0]
+    )
+    doubled = measured(
+        f"device ceiling, batch {2 * batch}", device_ceiling(architecture, size, 2 * batch, steps=max(1, steps // 2))[0]
+    )
 
     device = torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores), GPU figure pending"
     setting = f"{architecture} @{size}px, batch {batch}, {images} JPEGs {size + size // 7} px, {workers} loader workers, {device}"

@@ -119,6 +119,7 @@ class DevicePipeline:
         self.decode_steps = decode_steps(transformations, image_size)[:-1]  # all but PIL-to-tensor: they take tensors
         self.random_steps = steps_of(transform.augment)
         self.batched = all(isinstance(step, BATCHED_STEPS) for step in self.random_steps)
+        self._stream: torch.cuda.Stream | None = None  # nvJPEG's own, made on first use
 
     def decode(self, payloads: Sequence[torch.Tensor]) -> torch.Tensor:
         """The uint8 batch (N, 3, side, side) on the device after the deterministic options, in payload order."""
@@ -147,7 +148,26 @@ class DevicePipeline:
         """Decoded RGB images, or the payload itself for one the decoder refused."""
         if not payloads:
             return []
-        device = self.device if self.device.type == "cuda" else "cpu"
+        if self.device.type != "cuda":
+            return self._decode_here(payloads, "cpu")
+        # nvJPEG's hardware decoder writes its outputs without waiting for the work queued on its stream, and the
+        # caching allocator hands out a block freed on a stream while that stream's queued kernels may still read
+        # it: decoding on the training stream corrupted the network's memory (NaN losses within an epoch on the
+        # H200; pytorch/vision#9606). So decoding runs on a stream of its own with nothing queued on it, and the
+        # caller's stream keeps each image's block until its own work on it is done.
+        caller = torch.cuda.current_stream(self.device)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._stream):
+            self._stream.synchronize()
+            images = self._decode_here(payloads, self.device)
+        caller.wait_stream(self._stream)
+        for image in images:
+            image.record_stream(caller)
+        return images
+
+    @staticmethod
+    def _decode_here(payloads: list[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
         try:
             return list(decode_jpeg(payloads, mode=ImageReadMode.RGB, device=device))
         except RuntimeError as error:  # one bad image fails the whole batched call: find it, decode the rest
