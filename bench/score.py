@@ -96,7 +96,7 @@ def measure(
     runtime: str,
     repetitions: int,
     what: str,
-    precision: str = "auto",
+    precision: str = "fp32",
 ) -> Figure:
     """Batched against naive, alternating repetitions after one warm-up of ours (allocations, file cache)."""
 
@@ -143,7 +143,7 @@ def figures(
     repetitions: int = 5,
     onnx_at_224: bool = True,
     jpegs: int = 0,
-    precisions: tuple[str, ...] = ("auto",),
+    precisions: tuple[str, ...] = ("fp32",),
 ) -> list[Figure]:
     """One figure per image size (0: the images' own, rounded as training does), runtime and precision (torch
     only); one per runtime for a given ``model``. ``onnx_at_224`` adds onnxruntime at 224 px, the CPU's faster
@@ -177,7 +177,7 @@ def figures(
                 subset = limited(image_dir, limit_at_224) if large and limit_at_224 else image_dir
                 kind = "JPEGs" if jpegs else "images"
                 what = f"scoring {kind} at {model_dir.spec.image_size} px" + (" (onnx)" if runtime == "onnx" else "")
-                for precision in precisions if runtime == "torch" else ("auto",):
+                for precision in precisions if runtime == "torch" else ("fp32",):
                     named = what + (f", {precision}" if len(precisions) > 1 and runtime == "torch" else "")
                     results.append(measure(model_dir, subset, runtime, repetitions, named, precision))
     return results
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--jpegs", type=int, default=0, help="score this many generated 256 px JPEGs (0: the digits)")
     parser.add_argument(
-        "--precision", choices=("auto", "fp32", "bf16"), action="append", help="torch's precision(s) (default: auto)"
+        "--precision", choices=("fp32", "bf16"), action="append", help="torch's precision(s) (default: fp32)"
     )
     parser.add_argument("--naive", metavar="MODEL_DIR", help="only time the naive loop of MODEL_DIR on --images")
     parser.add_argument("--limit", type=int, help="with --naive: the first LIMIT images")
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.repetitions,
                 onnx_at_224=not args.runtime,
                 jpegs=args.jpegs,
-                precisions=tuple(args.precision or ("auto",)),
+                precisions=tuple(args.precision or ("fp32",)),
             )
         )
     )

@@ -2,7 +2,7 @@
 
 Images run through the network in batches under ``torch.inference_mode()``, with PyTorch or, when asked, with
 onnxruntime on the directory's ``model.onnx``. On CUDA, JPEGs are decoded on the GPU a batch at a time while threads
-read the next files, and the network runs under bf16 autocast (``precision``); elsewhere a DataLoader decodes.
+read the next files; elsewhere a DataLoader decodes. ``precision="bf16"`` runs the network under bf16 autocast.
 Scoring sets this process's allocator to keep freed memory (tasks/allocator.py): at 224 px on a CPU that
 alone took batches of 64 from 45 to 83 images/s.
 """
@@ -37,7 +37,7 @@ from tasks.vision.images import ImageFiles
 from tasks.vision.networks import load_trained_model, memory_format
 from tasks.vision.transforms import eval_transform
 
-Precision = Literal["auto", "fp32", "bf16"]
+Precision = Literal["fp32", "bf16"]
 
 
 class ScoringOptions(TypedDict, total=False):
@@ -46,7 +46,7 @@ class ScoringOptions(TypedDict, total=False):
     batch_size: int  # images per forward pass (BATCH_SIZE)
     runtime: Runtime  # "torch" (the default) or "onnx" (onnxruntime on the exported model.onnx)
     top_k: int  # > 0: Top 1 ... Top k label and probability columns too (0)
-    precision: Precision  # torch on CUDA: "auto" = bf16 autocast; on a CPU fp32
+    precision: Precision  # torch: "fp32" (the default; TF32 convolutions on CUDA) or "bf16" autocast
 
 
 def torch_predictor(
@@ -55,7 +55,9 @@ def torch_predictor(
     """(normalised batch on the device -> probabilities, the device)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_trained_model(model_dir, device).to(memory_format=memory_format(device))
-    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    # bf16 autocast measured slower than fp32 for ResNet-18 at 224 px on an H200 (1,891 vs 2,261 images/s,
+    # bench.score): scoring is bound by reading and decoding, and the casts cost more than they save.
+    bf16 = precision == "bf16"
 
     def predict(images: torch.Tensor) -> np.ndarray:
         with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -96,7 +98,7 @@ def score_chunks(
     runtime: Runtime = "torch",
     top_k: int = 0,
     chunk_rows: int | None = None,
-    precision: Precision = "auto",
+    precision: Precision = "fp32",
 ) -> Iterator[pd.DataFrame]:
     """``score_images``' table ``chunk_rows`` rows at a time (by default about 4 million probabilities' worth,
     whatever the number of classes), in the images' order, at least one chunk (it names the columns): what

@@ -52,14 +52,14 @@ def test_digits_pipeline_trains_scores_and_registers_on_the_gpu(prefect_server, 
     assert result.evaluation.images == 100 and result.evaluation.accuracy >= 0.7
     # The GPU's scores (TF32 convolutions) agree with the ONNX export run on the CPU.
     images = ImageDirectory(Path(result.run_dir) / "data" / "validation")
-    on_gpu = score_images(model_dir, images, precision="fp32")
+    on_gpu = score_images(model_dir, images)
     on_cpu = score_images(model_dir, images, runtime="onnx")
     columns = [c for c in on_gpu.columns if c.startswith("Scored Probabilities_")]
     worst = np.abs(on_gpu[columns].to_numpy() - on_cpu[columns].to_numpy()).max()
     print(f"GPU torch vs CPU onnxruntime: max abs probability difference {worst:.2e}")
     assert worst < 1e-2 and (on_gpu["Scored Labels"] == on_cpu["Scored Labels"]).mean() >= 0.99
-    # The default on CUDA, bf16 autocast: the same labels but for a near tie or two.
-    in_bf16 = score_images(model_dir, images)
+    # bf16 autocast, on request: the same labels but for a near tie or two.
+    in_bf16 = score_images(model_dir, images, precision="bf16")
     worst = np.abs(in_bf16[columns].to_numpy() - on_gpu[columns].to_numpy()).max()
     print(f"GPU bf16 vs fp32: max abs probability difference {worst:.2e}")
     assert (in_bf16["Scored Labels"] == on_gpu["Scored Labels"]).mean() >= 0.98
@@ -85,7 +85,7 @@ def test_resnet50_at_224_from_jpegs_on_the_gpu(prefect_server, tmp_path):
         train_data=str(train),
         validation_data=str(val),
         model=ModelSpec(architecture="resnet50", pretrained=False),
-        training=TrainingParams(epochs=2, batch_size=32, image_size=224, learning_rate=0.01),
+        training=TrainingParams(epochs=2, batch_size=32, image_size=224, learning_rate=0.01, decode_on="device"),
         registry=str(tmp_path / "registry"),
         work_dir=str(tmp_path / "runs"),
         export_onnx=True,

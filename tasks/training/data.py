@@ -39,10 +39,6 @@ def loader_workers(params: TrainingParams, env: DistributedEnv, device: torch.de
     return min(8, max(1, (os.cpu_count() or 1) // env.local_world_size - 1)) if device.type == "cuda" else 0
 
 
-def decodes_on_device(params: TrainingParams, device: torch.device) -> bool:
-    return params.decode_on == "device" or (params.decode_on == "auto" and device.type == "cuda")
-
-
 def uint8_to_device(normalize: Callable[[torch.Tensor], torch.Tensor], device: torch.device) -> ModelInput:
     """A uint8 batch from the loader, copied to the device and normalised there (a quarter of the bytes to copy)."""
     return lambda pixels: normalize(pixels.to(device, non_blocking=True, memory_format=memory_format(device)))
@@ -81,7 +77,7 @@ class TrainingData:
         transforms = (spec.transformations, spec.image_size, spec.mean, spec.std)
         on_gpu = device.type == "cuda"
         options = {"num_workers": workers, "pin_memory": on_gpu, "persistent_workers": workers > 0}
-        if decodes_on_device(params, device):
+        if params.decode_on == "device":
             train_set = EncodedImageFiles(train.samples(), train_transform(*transforms))
             val_set = EncodedImageFiles(validation.samples(), eval_transform(*transforms))
             options["collate_fn"] = collate_payloads

@@ -163,7 +163,8 @@ class DevicePipeline:
             images = self._decode_here(payloads, self.device)
         caller.wait_stream(self._stream)
         for image in images:
-            image.record_stream(caller)
+            if image.is_cuda:  # not the payloads nvJPEG refused (CMYK, for one): PIL decodes those on the CPU
+                image.record_stream(caller)
         return images
 
     @staticmethod
