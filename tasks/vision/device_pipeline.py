@@ -13,8 +13,9 @@ pixels), any other format is decoded on the CPU as before. On the device, ``Devi
    (tests/vision/test_device_pipeline.py); other random options run image by image on the device;
 4. normalises the batch there.
 
-Decoding differs from the CPU path's PIL in the last bits (nvJPEG's inverse DCT and colour conversion, torch's
-antialiased resize for PIL's): tests/test_gpu.py measures the difference. Imports no Prefect.
+Decoding differs from the CPU path's PIL by a grey level or two on average (nvJPEG's inverse DCT and chroma
+upsampling, torch's antialiased resize for PIL's), less than the JPEG's own compression error: tests/test_gpu.py
+measures it. Imports no Prefect.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ class EdgePaddedRandomCrop:
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         _, height, width = pixels.shape
         top, left = self.offsets(height, width)
-        if pixels.device.type != "cpu":  # replicate padding has no uint8 kernel there: pick the indexes
+        if pixels.device.type != "cpu":  # a GPU: pick the indexes (no padded copy, any dtype)
             rows, columns = self.window(top, height), self.window(left, width)
             return pixels.index_select(1, rows.to(pixels.device)).index_select(2, columns.to(pixels.device))
         # On the CPU a slice and a padded margin: 0.03 ms at 224 px, 7x faster than picking indexes.
