@@ -209,29 +209,10 @@ def registry(request, tmp_path):
 INTEGRATION_FIXTURES = {"prefect_server", "s3_endpoint", "s3_bucket", "trained_model", "stack"}
 
 
-# The files that take longest, longest first (`make test PYTEST_ARGS=--durations=0` on a clean clone, 2026-11-26):
-# `make test` hands whole files to its pytest-xdist processes in collection order, so these start first and the
-# suite does not end with one process still running a two-minute file while the others wait.
-LONGEST_FILES_FIRST = (
-    "tests/flows/test_multinode.py",
-    "tests/flows/test_multinode_gang.py",
-    "tests/test_docs_commands.py",
-    "tests/deployments/test_deployments.py",
-    "tests/training/test_distributed.py",
-    "tests/deployments/test_zombie.py",
-    "tests/test_lifeline.py",
-    "tests/bench/test_bench.py",
-    "tests/deployments/test_auth.py",
-    "tests/flows/test_pipeline.py",
-)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-    rank = {path: i for i, path in enumerate(LONGEST_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture
