@@ -16,7 +16,7 @@ from tasks.contracts.training_config import TrainingParams
 from tasks.errors import InvalidDatasetError
 from tasks.training.batches import BatchesOfTwoOrMore
 from tasks.training.distributed import DistributedEnv
-from tasks.vision.device_pipeline import DevicePipeline, EncodedImageFiles, collate_payloads
+from tasks.vision.device_pipeline import DecodedAhead, DevicePipeline, EncodedImageFiles, collate_payloads
 from tasks.vision.images import ImageFiles
 from tasks.vision.networks import memory_format
 from tasks.vision.transforms import eval_transform, train_transform
@@ -45,8 +45,8 @@ def uint8_to_device(normalize: Callable[[torch.Tensor], torch.Tensor], device: t
 
 
 def on_device(pipeline: DevicePipeline, training: bool, device: torch.device) -> ModelInput:
-    """Encoded images from the loader, decoded and transformed by ``pipeline`` on the device."""
-    return lambda payloads: pipeline(payloads, training).contiguous(memory_format=memory_format(device))
+    """A batch decoded on the device (``DecodedAhead``), augmented when ``training`` and normalised there."""
+    return lambda images: pipeline.finish(images, training).contiguous(memory_format=memory_format(device))
 
 
 @dataclass
@@ -56,8 +56,8 @@ class TrainingData:
     train_set: ImageFiles | EncodedImageFiles
     val_set: ImageFiles | EncodedImageFiles
     sampler: DistributedSampler
-    train_loader: DataLoader
-    val_loader: DataLoader
+    train_loader: DataLoader | DecodedAhead
+    val_loader: DataLoader | DecodedAhead
     workers: int
     train_input: ModelInput
     val_input: ModelInput
@@ -106,4 +106,6 @@ class TrainingData:
         # A strided shard per rank covers every validation image exactly once (DistributedSampler would pad).
         val_shard = Subset(val_set, range(env.rank, len(val_set), env.world_size))
         val_loader = DataLoader(val_shard, batch_size=params.batch_size * 2, **options)
+        if params.decode_on == "device":  # decoded a batch or two ahead of the step, in a thread
+            train_loader, val_loader = DecodedAhead(train_loader, pipelines[0]), DecodedAhead(val_loader, pipelines[1])
         return cls(train_set, val_set, sampler, train_loader, val_loader, workers, *inputs, decoded)

@@ -13,6 +13,8 @@ pixels), any other format is decoded on the CPU as before. On the device, ``Devi
    (tests/vision/test_device_pipeline.py); other random options run image by image on the device;
 4. normalises the batch there.
 
+In training, ``DecodedAhead`` runs step 1 and 2 in a thread a batch or two before the step needs them.
+
 Decoding differs from the CPU path's PIL by a grey level or two on average (nvJPEG's inverse DCT and chroma
 upsampling, torch's antialiased resize for PIL's), less than the JPEG's own compression error: tests/test_gpu.py
 measures it. Imports no Prefect.
@@ -20,12 +22,15 @@ measures it. Imports no Prefect.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from queue import Empty, Queue
 
 import numpy as np
 import torch
@@ -209,6 +214,66 @@ class DevicePipeline:
         # network wants it on CUDA.
         return batch[images, :, rows_[:, :, None], columns_[:, None, :]].permute(0, 3, 1, 2)
 
-    def __call__(self, payloads: Sequence[torch.Tensor], training: bool = True) -> torch.Tensor:
-        batch = self.decode(payloads)
+    def finish(self, batch: torch.Tensor, training: bool = True) -> torch.Tensor:
+        """A decoded batch (``decode``) augmented when ``training``, and normalised."""
         return self.transform.normalize(self.augment(batch) if training else batch)
+
+    def __call__(self, payloads: Sequence[torch.Tensor], training: bool = True) -> torch.Tensor:
+        return self.finish(self.decode(payloads), training)
+
+
+_END = object()
+
+
+class DecodedAhead:
+    """A loader of (payloads, labels) as (decoded uint8 batch, labels): a thread decodes (``pipeline.decode``) up to
+    ``ahead`` batches before the consumer asks, on a CUDA stream of its own, so the consumer's step does not wait
+    for decoding, which waits on the host (nvJPEG's batched call returns when its images are done). The random
+    options stay with the consumer (``DevicePipeline.finish``): their numbers are drawn in the consumer's thread, in
+    its order, as without the thread."""
+
+    def __init__(self, loader, pipeline: DevicePipeline, ahead: int = 2) -> None:
+        self.loader, self.pipeline, self.ahead = loader, pipeline, ahead
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        device = self.pipeline.device
+        cuda = device.type == "cuda"
+        ready: Queue = Queue(maxsize=self.ahead)
+        stop = threading.Event()
+
+        def decode_ahead() -> None:
+            try:
+                stream = torch.cuda.Stream(device) if cuda else None
+                with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                    for payloads, labels in self.loader:
+                        if stop.is_set():
+                            return
+                        images = self.pipeline.decode(payloads)
+                        event = torch.cuda.Event() if cuda else None
+                        if event is not None:
+                            event.record(stream)
+                        ready.put((images, labels, event))
+                ready.put(_END)
+            except BaseException as error:  # handed to the consumer, raised there with its traceback
+                ready.put(error)
+
+        thread = threading.Thread(target=decode_ahead, name="decode-ahead", daemon=True)
+        thread.start()
+        try:
+            while (item := ready.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                images, labels, event = item
+                if event is not None:  # the consumer's stream waits for the decoding and keeps the batch's block
+                    consumer = torch.cuda.current_stream(device)
+                    consumer.wait_event(event)
+                    images.record_stream(consumer)
+                yield images, labels
+        finally:
+            stop.set()
+            while thread.is_alive():  # free a producer blocked on a full queue, so it sees the stop
+                with contextlib.suppress(Empty):
+                    ready.get(timeout=0.1)

@@ -144,6 +144,7 @@ def test_decoding_on_the_device_feeds_the_network_what_the_loader_path_does(tmp_
     for on_device, by_loader in zip(inputs["device"], inputs["cpu"], strict=True):
         assert on_device.shape == by_loader.shape and on_device.dtype == torch.float32
         assert (on_device - by_loader).abs().max() <= 1.01 / 255 / min(spec.std)
-    payloads, labels = next(iter(loaded["device"].train_loader))
+    payloads, _ = next(iter(loaded["device"].train_loader.loader))  # what the loader processes hand over
     assert isinstance(payloads, list) and all(payload.dim() == 1 for payload in payloads)
-    assert loaded["device"].train_input(payloads).shape == (len(labels), 3, 32, 32)
+    decoded, labels = next(iter(loaded["device"].train_loader))  # decoded ahead, in a thread
+    assert decoded.dtype == torch.uint8 and loaded["device"].train_input(decoded).shape == (len(labels), 3, 32, 32)

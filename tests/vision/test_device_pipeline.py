@@ -2,6 +2,8 @@
 here on the CPU: the same code runs on CUDA in tests/test_gpu.py. Its random steps give the per-image CPU path's
 pixels to the bit; its decoding agrees with PIL's within what two JPEG decoders and two resizers differ by."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ from PIL import Image
 
 from tasks.transformations import ImageTransformations
 from tasks.vision.device_pipeline import (
+    DecodedAhead,
     DevicePipeline,
     EncodedImageFiles,
     collate_payloads,
@@ -111,3 +114,30 @@ def test_threads_read_every_batch_in_order():
     dataset = [(torch.tensor([i]), i) for i in range(23)]
     batches = list(threaded_batches(dataset, 5, collate_payloads, threads=3, ahead=2))
     assert [labels.tolist() for _, labels in batches] == [list(range(s, min(s + 5, 23))) for s in range(0, 23, 5)]
+
+
+def test_decoding_ahead_in_a_thread_hands_over_every_batch_in_order_and_raises_its_errors(tmp_path):
+    pipeline = pipeline_for({}, training=False)
+    samples = [(path, i) for i, path in enumerate(write_images(tmp_path, [(40, 30), (30, 40), (64, 48)] * 3))]
+    dataset = EncodedImageFiles(samples, pipeline.transform)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, collate_fn=collate_payloads)
+    expected = [(pipeline.decode(payloads), labels) for payloads, labels in loader]
+    ahead = DecodedAhead(loader, pipeline, ahead=1)
+    got = list(ahead)
+    assert len(ahead) == len(got) == 5
+    assert all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(got, expected, strict=True))
+
+    first = iter(ahead)  # a consumer that stops after one batch leaves no thread behind
+    next(first)
+    first.close()
+    assert not [thread for thread in threading.enumerate() if thread.name == "decode-ahead"]
+
+    samples[3] = (tmp_path / "missing.jpg", 0)
+    broken = DecodedAhead(
+        torch.utils.data.DataLoader(
+            EncodedImageFiles(samples, pipeline.transform), batch_size=2, collate_fn=collate_payloads
+        ),
+        pipeline,
+    )
+    with pytest.raises(FileNotFoundError):
+        list(broken)
