@@ -1,6 +1,6 @@
 """Images decoded and transformed a whole batch at a time on the device that trains or scores (``decode_on``).
 
-The loader only reads files: a JPEG travels as its encoded bytes (a 1-D uint8 tensor, a tenth of the decoded
+The loader only reads files: a JPEG travels as its encoded bytes (a 1-D uint8 tensor, far smaller than its
 pixels), any other format is decoded on the CPU as before. On the device, ``DevicePipeline``:
 
 1. decodes the batch's JPEGs in one call (``torchvision.io.decode_jpeg`` on a list: nvJPEG's batched decoder on
@@ -137,7 +137,7 @@ class DevicePipeline:
         decoded = self._decode_jpegs([payloads[i] for i in encoded])
         by_shape: dict[tuple[int, ...], list[int]] = {}
         for i, pixels in zip(encoded, decoded, strict=True):
-            if pixels.dim() == 1:  # nvJPEG refused it (CMYK, progressive edge cases...): PIL, as on the CPU path
+            if pixels.dim() == 1:  # the decoder refused it (nvJPEG a CMYK JPEG, for one): PIL, as on the CPU path
                 images[i] = decode_on_cpu(pixels.cpu(), self.transform).to(self.device)
             else:
                 images[i] = pixels
