@@ -40,7 +40,7 @@ for name in "${@:-pipeline bench_gpu bench_score bench_score_digits test_gpu com
         bench_gpu) step bench_gpu 260 python3 -m bench.gpu ;;
         compile) step compile 240 python3 -c "from bench.gpu import device_ceiling as d; e = d('resnet50', 224, 256)[0]; c, s = d('resnet50', 224, 256, compile=True); print(f'eager {e:.0f} images/s, torch.compile {c:.0f} images/s ({c / e:.2f}x), compiling {s:.0f} s')" ;;
         bench_score) step bench_score 150 python3 -m bench.score --image-size 224 --limit-at-224 0 --repetitions 2 \
-            --runtime torch --precision fp32 --precision bf16 --jpegs 1024 ;;
+            --runtime torch --decode-on device --decode-on cpu --jpegs 1024 ;;
         bench_score_digits) step bench_score_digits 90 python3 -m bench.score --image-size 224 --limit-at-224 0 --repetitions 3 ;;
         test_gpu) step test_gpu 180 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_gpu.py -s ;;
         *) echo "unknown step $name" && exit 2 ;;

@@ -97,11 +97,12 @@ def measure(
     repetitions: int,
     what: str,
     precision: str = "fp32",
+    decode_on: str | None = None,
 ) -> Figure:
     """Batched against naive, alternating repetitions after one warm-up of ours (allocations, file cache)."""
 
     def ours() -> object:
-        return score_images(model_dir, images, runtime=runtime, precision=precision)
+        return score_images(model_dir, images, runtime=runtime, precision=precision, decode_on=decode_on)
 
     ours()
     medians = alternate(
@@ -122,7 +123,7 @@ def measure(
         if torch.cuda.is_available()
         else ">= 3x a per-image PIL + model loop",
         10.0 if torch.cuda.is_available() else 3.0,
-        notes=f"{len(images)} images, {spec.architecture} at {spec.image_size} px, {runtime}, {precision} precision, batch {BATCH_SIZE}, "
+        notes=f"{len(images)} images, {spec.architecture} at {spec.image_size} px, {runtime}, {precision} precision, decoded on {decode_on or 'the default'}, batch {BATCH_SIZE}, "
         f"{repetitions} alternating repetitions, {torch.get_num_threads()} CPU threads",
     )
 
@@ -144,6 +145,7 @@ def figures(
     onnx_at_224: bool = True,
     jpegs: int = 0,
     precisions: tuple[str, ...] = ("fp32",),
+    decode_ons: tuple[str | None, ...] = (None,),
 ) -> list[Figure]:
     """One figure per image size (0: the images' own, rounded as training does), runtime and precision (torch
     only); one per runtime for a given ``model``. ``onnx_at_224`` adds onnxruntime at 224 px, the CPU's faster
@@ -177,9 +179,12 @@ def figures(
                 subset = limited(image_dir, limit_at_224) if large and limit_at_224 else image_dir
                 kind = "JPEGs" if jpegs else "images"
                 what = f"scoring {kind} at {model_dir.spec.image_size} px" + (" (onnx)" if runtime == "onnx" else "")
-                for precision in precisions if runtime == "torch" else ("fp32",):
-                    named = what + (f", {precision}" if len(precisions) > 1 and runtime == "torch" else "")
-                    results.append(measure(model_dir, subset, runtime, repetitions, named, precision))
+                torch_runtime = runtime == "torch"
+                for precision in precisions if torch_runtime else ("fp32",):
+                    for decode_on in decode_ons if torch_runtime else (None,):
+                        named = what + (f", {precision}" if len(precisions) > 1 and torch_runtime else "")
+                        named += f", decoded on {decode_on}" if len(decode_ons) > 1 and torch_runtime else ""
+                        results.append(measure(model_dir, subset, runtime, repetitions, named, precision, decode_on))
     return results
 
 
@@ -207,6 +212,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--precision", choices=("fp32", "bf16"), action="append", help="torch's precision(s) (default: fp32)"
     )
+    parser.add_argument(
+        "--decode-on",
+        choices=("cpu", "device"),
+        action="append",
+        help="where torch's side decodes (default: the device on CUDA, the CPU elsewhere)",
+    )
     parser.add_argument("--naive", metavar="MODEL_DIR", help="only time the naive loop of MODEL_DIR on --images")
     parser.add_argument("--limit", type=int, help="with --naive: the first LIMIT images")
     args = parser.parse_args(argv)
@@ -229,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
                 onnx_at_224=not args.runtime,
                 jpegs=args.jpegs,
                 precisions=tuple(args.precision or ("fp32",)),
+                decode_ons=tuple(args.decode_on or (None,)),
             )
         )
     )

@@ -38,6 +38,7 @@ from tasks.vision.networks import load_trained_model, memory_format
 from tasks.vision.transforms import eval_transform
 
 Precision = Literal["fp32", "bf16"]
+DecodeOn = Literal["cpu", "device"]
 
 
 class ScoringOptions(TypedDict, total=False):
@@ -47,6 +48,7 @@ class ScoringOptions(TypedDict, total=False):
     runtime: Runtime  # "torch" (the default) or "onnx" (onnxruntime on the exported model.onnx)
     top_k: int  # > 0: Top 1 ... Top k label and probability columns too (0)
     precision: Precision  # torch: "fp32" (the default; TF32 convolutions on CUDA) or "bf16" autocast
+    decode_on: DecodeOn  # torch: "device" (the default on CUDA): threads read, the device decodes; "cpu" (elsewhere)
 
 
 def torch_predictor(
@@ -67,11 +69,17 @@ def torch_predictor(
 
 
 def batches_and_predictor(
-    model_dir: ModelDirectory, images: ImageDirectory, batch_size: int, runtime: Runtime, precision: Precision
+    model_dir: ModelDirectory,
+    images: ImageDirectory,
+    batch_size: int,
+    runtime: Runtime,
+    precision: Precision,
+    decode_on: DecodeOn | None = None,
 ) -> tuple[Iterable, Callable[[object], np.ndarray]]:
-    """(the batches of images in order, batch -> probabilities). On CUDA, JPEGs are decoded and transformed on the
-    GPU in whole batches (tasks/vision/device_pipeline.py) while threads read the next batches' files; elsewhere a
-    DataLoader decodes uint8 images here and each batch is normalised where the network runs."""
+    """(the batches of images in order, batch -> probabilities). With ``decode_on="device"`` (the default on CUDA),
+    JPEGs are decoded and transformed on the device in whole batches (tasks/vision/device_pipeline.py) while threads
+    read the next batches' files; with "cpu" (the default elsewhere) a DataLoader decodes uint8 images here and
+    each batch is normalised where the network runs."""
     spec = model_dir.spec
     transform = eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std)
     if runtime == "onnx":
@@ -82,7 +90,7 @@ def batches_and_predictor(
         return loader, lambda batch: session.run([OUTPUT_NAME], {INPUT_NAME: transform.normalize(batch[0]).numpy()})[0]
     predict, device = torch_predictor(model_dir, precision)
     layout = memory_format(device)
-    if device.type == "cuda":
+    if decode_on == "device" or (decode_on is None and device.type == "cuda"):
         pipeline = DevicePipeline(transform, spec.transformations, spec.image_size, device)
         dataset = EncodedImageFiles(images.samples(), transform)
         batches = threaded_batches(dataset, batch_size, collate_payloads, threads=min(8, os.cpu_count() or 1))
@@ -99,6 +107,7 @@ def score_chunks(
     top_k: int = 0,
     chunk_rows: int | None = None,
     precision: Precision = "fp32",
+    decode_on: DecodeOn | None = None,
 ) -> Iterator[pd.DataFrame]:
     """``score_images``' table ``chunk_rows`` rows at a time (by default about 4 million probabilities' worth,
     whatever the number of classes), in the images' order, at least one chunk (it names the columns): what
@@ -112,7 +121,7 @@ def score_chunks(
             f"(it knows {model_dir.classes})"
         )
     rows = chunk_rows or max(batch_size, min(8192, 2**22 // max(1, len(model_dir.classes))))
-    return _chunks(model_dir, images, batch_size, runtime, top_k, rows, precision)
+    return _chunks(model_dir, images, batch_size, runtime, top_k, rows, precision, decode_on)
 
 
 def _chunks(
@@ -123,9 +132,10 @@ def _chunks(
     top_k: int,
     rows: int,
     precision: Precision,
+    decode_on: DecodeOn | None,
 ) -> Iterator[pd.DataFrame]:
     keep_freed_memory()  # batch after batch of the same shapes: reuse the blocks instead of faulting them in
-    batches, predict = batches_and_predictor(model_dir, images, batch_size, runtime, precision)
+    batches, predict = batches_and_predictor(model_dir, images, batch_size, runtime, precision, decode_on)
     pending, start = [], 0
     for batch in batches:
         pending.append(predict(batch))

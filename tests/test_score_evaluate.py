@@ -45,6 +45,27 @@ def test_scores_table_has_azure_columns_and_probabilities(trained_model, colour_
     assert set(table["label"]) == set(classes)
 
 
+def test_scoring_through_the_device_pipeline_gives_the_loader_paths_table(trained_model, colour_image_dirs, tmp_path):
+    """``decode_on="device"`` (the default on CUDA: threads read the files, the device decodes a batch at a time),
+    here on the CPU: the same rows in the same order. PNGs take PIL on both paths, so the scores are the same to the
+    bit; JPEGs are decoded by torchvision's libjpeg-turbo and resized by torch instead of PIL: the same labels and
+    probabilities within 0.01."""
+    model = ModelDirectory(trained_model)
+    pngs = ImageDirectory(colour_image_dirs[1])
+    options = {"batch_size": 5}  # several batches, the last one short: the threads must keep their order
+    pd.testing.assert_frame_equal(
+        score_images(model, pngs, decode_on="device", **options), score_images(model, pngs, decode_on="cpu", **options)
+    )
+    source = write_class_folders(tmp_path / "jpegs", per_class=4, seed=3, ext=".jpg")
+    jpegs = ImageDirectory(convert_to_image_directory(source, tmp_path / "images").root)
+    on_device = score_images(model, jpegs, decode_on="device", **options)
+    by_loader = score_images(model, jpegs, decode_on="cpu", **options)
+    assert list(on_device["image"]) == list(by_loader["image"]) and len(on_device) == 12
+    assert (on_device["Scored Labels"] == by_loader["Scored Labels"]).all()
+    columns = [column for column in on_device.columns if column.startswith("Scored Probabilities_")]
+    assert np.abs(on_device[columns].to_numpy() - by_loader[columns].to_numpy()).max() < 0.01
+
+
 def test_the_stage_writes_its_table_chunk_by_chunk_to_the_same_bytes(trained_model, colour_image_dirs, tmp_path):
     model, images = ModelDirectory(trained_model), ImageDirectory(colour_image_dirs[1])
     whole = write_scores(score_images(model, images, top_k=2), str(tmp_path / "whole.csv"))
