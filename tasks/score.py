@@ -82,12 +82,17 @@ def batches_and_predictor(
     each batch is normalised where the network runs."""
     spec = model_dir.spec
     transform = eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std)
+
+    def decoded_here() -> DataLoader:
+        return DataLoader(ImageFiles(images.samples(), transform, normalized=False), batch_size=batch_size)
+
     if runtime == "onnx":
         from tasks.onnx_export import INPUT_NAME, OUTPUT_NAME, onnx_session
 
         session = onnx_session(model_dir)
-        loader = DataLoader(ImageFiles(images.samples(), transform, normalized=False), batch_size=batch_size)
-        return loader, lambda batch: session.run([OUTPUT_NAME], {INPUT_NAME: transform.normalize(batch[0]).numpy()})[0]
+        return decoded_here(), lambda batch: session.run(
+            [OUTPUT_NAME], {INPUT_NAME: transform.normalize(batch[0]).numpy()}
+        )[0]
     predict, device = torch_predictor(model_dir, precision)
     layout = memory_format(device)
     if decode_on == "device" or (decode_on is None and device.type == "cuda"):
@@ -95,8 +100,7 @@ def batches_and_predictor(
         dataset = EncodedImageFiles(images.samples(), transform)
         batches = threaded_batches(dataset, batch_size, collate_payloads, threads=min(8, os.cpu_count() or 1))
         return batches, lambda batch: predict(pipeline(batch[0], training=False).contiguous(memory_format=layout))
-    loader = DataLoader(ImageFiles(images.samples(), transform, normalized=False), batch_size=batch_size)
-    return loader, lambda batch: predict(transform.normalize(batch[0].to(device, memory_format=layout)))
+    return decoded_here(), lambda batch: predict(transform.normalize(batch[0].to(device, memory_format=layout)))
 
 
 def score_chunks(

@@ -58,7 +58,6 @@ class TrainingData:
     sampler: DistributedSampler
     train_loader: DataLoader | DecodedAhead
     val_loader: DataLoader | DecodedAhead
-    workers: int
     train_input: ModelInput
     val_input: ModelInput
     decoded: str  # where images are decoded, for the log
@@ -108,4 +107,4 @@ class TrainingData:
         val_loader = DataLoader(val_shard, batch_size=params.batch_size * 2, **options)
         if params.decode_on == "device":  # decoded a batch or two ahead of the step, in a thread
             train_loader, val_loader = DecodedAhead(train_loader, pipelines[0]), DecodedAhead(val_loader, pipelines[1])
-        return cls(train_set, val_set, sampler, train_loader, val_loader, workers, *inputs, decoded)
+        return cls(train_set, val_set, sampler, train_loader, val_loader, *inputs, decoded)

@@ -130,9 +130,11 @@ class DevicePipeline:
     def decode(self, payloads: Sequence[torch.Tensor]) -> torch.Tensor:
         """The uint8 batch (N, 3, side, side) on the device after the deterministic options, in payload order."""
         images: list[torch.Tensor | None] = [None] * len(payloads)
-        encoded = [i for i, payload in enumerate(payloads) if payload.dim() == 1]
+        encoded = []
         for i, payload in enumerate(payloads):
-            if payload.dim() != 1:  # decoded by the loader (not a JPEG): the deterministic options are done
+            if payload.dim() == 1:
+                encoded.append(i)
+            else:  # decoded by the loader (not a JPEG): the deterministic options are done
                 images[i] = payload.to(self.device, non_blocking=True)
         decoded = self._decode_jpegs([payloads[i] for i in encoded])
         by_shape: dict[tuple[int, ...], list[int]] = {}
@@ -252,9 +254,7 @@ class DecodedAhead:
                         if stop.is_set():
                             return
                         images = self.pipeline.decode(payloads)
-                        event = torch.cuda.Event() if cuda else None
-                        if event is not None:
-                            event.record(stream)
+                        event = stream.record_event() if cuda else None
                         ready.put((images, labels, event))
                 ready.put(_END)
             except BaseException as error:  # handed to the consumer, raised there with its traceback

@@ -72,8 +72,7 @@ class EdgePaddedRandomCrop:
 
     def offsets(self, height: int, width: int) -> tuple[int, int]:
         """(top, left) of the window, relative to the unpadded image (negative: in the padding)."""
-        top = self._offset(height)
-        return top, self._offset(width)
+        return self._offset(height), self._offset(width)  # top drawn first, as torchvision draws them
 
     def window(self, offset: int, side: int) -> torch.Tensor:
         """The rows (or columns) of a window at ``offset`` on an image ``side`` long: indexes clamped to the edge."""
