@@ -150,7 +150,7 @@ def test_a_stopped_rank_is_named_and_every_process_stopped(tmp_path, colour_imag
 
 def test_training_past_its_time_limit_is_stopped(tmp_path, colour_image_dirs, resnet_spec):
     output = tmp_path / "model"
-    params = TrainingParams(**LONG, timeout_minutes=0.25)
+    params = TrainingParams(**{**LONG, "processes_per_node": 1}, timeout_minutes=0.25)
     started = time.monotonic()
     with pytest.raises(TrainingTimeoutError, match="past its limit of 0.25 minutes"):
         launch_training(TrainingFolders(*colour_image_dirs, resnet_spec, output), params, log=lambda level, line: None)
@@ -194,7 +194,7 @@ def test_input_errors_inside_the_worker_keep_their_type(tmp_path, colour_image_d
     data = (not_an_image_directory, val) if broken == "train" else (train, val)
     spec = empty if broken == "model_spec" else resnet_spec
     expected = InvalidDatasetError if broken == "train" else InvalidModelDirectoryError
-    params = TrainingParams(epochs=1, processes_per_node=2, device="cpu")
+    params = TrainingParams(epochs=1, processes_per_node=1, device="cpu")
     with pytest.raises(expected) as error:
         launch_training(TrainingFolders(*data, spec, tmp_path / "model"), params, log=lambda level, line: None)
     assert not isinstance(error.value, TrainingFailedError)

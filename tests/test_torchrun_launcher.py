@@ -78,7 +78,7 @@ def test_staged_weights_changed_after_the_model_stage_are_refused_by_the_worker_
     spec_dir = write_untrained_model_directory(tmp_path / "spec", ModelSpec(pretrained=True, weights_path=str(weights)))
     with open(spec_dir / STAGED_WEIGHTS_FILE, "ab") as staged:
         staged.write(b"changed on its way to the node")
-    params = TrainingParams(epochs=1, processes_per_node=2, device="cpu")
+    params = TrainingParams(epochs=1, processes_per_node=1, device="cpu")
     with pytest.raises(PretrainedWeightsError) as error:
         launch_training(TrainingFolders(train, val, spec_dir, tmp_path / "model"), params, log=lambda level, line: None)
     assert str(error.value).startswith(f"{spec_dir / STAGED_WEIGHTS_FILE} has sha256 ")
@@ -90,7 +90,7 @@ def test_staged_weights_changed_after_the_model_stage_are_refused_by_the_worker_
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_asked_for_where_there_is_none_is_an_input_error(tmp_path, colour_image_dirs, resnet_spec):
     train, val = colour_image_dirs
-    params = TrainingParams(epochs=1, processes_per_node=2, device="cuda")
+    params = TrainingParams(epochs=1, processes_per_node=1, device="cuda")
     with pytest.raises(InvalidTrainingSetupError, match="device is 'cuda' but torch .* sees no CUDA device"):
         launch_training(
             TrainingFolders(train, val, resnet_spec, tmp_path / "model"), params, log=lambda level, line: None

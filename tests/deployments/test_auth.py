@@ -189,7 +189,7 @@ def test_a_deployment_run_through_the_secured_server_leaves_no_secret_anywhere(
         "validation_data": str(val),
         "model_name": "secured",
         "model": {"pretrained": False},
-        "training": {"epochs": 1, "batch_size": 4, "processes_per_node": 2},
+        "training": {"epochs": 1, "batch_size": 4, "processes_per_node": 1},
         "registry": f"s3://{s3_bucket}/registry",  # registered by the worker with the planted S3 credentials
         "work_dir": str(tmp_path / "runs"),
     }

@@ -164,7 +164,7 @@ def tiny_training(colour_image_dirs, tmp_path, name):
         "validation_data": str(val),
         "model_name": name,
         "model": {"pretrained": False},  # own images default to ImageNet weights: none to fetch in the tests
-        "training": {"epochs": 1, "batch_size": 4, "processes_per_node": 2},
+        "training": {"epochs": 1, "batch_size": 4, "processes_per_node": 1},
         "registry": str(tmp_path / "registry"),
         "work_dir": str(tmp_path / "runs"),
     }

@@ -155,7 +155,7 @@ def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_se
     from tests.helpers import worker_pids
 
     train, val = digits_subset
-    training = TrainingParams(epochs=3, processes_per_node=2, learning_rate=0.002, max_restarts=0)
+    training = TrainingParams(epochs=3, processes_per_node=1, learning_rate=0.002, max_restarts=0)
     killed, stop = [], threading.Event()
 
     def kill_a_worker_after_the_first_epoch():

@@ -32,9 +32,10 @@ def figures(model_dir: ModelDirectory) -> list[dict]:
     return [e.model_dump(exclude=TIMING_FIELDS) for e in model_dir.metrics().epochs]
 
 
-def test_same_seed_and_world_size_give_identical_metrics(tmp_path, colour_image_dirs, resnet_spec):
+def test_same_seed_and_world_size_give_identical_metrics(tmp_path, trained_model, colour_image_dirs, resnet_spec):
+    """The shared model (the worker's command line, 2 processes, 2 epochs) trained again through the launcher."""
     params = TrainingParams(epochs=2, batch_size=4, learning_rate=0.01, processes_per_node=2, device="cpu")
-    first = launch(colour_image_dirs, resnet_spec, tmp_path / "a", params)
+    first = ModelDirectory(trained_model)
     second = launch(colour_image_dirs, resnet_spec, tmp_path / "b", params)
     assert figures(first) == figures(second)
     assert sha256_file(first.weights_path) == sha256_file(second.weights_path)

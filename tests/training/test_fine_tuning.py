@@ -104,6 +104,7 @@ def test_head_only_training_leaves_every_backbone_tensor_as_it_started(tmp_path,
         *("--train", str(train), "--validation", str(val), "--model-spec", str(resnet_spec)),
         *("--output", str(output), "--epochs", "1", "--batch-size", "4", "--learning-rate", "0.05"),
         *("--fine-tuning", "head", "--random-seed", "5"),
+        processes=1,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "fine-tuning head: head fc (1539 parameters)" in result.stdout

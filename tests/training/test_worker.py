@@ -100,12 +100,12 @@ def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs
         "--learning-rate",
         "0.01",
     ]
-    first = run_worker(*args, "--epochs", "1")
+    first = run_worker(*args, "--epochs", "1", processes=1)
     assert first.returncode == 0, first.stderr
     checkpoint = torch.load(tmp_path / "model" / CHECKPOINT_FILE, weights_only=True)
     assert checkpoint["epoch"] == 1 and checkpoint["config"]["params"]["epochs"] == 1
 
-    second = run_worker(*args, "--epochs", "2")
+    second = run_worker(*args, "--epochs", "2", processes=1)
     assert second.returncode == 0, second.stderr
     assert "resuming from" in second.stdout and "after epoch 1" in second.stdout
     metrics = json.loads((tmp_path / "model" / "metrics.json").read_text())
