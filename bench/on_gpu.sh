@@ -33,11 +33,12 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to $OUT/
     tail -n 15 "$OUT/$name.txt"
 }
 
-for name in "${@:-pipeline bench_gpu bench_score bench_score_digits test_gpu compile}"; do
+for name in "${@:-pipeline stages bench_gpu bench_score bench_score_digits test_gpu compile}"; do
     for name in $name; do
         case $name in
         pipeline) step pipeline 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu.py -s -k device_pipeline ;;
         bench_gpu) step bench_gpu 260 python3 -m bench.gpu ;;
+        stages) step stages 90 python3 -m bench.device_stages ;;
         compile) step compile 240 python3 -c "from bench.gpu import device_ceiling as d; e = d('resnet50', 224, 256)[0]; c, s = d('resnet50', 224, 256, compile=True); print(f'eager {e:.0f} images/s, torch.compile {c:.0f} images/s ({c / e:.2f}x), compiling {s:.0f} s')" ;;
         bench_score) step bench_score 150 python3 -m bench.score --image-size 224 --limit-at-224 0 --repetitions 2 \
             --runtime torch --decode-on device --decode-on cpu --jpegs 1024 ;;

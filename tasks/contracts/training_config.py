@@ -72,11 +72,12 @@ class TrainingParams(BaseModel):
         "auto", description="auto: CUDA (NCCL) when present, else CPU (Gloo)"
     )
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on CUDA, fp32 on CPU")
-    decode_on: Literal["cpu", "device"] = Field(
-        "cpu",
-        description="where images are decoded and transformed: cpu: by the loader's processes; device: on the "
-        "training device a batch at a time (JPEGs by nvJPEG on CUDA; other formats by the loader): for GPU hosts "
-        "with few CPU cores per GPU (on 16 cores per H200 the loader's processes were faster, BENCHMARKS.md)",
+    decode_on: Literal["auto", "cpu", "device"] = Field(
+        "auto",
+        description="where images are decoded and transformed: cpu: by the loader's processes (with the decoded-image "
+        "cache); device: on the training device a batch at a time (JPEGs by nvJPEG on CUDA; other formats by the "
+        "loader); auto: device when training on CUDA from JPEGs (1.56x the loader's processes on an H200, "
+        "BENCHMARKS.md), else cpu",
     )
     data_workers: int | None = Field(
         None, ge=0, description="DataLoader workers per process; empty: 0 on CPU, from the CPUs per process on GPU"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.image_directory import ImageDirectory, ImageSamples
 from tasks.contracts.model_directory import TrainedModelSpec
 from tasks.contracts.training_config import TrainingParams
 from tasks.errors import InvalidDatasetError
@@ -49,6 +49,22 @@ def on_device(pipeline: DevicePipeline, training: bool, device: torch.device) ->
     return lambda images: pipeline.finish(images, training).contiguous(memory_format=memory_format(device))
 
 
+JPEG_SUFFIXES = (".jpg", ".jpeg")
+
+
+def where_to_decode(params: TrainingParams, samples: ImageSamples, device: torch.device) -> str:
+    """``params.decode_on``, with "auto" settled: the device when it is CUDA and most training images are JPEGs
+    (judged from up to 256 of them, spread over the list), else the loader's processes, whose decoded-image cache
+    serves other formats better than decoding them again every epoch."""
+    if params.decode_on != "auto":
+        return params.decode_on
+    if device.type != "cuda" or not len(samples):
+        return "cpu"
+    looked_at = range(0, len(samples), max(1, len(samples) // 256))
+    jpegs = sum(str(samples[i][0]).lower().endswith(JPEG_SUFFIXES) for i in looked_at)
+    return "device" if jpegs * 2 > len(looked_at) else "cpu"
+
+
 @dataclass
 class TrainingData:
     """The loaders, and how each one's batches become the network's input (``train_input``, ``val_input``)."""
@@ -76,8 +92,10 @@ class TrainingData:
         transforms = (spec.transformations, spec.image_size, spec.mean, spec.std)
         on_gpu = device.type == "cuda"
         options = {"num_workers": workers, "pin_memory": on_gpu, "persistent_workers": workers > 0}
-        if params.decode_on == "device":
-            train_set = EncodedImageFiles(train.samples(), train_transform(*transforms))
+        train_samples = train.samples()
+        decode_on = where_to_decode(params, train_samples, device)
+        if decode_on == "device":
+            train_set = EncodedImageFiles(train_samples, train_transform(*transforms))
             val_set = EncodedImageFiles(validation.samples(), eval_transform(*transforms))
             options["collate_fn"] = collate_payloads
             pipelines = [
@@ -89,7 +107,7 @@ class TrainingData:
             # Loader processes would each fill a cache of their own: the decoded-image cache is for in-process loading.
             # The budget is per machine, shared out between its processes (each caches every image it is dealt).
             cache_bytes = params.image_cache_mb * 2**20 // env.local_world_size if workers == 0 else 0
-            train_set = ImageFiles(train.samples(), train_transform(*transforms), cache_bytes, normalized=False)
+            train_set = ImageFiles(train_samples, train_transform(*transforms), cache_bytes, normalized=False)
             val_set = ImageFiles(
                 validation.samples(), eval_transform(*transforms), cache_bytes - train_set.cache_bytes, normalized=False
             )
@@ -105,6 +123,6 @@ class TrainingData:
         # A strided shard per rank covers every validation image exactly once (DistributedSampler would pad).
         val_shard = Subset(val_set, range(env.rank, len(val_set), env.world_size))
         val_loader = DataLoader(val_shard, batch_size=params.batch_size * 2, **options)
-        if params.decode_on == "device":  # decoded a batch or two ahead of the step, in a thread
+        if decode_on == "device":  # decoded a batch or two ahead of the step, in a thread
             train_loader, val_loader = DecodedAhead(train_loader, pipelines[0]), DecodedAhead(val_loader, pipelines[1])
         return cls(train_set, val_set, sampler, train_loader, val_loader, *inputs, decoded)

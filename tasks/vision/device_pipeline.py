@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from queue import Empty, Queue
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -104,9 +105,34 @@ def threaded_batches(
             yield collate([future.result() for future in futures])
 
 
-def collate_payloads(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """A DataLoader's ``collate_fn``: payloads of different lengths stay a list; the labels become one tensor."""
-    return [payload for payload, _ in batch], torch.tensor([label for _, label in batch], dtype=torch.int64)
+class PackedPayloads(NamedTuple):
+    """A batch's payloads as two tensors: what a loader process hands over and pins in one piece. Handed over as a
+    list, each of a batch's 256 payloads travelled as a shared-memory segment of its own and was pinned on its own:
+    the loading ceiling then stopped at 2,809 images/s on an H200 while the device pipeline alone decoded 11,908
+    (BENCHMARKS.md)."""
+
+    data: torch.Tensor  # uint8: every payload's bytes, one after another
+    shapes: torch.Tensor  # int64 (N, 3): a JPEG's (bytes, 0, 0), a decoded image's (channels, height, width)
+
+    @classmethod
+    def pack(cls, payloads: Sequence[torch.Tensor]) -> PackedPayloads:
+        shapes = [[*payload.shape, 0, 0] if payload.dim() == 1 else list(payload.shape) for payload in payloads]
+        return cls(torch.cat([payload.reshape(-1) for payload in payloads]), torch.tensor(shapes, dtype=torch.int64))
+
+    def unpack(self) -> list[torch.Tensor]:
+        """The payloads again, as views of ``data`` (pinned where it is)."""
+        shapes = self.shapes.tolist()
+        sizes = [first * (second or 1) * (third or 1) for first, second, third in shapes]
+        return [
+            part if not second else part.view(first, second, third)
+            for part, (first, second, third) in zip(torch.split(self.data, sizes), shapes, strict=True)
+        ]
+
+
+def collate_payloads(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[PackedPayloads, torch.Tensor]:
+    """A DataLoader's ``collate_fn``: the payloads packed (``PackedPayloads``), the labels one tensor."""
+    packed = PackedPayloads.pack([payload for payload, _ in batch])
+    return packed, torch.tensor([label for _, label in batch], dtype=torch.int64)
 
 
 BATCHED_STEPS = (EdgePaddedRandomCrop, v2.RandomHorizontalFlip, v2.RandomVerticalFlip)
@@ -127,8 +153,10 @@ class DevicePipeline:
         self.batched = all(isinstance(step, BATCHED_STEPS) for step in self.random_steps)
         self._stream: torch.cuda.Stream | None = None  # nvJPEG's own, made on first use
 
-    def decode(self, payloads: Sequence[torch.Tensor]) -> torch.Tensor:
+    def decode(self, payloads: PackedPayloads | Sequence[torch.Tensor]) -> torch.Tensor:
         """The uint8 batch (N, 3, side, side) on the device after the deterministic options, in payload order."""
+        if isinstance(payloads, PackedPayloads):
+            payloads = payloads.unpack()
         images: list[torch.Tensor | None] = [None] * len(payloads)
         encoded = []
         for i, payload in enumerate(payloads):
@@ -220,7 +248,7 @@ class DevicePipeline:
         """A decoded batch (``decode``) augmented when ``training``, and normalised."""
         return self.transform.normalize(self.augment(batch) if training else batch)
 
-    def __call__(self, payloads: Sequence[torch.Tensor], training: bool = True) -> torch.Tensor:
+    def __call__(self, payloads: PackedPayloads | Sequence[torch.Tensor], training: bool = True) -> torch.Tensor:
         return self.finish(self.decode(payloads), training)
 
 

@@ -34,6 +34,20 @@ def test_scoring_benchmark_measures_ours_against_the_naive_loop_in_a_fresh_proce
     assert figure.ours > 0 and figure.baseline > 0 and figure.ratio is not None
 
 
+def test_device_stage_benchmark_times_each_stage_of_the_device_pipeline():
+    from bench.device_stages import stages
+
+    rows = stages(images=16, batch=8, batches=1)
+    assert [row.split("  ")[0] for row in rows] == [
+        "decode_jpeg (batched)",
+        "decode + resize (decode)",
+        "crop + flip (augment)",
+        "augment + normalise (finish)",
+        "the whole pipeline",
+    ]
+    assert all(" ms/batch " in row and "images/s   host CPU " in row and "% of wall)" in row for row in rows)
+
+
 def test_step_benchmark_compares_each_variant_with_the_default():
     result = subprocess.run(
         [sys.executable, "-m", "bench.step", "--steps", "2", "--repetitions", "1"],

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tasks.transformations import ImageTransformations
+from tasks.vision.device_pipeline import PackedPayloads
 from tasks.vision.images import ImageFiles
 from tasks.vision.transforms import eval_transform, train_transform
 from tests.helpers import write_class_folders
@@ -145,6 +146,26 @@ def test_decoding_on_the_device_feeds_the_network_what_the_loader_path_does(tmp_
         assert on_device.shape == by_loader.shape and on_device.dtype == torch.float32
         assert (on_device - by_loader).abs().max() <= 1.01 / 255 / min(spec.std)
     payloads, _ = next(iter(loaded["device"].train_loader.loader))  # what the loader processes hand over
-    assert isinstance(payloads, list) and all(payload.dim() == 1 for payload in payloads)
+    assert isinstance(payloads, PackedPayloads) and all(p.dim() == 1 for p in payloads.unpack()), "encoded JPEGs"
     decoded, labels = next(iter(loaded["device"].train_loader))  # decoded ahead, in a thread
     assert decoded.dtype == torch.uint8 and loaded["device"].train_input(decoded).shape == (len(labels), 3, 32, 32)
+
+
+def test_auto_decodes_on_the_device_when_training_on_cuda_from_jpegs():
+    from tasks.contracts.training_config import TrainingParams
+    from tasks.training.data import where_to_decode
+
+    jpegs = [(Path(f"c/{i}.JPG" if i % 3 else f"c/{i}.jpeg"), 0) for i in range(1000)]
+    pngs = [(Path(f"c/{i}.png"), 0) for i in range(600)]
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    auto = TrainingParams()
+    assert auto.decode_on == "auto"
+    assert where_to_decode(auto, jpegs, cuda) == "device"
+    assert (
+        where_to_decode(auto, jpegs + pngs, cuda) == "device" and where_to_decode(auto, pngs + jpegs, cuda) == "device"
+    )
+    assert where_to_decode(auto, pngs, cuda) == "cpu", "other formats keep the loader's decoded-image cache"
+    assert where_to_decode(auto, jpegs[:600] + pngs + pngs, cuda) == "cpu"
+    assert where_to_decode(auto, jpegs, cpu) == "cpu" and where_to_decode(auto, [], cuda) == "cpu"
+    for chosen in ("cpu", "device"):
+        assert where_to_decode(TrainingParams(decode_on=chosen), pngs, cpu) == chosen

@@ -14,6 +14,7 @@ from tasks.vision.device_pipeline import (
     DecodedAhead,
     DevicePipeline,
     EncodedImageFiles,
+    PackedPayloads,
     collate_payloads,
     is_jpeg,
     threaded_batches,
@@ -83,11 +84,17 @@ def test_decoding_a_batch_of_mixed_images_agrees_with_the_cpu_path(tmp_path):
     samples = [(path, i % 2) for i, path in enumerate(jpegs + pngs)]
     pipeline = pipeline_for({}, training=False)
     dataset = EncodedImageFiles(samples, pipeline.transform)
-    payloads, labels = collate_payloads([dataset[i] for i in range(len(dataset))])
+    items = [dataset[i] for i in range(len(dataset))]
+    payloads, labels = collate_payloads(items)
 
-    assert [payload.dim() for payload in payloads] == [1] * 6 + [3] * 2, "JPEGs travel encoded, PNGs decoded"
-    assert all(is_jpeg(payload) for payload in payloads[:6]) and labels.tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+    # The batch travels as two tensors (PackedPayloads) and unpacks to each image's payload, unchanged.
+    assert isinstance(payloads, PackedPayloads) and payloads.data.dim() == 1 and payloads.shapes.shape == (8, 3)
+    unpacked = payloads.unpack()
+    assert all(torch.equal(a, b) for a, (b, _) in zip(unpacked, items, strict=True))
+    assert [payload.dim() for payload in unpacked] == [1] * 6 + [3] * 2, "JPEGs travel encoded, PNGs decoded"
+    assert all(is_jpeg(payload) for payload in unpacked[:6]) and labels.tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
     on_device = pipeline.decode(payloads)
+    assert torch.equal(on_device, pipeline.decode(unpacked)), "packed or a list: one result"
     reference = ImageFiles(samples, pipeline.transform, normalized=False)
     expected = torch.stack([reference[i][0] for i in range(len(reference))])
     assert on_device.shape == expected.shape == (8, 3, 32, 32) and on_device.dtype == torch.uint8
