@@ -60,7 +60,7 @@ def where_to_decode(params: TrainingParams, samples: ImageSamples, device: torch
         return params.decode_on
     if device.type != "cuda" or not len(samples):
         return "cpu"
-    looked_at = range(0, len(samples), max(1, len(samples) // 256))
+    looked_at = range(0, len(samples), -(-len(samples) // 256))  # at most 256, spread evenly
     jpegs = sum(str(samples[i][0]).lower().endswith(JPEG_SUFFIXES) for i in looked_at)
     return "device" if jpegs * 2 > len(looked_at) else "cpu"
 
