@@ -37,9 +37,10 @@ from tasks.model import write_untrained_model_directory
 from tasks.torchrun_launcher import launch_training
 from tasks.training.loop import autocast, make_optimizer
 from tasks.transformations import ImageTransformations
-from tasks.vision.device_pipeline import DevicePipeline, EncodedImageFiles, collate_payloads
+from tasks.vision.device_pipeline import DevicePipeline
 from tasks.vision.images import ImageFiles
 from tasks.vision.networks import build_network, memory_format
+from tasks.vision.payloads import EncodedImageFiles, collate_payloads
 from tasks.vision.transforms import train_transform
 
 H100_GOAL = 3200.0  # the team goal for one H100 (the seed table's 16 x V100 figure)

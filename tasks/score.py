@@ -32,9 +32,10 @@ from tasks.contracts.scores_table import (
     write_score_chunks,
 )
 from tasks.errors import InvalidDatasetError, PipelineInputError
-from tasks.vision.device_pipeline import DevicePipeline, EncodedImageFiles, collate_payloads, threaded_batches
+from tasks.vision.device_pipeline import DevicePipeline
 from tasks.vision.images import ImageFiles
 from tasks.vision.networks import load_trained_model, memory_format
+from tasks.vision.payloads import EncodedImageFiles, collate_payloads, threaded_batches
 from tasks.vision.transforms import eval_transform
 
 Precision = Literal["fp32", "bf16"]

@@ -127,7 +127,8 @@ def test_the_device_pipeline_on_the_gpu_computes_what_it_does_on_the_cpu(tmp_pat
     than either agrees with the picture before it was compressed. The random crops and flips are the same to the
     bit; a PNG takes the CPU's PIL path on both."""
     from tasks.transformations import ImageTransformations
-    from tasks.vision.device_pipeline import DevicePipeline, EncodedImageFiles, collate_payloads
+    from tasks.vision.device_pipeline import DevicePipeline
+    from tasks.vision.payloads import EncodedImageFiles, collate_payloads
     from tasks.vision.transforms import train_transform
 
     rng = np.random.default_rng(0)

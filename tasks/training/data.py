@@ -16,9 +16,10 @@ from tasks.contracts.training_config import TrainingParams
 from tasks.errors import InvalidDatasetError
 from tasks.training.batches import BatchesOfTwoOrMore
 from tasks.training.distributed import DistributedEnv
-from tasks.vision.device_pipeline import DecodedAhead, DevicePipeline, EncodedImageFiles, collate_payloads
+from tasks.vision.device_pipeline import DecodedAhead, DevicePipeline
 from tasks.vision.images import ImageFiles
 from tasks.vision.networks import memory_format
+from tasks.vision.payloads import EncodedImageFiles, collate_payloads
 from tasks.vision.transforms import eval_transform, train_transform
 
 ModelInput = Callable[[object], torch.Tensor]  # a loader's batch of images -> the network's input on the device

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tasks.transformations import ImageTransformations
-from tasks.vision.device_pipeline import PackedPayloads
 from tasks.vision.images import ImageFiles
+from tasks.vision.payloads import PackedPayloads
 from tasks.vision.transforms import eval_transform, train_transform
 from tests.helpers import write_class_folders
 

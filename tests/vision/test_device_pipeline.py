@@ -10,16 +10,9 @@ import torch
 from PIL import Image
 
 from tasks.transformations import ImageTransformations
-from tasks.vision.device_pipeline import (
-    DecodedAhead,
-    DevicePipeline,
-    EncodedImageFiles,
-    PackedPayloads,
-    collate_payloads,
-    is_jpeg,
-    threaded_batches,
-)
+from tasks.vision.device_pipeline import DecodedAhead, DevicePipeline
 from tasks.vision.images import ImageFiles
+from tasks.vision.payloads import EncodedImageFiles, PackedPayloads, collate_payloads, is_jpeg, threaded_batches
 from tasks.vision.transforms import eval_transform, train_transform
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -1,0 +1,108 @@
+"""What the loader hands the device pipeline (``tasks/vision/device_pipeline.py``): each image's payload (a JPEG's
+file bytes, any other format decoded by PIL), a batch of them packed into two tensors, and batches read by threads
+for scoring. Imports no Prefect."""
+
+from __future__ import annotations
+
+import io
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from tasks.contracts.image_directory import ImageSamples
+from tasks.vision.images import PathsAndLabels
+from tasks.vision.transforms import ImageTransform
+
+JPEG_START = b"\xff\xd8\xff"  # every JPEG file begins with a start-of-image marker and the next marker's 0xFF
+
+
+def is_jpeg(data: torch.Tensor) -> bool:
+    return bytes(data[:3].tolist()) == JPEG_START
+
+
+class EncodedImageFiles(Dataset):
+    """(payload, class index) per image for ``DevicePipeline``: a JPEG's file bytes as a 1-D uint8 tensor, any other
+    image decoded here by PIL through ``transform.decode`` (a 3-D uint8 tensor)."""
+
+    cache_capacity = 0  # nothing is kept: the device decodes every epoch
+
+    def __init__(self, samples: Sequence[tuple[Path, int]], transform: ImageTransform) -> None:
+        self.samples = samples if isinstance(samples, ImageSamples) else PathsAndLabels(samples)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        data = torch.from_numpy(np.fromfile(path, dtype=np.uint8))
+        if is_jpeg(data):
+            return data, label
+        return decode_on_cpu(data, self.transform), label
+
+
+def decode_on_cpu(data: torch.Tensor, transform: ImageTransform) -> torch.Tensor:
+    with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
+        return transform.decode(image.convert("RGB"))
+
+
+def threaded_batches(
+    dataset: Dataset, batch_size: int, collate: Callable[[list], object], threads: int, ahead: int = 4
+) -> Iterator[object]:
+    """``dataset``'s items in order, ``batch_size`` at a time through ``collate``, read by ``threads`` threads up to
+    ``ahead`` batches ahead of the consumer: file reads and PIL release the GIL, so the reading overlaps the
+    device's work. Threads, not DataLoader processes: worker processes forked inside a Prefect flow run died at
+    start on the H100 host ("DataLoader worker exited unexpectedly")."""
+    starts = iter(range(0, len(dataset), batch_size))  # type: ignore[arg-type]
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="read-images") as pool:
+        pending: deque[list[Future]] = deque()
+
+        def submit_next() -> None:
+            start = next(starts, None)
+            if start is not None:
+                stop = min(start + batch_size, len(dataset))  # type: ignore[arg-type]
+                pending.append([pool.submit(dataset.__getitem__, i) for i in range(start, stop)])
+
+        for _ in range(ahead):
+            submit_next()
+        while pending:
+            futures = pending.popleft()
+            submit_next()
+            yield collate([future.result() for future in futures])
+
+
+class PackedPayloads(NamedTuple):
+    """A batch's payloads as two tensors: what a loader process hands over and pins in one piece. Handed over as a
+    list, each of a batch's 256 payloads travelled as a shared-memory segment of its own and was pinned on its own:
+    the loading ceiling then stopped at 2,809 images/s on an H200 while the device pipeline alone decoded 11,908
+    (BENCHMARKS.md)."""
+
+    data: torch.Tensor  # uint8: every payload's bytes, one after another
+    shapes: torch.Tensor  # int64 (N, 3): a JPEG's (bytes, 0, 0), a decoded image's (channels, height, width)
+
+    @classmethod
+    def pack(cls, payloads: Sequence[torch.Tensor]) -> PackedPayloads:
+        shapes = [[*payload.shape, 0, 0] if payload.dim() == 1 else list(payload.shape) for payload in payloads]
+        return cls(torch.cat([payload.reshape(-1) for payload in payloads]), torch.tensor(shapes, dtype=torch.int64))
+
+    def unpack(self) -> list[torch.Tensor]:
+        """The payloads again, as views of ``data`` (pinned where it is)."""
+        shapes = self.shapes.tolist()
+        sizes = [first * (second or 1) * (third or 1) for first, second, third in shapes]
+        return [
+            part if not second else part.view(first, second, third)
+            for part, (first, second, third) in zip(torch.split(self.data, sizes), shapes, strict=True)
+        ]
+
+
+def collate_payloads(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[PackedPayloads, torch.Tensor]:
+    """A DataLoader's ``collate_fn``: the payloads packed (``PackedPayloads``), the labels one tensor."""
+    packed = PackedPayloads.pack([payload for payload, _ in batch])
+    return packed, torch.tensor([label for _, label in batch], dtype=torch.int64)
