@@ -1,8 +1,9 @@
 """Where ``decode_on="device"`` spends its time, stage by stage: for each stage of ``DevicePipeline`` on batches of
-JPEGs already in memory, the wall time per batch and the host CPU time of the calling thread in it. A stage whose
-host CPU time is close to its wall time is bound by the host (Python, nvJPEG's Huffman decoding on the CPU) and
-competes with the training step's own host work (the GIL, one core); one whose wall time is mostly waiting is bound
-by the device. Figures print as they come.
+JPEGs already in memory, the wall time per batch and the host CPU time of the calling thread in it; on CUDA, then,
+ResNet-50's training step alone and beside a thread decoding as ``DecodedAhead`` does. On the CPU a stage's host
+time below its wall time is time spent waiting; on CUDA the host spins while it waits for the device
+(``synchronize``), so the host column reads about 100% there, and the row beside training is the one that says
+whether decoding competes with the step. Figures print as they come.
 
     python -m bench.device_stages                  # 1,024 JPEGs of 256 px, batches of 256, ResNet's 224 px crop
     python -m bench.device_stages --images 16 --batch 8 --batches 1   # the CPU smoke run of tests/bench/
