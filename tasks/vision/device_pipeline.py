@@ -1,7 +1,8 @@
 """Images decoded and transformed a whole batch at a time on the device that trains or scores (``decode_on``).
 
-The loader only reads files (``tasks/vision/payloads.py``): a JPEG travels as its encoded bytes (a 1-D uint8 tensor, far smaller than its
-pixels), any other format is decoded on the CPU as before. On the device, ``DevicePipeline``:
+The loader only reads files (``tasks/vision/payloads.py``): a JPEG travels as its encoded bytes (a 1-D uint8
+tensor, far smaller than its pixels), any other format is decoded on the CPU as before. On the device,
+``DevicePipeline``:
 
 1. decodes the batch's JPEGs in one call (``torchvision.io.decode_jpeg`` on a list: nvJPEG's batched decoder on
    CUDA, libjpeg-turbo on the CPU); a JPEG it cannot decode there is decoded by PIL, like any other format;

@@ -94,11 +94,9 @@ class PackedPayloads(NamedTuple):
 
     def unpack(self) -> list[torch.Tensor]:
         """The payloads again, as views of ``data`` (pinned where it is)."""
-        shapes = self.shapes.tolist()
-        sizes = [first * (second or 1) * (third or 1) for first, second, third in shapes]
+        parts = torch.split(self.data, self.shapes.clamp(min=1).prod(dim=1).tolist())  # a JPEG's row: (bytes, 1, 1)
         return [
-            part if not second else part.view(first, second, third)
-            for part, (first, second, third) in zip(torch.split(self.data, sizes), shapes, strict=True)
+            part.view(*shape) if shape[1] else part for part, shape in zip(parts, self.shapes.tolist(), strict=True)
         ]
 
 

@@ -119,8 +119,8 @@ def test_a_rank_holds_its_image_list_in_no_more_memory_than_imagefolder_does(tmp
 
 
 def test_decoding_on_the_device_feeds_the_network_what_the_loader_path_does(tmp_path):
-    """``decode_on="device"`` (for GPU hosts short of CPU cores), here on the CPU: the loaders hand over encoded JPEGs, the
-    device pipeline decodes them a batch at a time; validation inputs agree with the loader path's within one grey
+    """``decode_on="device"`` (auto's choice on CUDA from JPEGs), here on the CPU: the loaders hand over encoded JPEGs,
+    the device pipeline decodes them a batch at a time; validation inputs agree with the loader path's within one grey
     level (torch's antialiased resize for PIL's) and the training batch comes in the network's shape."""
     from tasks import convert_to_image_directory
     from tasks.contracts.image_directory import ImageDirectory
