@@ -105,10 +105,6 @@ worker: $(VENV)/.installed
 # Keeps each schedule switched on or off as it is on the server (deployments/deploy.py).
 deploy: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
 deploy: $(VENV)/.installed
-	@for pool in gpu default; do \
-		$(WITH_AUTH) $(BIN)/prefect work-pool inspect $$pool >/dev/null 2>&1 || \
-		$(WITH_AUTH) $(BIN)/prefect work-pool create $$pool --type process >/dev/null || exit 1; \
-	done
 	@$(WITH_AUTH) $(BIN)/python -m deployments.deploy
 
 # Single-process alternative to worker + deploy (flow.serve).

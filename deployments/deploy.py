@@ -2,7 +2,8 @@
 
     PREFECT_API_URL=http://127.0.0.1:4200/api python -m deployments.deploy
 
-`prefect deploy` replaces a deployment's schedules with the file's, so every re-deploy would pause again a
+First it creates the work pools the file names (process pools) that the server does not have yet. `prefect
+deploy` replaces a deployment's schedules with the file's, so every re-deploy would pause again a
 schedule someone switched on in the UI (the file ships it paused). This reads each schedule's state from the
 server first (a schedule is known by its cron and time zone: a slug would do, but the UI then shows the slug
 instead of "At 03:00 AM, only on Monday") and deploys a copy of the file that carries it; a schedule the
@@ -81,9 +82,30 @@ def deployment_names(config: dict) -> list[str]:
     return [f"{load_flow_from_entrypoint(str(PROJECT_ROOT / e['entrypoint'])).name}/{e['name']}" for e in entries]
 
 
+def ensure_work_pools(config: dict) -> list[str]:
+    """Creates each work pool the deployments name that the server lacks, as a process pool; returns those it
+    created."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    created = []
+    with get_client(sync_client=True) as client:
+        for pool in dict.fromkeys(entry["work_pool"]["name"] for entry in config["deployments"]):
+            try:
+                client.read_work_pool(pool)
+            except ObjectNotFound:
+                client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+                created.append(pool)
+    return created
+
+
 def deploy(path: Path = DEPLOYMENT_FILE) -> int:
-    """Runs ``prefect deploy --all`` on the kept copy of ``path``; returns its exit status."""
+    """Creates the file's missing work pools, runs ``prefect deploy --all`` on the kept copy of ``path``; returns
+    its exit status."""
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for pool in ensure_work_pools(config):
+        print(f"Created work pool {pool!r} (type process).")
     names = deployment_names(config)
     states = read_schedule_states(names)
     kept = copy.deepcopy(config)
@@ -143,5 +165,13 @@ def next_steps(config: dict, names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``--help`` says what it does; no PREFECT_API_URL, or no server answering there, is one line and exit 2."""
+    from flows.cli import server_command
+
+    server_command("python -m deployments.deploy", __doc__, argv)
+    return deploy()
+
+
 if __name__ == "__main__":
-    raise SystemExit(deploy())
+    raise SystemExit(main())

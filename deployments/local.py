@@ -123,10 +123,8 @@ class PrefectStack:
         return self._run(f"prefect {' '.join(args)}", *command, timeout=timeout, env=env)
 
     def deploy(self, timeout: float = 300) -> None:
-        """What ``make deploy`` does against this server: the ``gpu`` and ``default`` process pools, then the
-        deployments of deployments/prefect.yaml; raises with the output on failure."""
-        for pool in ("gpu", "default"):
-            self.cli("work-pool", "create", pool, "--type", "process")
+        """What ``make deploy`` does against this server (the work pools and deployments of
+        deployments/prefect.yaml); raises with the output on failure."""
         self._run("deploying deployments/prefect.yaml", sys.executable, "-m", "deployments.deploy", timeout=timeout)
 
     def start_worker(

@@ -46,5 +46,13 @@ def runner_deployments(path=DEPLOYMENT_FILE) -> list:
     return deployments
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """``--help`` says what it does; no PREFECT_API_URL, or no server answering there, is one line and exit 2."""
+    from flows.cli import server_command
+
+    server_command("python -m deployments.serve", __doc__, argv)
     serve(*runner_deployments())
+
+
+if __name__ == "__main__":
+    main()

@@ -5,6 +5,7 @@ traceback instead. ``image-classifier <command>`` (the console script, ``main`` 
 - ``CommandParser``: argparse whose errors are one line (no usage block; ``--help`` has it).
 - ``run_flow``: a flow's whole command line: its flags (``flows.flags.FlowFlags``: generated from the flow's
   signature and docstring and from its pydantic-model parameters' fields), a check before any work, the run.
+- ``check_prefect_api``: the server PREFECT_API_URL names answers, and lets this client in, before any work.
 - ``COMMANDS`` / ``main``: ``image-classifier train|score|registry …``, each the ``main(argv)`` of a module that
   also runs as ``python -m <module>``.
 - ``run_command``: runs the flow; Prefect's console lines about a run that failed on a user's mistake (its
@@ -30,7 +31,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from tasks.errors import PipelineInputError
+from tasks.errors import PipelineInputError, PrefectServerUnavailableError
 
 T = TypeVar("T")
 INPUT_ERRORS = (PipelineInputError, ValidationError)
@@ -145,10 +146,66 @@ def run_flow(
     try:
         given = flow_flags.arguments(args)
         arguments = flow_flags.with_defaults(given)
+        check_prefect_api()
         check(arguments)
     except INPUT_ERRORS as error:
         fail(error, args.debug)
     return run_command(lambda: flow(**given), log_file=log_file_for(arguments["work_dir"], log_name), debug=args.debug)
+
+
+def check_prefect_api(required: bool = False) -> None:
+    """The Prefect server that PREFECT_API_URL names answers (its version), with this client's credentials; else
+    ``PrefectServerUnavailableError`` saying what to do. With no PREFECT_API_URL a flow runs on a temporary server
+    of its own, unless ``required`` (deployments need a server that stays)."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        if required:
+            raise PrefectServerUnavailableError(
+                "PREFECT_API_URL is not set: deployments go to a Prefect server that keeps running (`make server` "
+                "in another shell; `make deploy` and `make serve` then set PREFECT_API_URL to it)"
+            )
+        return
+    import httpx
+    from prefect.client.orchestration import get_client
+
+    # The version, not /health: Prefect's basic auth lets /health through without credentials.
+    try:
+        with get_client(sync_client=True) as client:
+            client.api_version()
+        return
+    except httpx.HTTPError as error:
+        problem = error
+    status = problem.response.status_code if isinstance(problem, httpx.HTTPStatusError) else None
+    if status in (401, 403):
+        raise PrefectServerUnavailableError(
+            f"the Prefect server at {url} asks for credentials (HTTP {status}): run the command through "
+            "`python -m deployments.auth client -- …`, which reads them from ~/.config/image-classifier/prefect-auth, "
+            "or set PREFECT_API_AUTH_STRING (docs/operations.md)"
+        )
+    if status is not None:
+        raise PrefectServerUnavailableError(
+            f"{url} answered HTTP {status} when asked for its Prefect version: PREFECT_API_URL must be a Prefect server's "
+            "API, which ends in /api (e.g. http://127.0.0.1:4200/api)"
+        )
+    otherwise = "" if required else ", or unset PREFECT_API_URL to run on a temporary server of this command's own"
+    raise PrefectServerUnavailableError(
+        f"no Prefect server answers at {url} (PREFECT_API_URL): {problem or type(problem).__name__}. Start it "
+        f"(`make server`){otherwise}"
+    )
+
+
+def server_command(prog: str, doc: str | None, argv: list[str] | None) -> None:
+    """The command line of a command that works on a running Prefect server (``make deploy``, ``make serve``): no
+    flags but ``--help`` (its module's ``doc``) and ``--debug``; the server checked before anything starts."""
+    parser = CommandParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_debug_flag(parser)
+    args = parser.parse_args(argv)
+    try:
+        check_prefect_api(required=True)
+    except PrefectServerUnavailableError as error:
+        fail(error, args.debug)
 
 
 def fail(error: BaseException, debug: bool) -> typing.NoReturn:
@@ -186,3 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if "prog" in inspect.signature(entry).parameters:
         return entry(argv[1:], prog=f"{parser.prog} {command}")
     return entry(argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

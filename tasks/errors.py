@@ -66,6 +66,11 @@ class NodesNotJoinedError(InvalidTrainingSetupError):
     (or node 0 never published its rendezvous endpoint). Every node run was cancelled; retrying at once cannot help."""
 
 
+class PrefectServerUnavailableError(PipelineInputError):
+    """PREFECT_API_URL names a Prefect server that does not answer, asks for credentials that were not given, or
+    is not a Prefect API: found before any work, with what to do about it."""
+
+
 class RerunLimitError(PipelineInputError):
     """A training whose runs crashed (hosts lost) was already run again as often as allowed (tasks/lost_runs.py)."""
 

@@ -221,6 +221,11 @@ def main(argv: list[str]) -> None:
 
     The launcher starts torchrun through this rather than with ``preexec_fn``, which is unsafe in a process
     with threads (a Prefect flow); the signal request survives ``exec``."""
+    if not argv or argv[0].startswith("-"):
+        raise SystemExit(
+            "usage: python -m tasks.lifeline PROGRAM [ARG ...]: runs PROGRAM, which is sent SIGTERM when "
+            "the process that started it exits (the training launcher starts torchrun so)"
+        )
     die_with_parent(signal.SIGTERM)
     os.execvp(argv[0], argv)
 

@@ -150,6 +150,13 @@ def test_a_server_on_every_address_turns_auth_on_and_refuses_the_shell_step_atta
     told = subprocess.run(command, cwd=PROJECT_ROOT, env=elsewhere, capture_output=True, text=True)
     assert told.returncode != 0 and told.stderr.count("\n") == 1 and "asks for basic auth" in told.stderr
 
+    # A command run without the credentials (not through `deployments.auth client`) is told so too.
+    without = {key: value for key, value in secured.env.items() if key != CLIENT_AUTH}
+    command = [sys.executable, "-m", "deployments.deploy"]
+    told = subprocess.run(command, cwd=PROJECT_ROOT, env=without, capture_output=True, text=True, timeout=120)
+    assert told.returncode == 2 and told.stderr.count("\n") == 1, told.stderr
+    assert f"the Prefect server at {secured.api_url} asks for credentials (HTTP 401)" in told.stderr
+
 
 def processes_showing(texts: list[str]) -> list[str]:
     lines = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True).stdout.splitlines()

@@ -126,3 +126,28 @@ def _runs_of(flow_run_id):
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     return FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+
+
+def test_a_prefect_server_that_does_not_answer_is_one_line_before_any_work(mistakes, server, tmp_path):
+    """PREFECT_API_URL naming no server, or something that is not a Prefect API, and deployments with no server
+    named: one line that says what to do, exit 2, before anything is converted, trained or deployed."""
+    from deployments.local import free_port
+
+    nobody = f"http://127.0.0.1:{free_port()}/api"
+    data = ("--train-data", str(mistakes / "train"), "--validation-data", str(mistakes / "train"))
+    done = command("flows.pipeline", *data, cwd=tmp_path, env={"PREFECT_API_URL": nobody})
+    one_line_mistake(done, f"no Prefect server answers at {nobody} (PREFECT_API_URL)", "make server", "unset")
+    assert not list(tmp_path.iterdir()), "nothing is written before the server answers"
+
+    not_prefect = server.url
+    done = command("deployments.deploy", cwd=tmp_path, env={"PREFECT_API_URL": not_prefect})
+    one_line_mistake(done, f"{not_prefect} answered HTTP 404 when asked for its Prefect version", "ends in /api")
+
+    environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    for module in ("deployments.deploy", "deployments.serve"):
+        done = subprocess.run(
+            [sys.executable, "-m", module], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120
+        )
+        one_line_mistake(done, "PREFECT_API_URL is not set", "make server")
+    shown = command("deployments.deploy", "--help", cwd=tmp_path)
+    assert shown.returncode == 0 and "leaves each schedule switched on or off" in shown.stdout
