@@ -99,8 +99,7 @@ server: $(VENV)/.installed
 # One worker per GPU host, named after it, taking WORKER_LIMIT runs at a time; creates the pool on first use.
 worker: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
 worker: $(VENV)/.installed
-	$(WITH_AUTH) $(BIN)/prefect work-pool inspect $(POOL) >/dev/null 2>&1 || $(WITH_AUTH) $(BIN)/prefect work-pool create $(POOL) --type process
-	$(WITH_AUTH) $(BIN)/prefect worker start --pool $(POOL) --name $(WORKER_NAME) --limit $(WORKER_LIMIT)
+	$(WITH_AUTH) $(BIN)/python -m deployments.worker --pool $(POOL) --name $(WORKER_NAME) --limit $(WORKER_LIMIT)
 
 # Keeps each schedule switched on or off as it is on the server (deployments/deploy.py).
 deploy: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)

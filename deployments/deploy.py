@@ -82,16 +82,15 @@ def deployment_names(config: dict) -> list[str]:
     return [f"{load_flow_from_entrypoint(str(PROJECT_ROOT / e['entrypoint'])).name}/{e['name']}" for e in entries]
 
 
-def ensure_work_pools(config: dict) -> list[str]:
-    """Creates each work pool the deployments name that the server lacks, as a process pool; returns those it
-    created."""
+def ensure_work_pools(pools: list[str]) -> list[str]:
+    """Creates each of ``pools`` that the server lacks, as a process pool; returns those it created."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectNotFound
 
     created = []
     with get_client(sync_client=True) as client:
-        for pool in dict.fromkeys(entry["work_pool"]["name"] for entry in config["deployments"]):
+        for pool in dict.fromkeys(pools):
             try:
                 client.read_work_pool(pool)
             except ObjectNotFound:
@@ -104,7 +103,7 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
     """Creates the file's missing work pools, runs ``prefect deploy --all`` on the kept copy of ``path``; returns
     its exit status."""
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    for pool in ensure_work_pools(config):
+    for pool in ensure_work_pools([entry["work_pool"]["name"] for entry in config["deployments"]]):
         print(f"Created work pool {pool!r} (type process).")
     names = deployment_names(config)
     states = read_schedule_states(names)

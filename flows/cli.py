@@ -196,16 +196,25 @@ def check_prefect_api(required: bool = False) -> None:
     )
 
 
-def server_command(prog: str, doc: str | None, argv: list[str] | None) -> None:
-    """The command line of a command that works on a running Prefect server (``make deploy``, ``make serve``): no
-    flags but ``--help`` (its module's ``doc``) and ``--debug``; the server checked before anything starts."""
+def server_command(
+    prog: str,
+    doc: str | None,
+    argv: list[str] | None,
+    flags: Callable[[argparse.ArgumentParser], object] | None = None,
+) -> argparse.Namespace:
+    """The command line of a command that works on a running Prefect server (``make deploy``, ``make serve``,
+    ``make worker``): the flags ``flags`` adds (none by default), ``--help`` (its module's ``doc``) and
+    ``--debug``; the server is checked before anything starts."""
     parser = CommandParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if flags:
+        flags(parser)
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     try:
         check_prefect_api(required=True)
     except PrefectServerUnavailableError as error:
         fail(error, args.debug)
+    return args
 
 
 def fail(error: BaseException, debug: bool) -> typing.NoReturn:

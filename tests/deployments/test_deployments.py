@@ -229,7 +229,7 @@ def test_make_worker_names_the_worker_after_its_host_and_takes_one_run_by_defaul
         text=True,
         check=True,
     ).stdout
-    assert f"worker start --pool gpu --name gpu-{socket.gethostname()} --limit 1" in dry_run
+    assert f"-m deployments.worker --pool gpu --name gpu-{socket.gethostname()} --limit 1" in dry_run
 
 
 def test_make_deploy_prints_what_was_deployed_and_what_to_do_next(stack):

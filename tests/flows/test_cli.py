@@ -144,9 +144,9 @@ def test_a_prefect_server_that_does_not_answer_is_one_line_before_any_work(mista
     one_line_mistake(done, f"{not_prefect} answered HTTP 404 when asked for its Prefect version", "ends in /api")
 
     environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
-    for module in ("deployments.deploy", "deployments.serve"):
+    for module in (["deployments.deploy"], ["deployments.serve"], ["deployments.worker", "--pool", "gpu"]):
         done = subprocess.run(
-            [sys.executable, "-m", module], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", *module], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120
         )
         one_line_mistake(done, "PREFECT_API_URL is not set", "make server")
     shown = command("deployments.deploy", "--help", cwd=tmp_path)
