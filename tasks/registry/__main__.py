@@ -126,6 +126,12 @@ def _run(args: argparse.Namespace) -> tuple[str | list | dict, str | None]:
             views = model_versions(registry, args.name)
             return ("\n".join(_row(v) for v in views) if text else [_view_json(v) for v in views]), None
         models = list_models(registry)
+        if text and not models:  # on stderr: a script reading the (empty) list is not disturbed
+            print(
+                f"no models in {registry}: none registered there yet (`make run` or `image-classifier train` "
+                "registers one; --registry names another registry)",
+                file=sys.stderr,
+            )
         return ("\n".join(models) if text else models), None
     if args.command == "show":
         shown = _view_json(show_version(registry, args.reference))

@@ -167,6 +167,9 @@ def test_search_by_tag_and_figure(registry, trained_model):
 
 
 def test_the_command_line(registry, trained_model):
+    empty = registry_cli(registry, "list")
+    assert empty.returncode == 0 and empty.stdout == ""
+    assert f"no models in {registry}: none registered there yet" in empty.stderr
     for accuracy in (0.8, 0.93):
         register_test_model(registry, trained_model, accuracy=accuracy)
     assert registry_cli(registry, "list").stdout.split() == [NAME]
