@@ -163,8 +163,9 @@ def check_prefect_api(required: bool = False) -> None:
     if not url:
         if required:
             raise PrefectServerUnavailableError(
-                "PREFECT_API_URL is not set: deployments go to a Prefect server that keeps running (`make server` "
-                "in another shell; `make deploy` and `make serve` then set PREFECT_API_URL to it)"
+                "PREFECT_API_URL is not set: deployments and workers need a Prefect server that keeps running "
+                "(`make server` in another shell; `make deploy`, `make worker` and `make serve` set PREFECT_API_URL "
+                "to it)"
             )
         return
     import httpx
