@@ -45,6 +45,7 @@ def test_a_command_s_mistake_is_its_own_one_line(capsys):
 
 def test_the_registry_command_returns_its_exit_status(capsys, tmp_path):
     assert main(["registry", "--registry", str(tmp_path / "registry"), "list"]) == 0
+    assert capsys.readouterr().err.startswith("no models in ")
     assert main(["registry", "--registry", str(tmp_path / "registry"), "show", "nope/1"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
 
