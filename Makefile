@@ -57,11 +57,12 @@ torch-check:
 run: $(VENV)/.installed
 	$(WITH_AUTH) $(BIN)/python -m flows.pipeline $(RUN_ARGS) $(if $(DEBUG),--debug)
 
-# The suite mostly waits (servers starting, runs polled, torchrun): its files run in TEST_WORKERS processes at once,
-# each file whole in one of them (--dist loadfile: a file's session fixtures start once per process).
+# Servers starting and runs polled leave cores idle, so the suite's files run in TEST_WORKERS processes at once,
+# each file whole in one of them (--dist loadfile: a file's session fixtures start once per process), the longest
+# files first (tests/conftest.py LONGEST_FILES).
 TEST_WORKERS ?= 3
 test: $(VENV)/.installed browser lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The fast loop while editing: the tests that start no server, torchrun or subprocess (under a minute).
 test-fast: $(VENV)/.installed
