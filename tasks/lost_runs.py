@@ -42,7 +42,10 @@ class Takeover(BaseModel):
 
     lost: list[LostRun]  # the run it replaces first, then the runs that one replaced, back to the training's first
     run_dir: str  # the first run's folder, where this run works
-    epochs_stored: int | None  # complete epochs whose checkpoint the folder holds; None: none, it starts over
+    # Complete epochs the folder's metrics.json records; None: none, it starts over. Its checkpoint holds at least
+    # these: metrics.json is stored after the checkpoint it announces, so a host lost between the two left the
+    # checkpoint ahead (the training log's "resuming from … after epoch N" says where it resumed).
+    epochs_stored: int | None
     why_over: str = ""  # with epochs_stored None: why it starts over
 
     @property
@@ -57,7 +60,7 @@ class Takeover(BaseModel):
         """The run's first log line."""
         again = f"re-run {len(self.lost)} of at most {MAX_RERUNS}"
         where = (
-            f"resuming from its checkpoint after epoch {self.epochs_stored} in {self.run_dir}"
+            f"resuming from its last checkpoint (epoch {self.epochs_stored} or later) in {self.run_dir}"
             if self.epochs_stored is not None
             else f"starting over: {self.why_over}"
         )

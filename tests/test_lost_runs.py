@@ -78,7 +78,7 @@ def test_in_a_shared_folder_it_resumes_after_the_stored_epochs_of_the_first_runs
     takeover = replacing(str(second.id), str(tmp_path))
     assert [run.id for run in takeover.lost] == [str(second.id), str(first.id)]
     assert (takeover.run_dir, takeover.epochs_stored, takeover.training_run_id) == (str(folder), 2, str(first.id))
-    assert "re-run 2 of at most 2; resuming from its checkpoint after epoch 2 in" in takeover.headline()
+    assert "re-run 2 of at most 2; resuming from its last checkpoint (epoch 2 or later) in" in takeover.headline()
 
 
 def test_a_training_run_again_as_often_as_allowed_is_not_run_once_more(prefect_server, tmp_path):
