@@ -176,9 +176,10 @@ def check_prefect_api(required: bool = False) -> None:
         with get_client(sync_client=True) as client:
             client.api_version()
         return
-    except httpx.HTTPError as error:
-        problem = error
-    status = problem.response.status_code if isinstance(problem, httpx.HTTPStatusError) else None
+    except httpx.HTTPStatusError as error:
+        status, problem = error.response.status_code, error
+    except httpx.HTTPError as error:  # no answer at all
+        status, problem = None, error
     if status in (401, 403):
         raise PrefectServerUnavailableError(
             f"the Prefect server at {url} asks for credentials (HTTP {status}): run the command through "
