@@ -6,11 +6,16 @@ server, an S3 endpoint, torchrun, a subprocess); ``slow`` one that takes seconds
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +28,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-from deployments.local import PROJECT_ROOT, free_port  # noqa: E402
+from deployments.local import PROJECT_ROOT, PrefectStack, free_port  # noqa: E402
 from tests.helpers import FileServer, run_worker, s3_settings, write_class_folders  # noqa: E402
 
 
@@ -46,18 +51,22 @@ def scratch(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture(scope="session")
-def built_once(tmp_path_factory, worker_id):
-    """``built_once(name, build)``: ``build(folder)``'s paths, built by the first test process that asks and reused
-    by the others (pytest-xdist's processes share the parent of their base temp folders; the rest wait on a lock).
-    Session fixtures that train or convert cost the same CPU once, not once per process."""
-    import json
+def run_folder(tmp_path_factory, worker_id) -> Path:
+    """The folder every test process of this run shares: pytest-xdist's processes keep their base temp folders in
+    it; pytest alone uses its own."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
 
+
+@pytest.fixture(scope="session")
+def built_once(run_folder):
+    """``built_once(name, build)``: ``build(folder)``'s paths, built by the first test process that asks and reused
+    by the others (the rest wait on a lock). Session fixtures that train or convert cost the same CPU once, not once
+    per process."""
     from filelock import FileLock
 
     def once(name: str, build: Callable[[Path], Path | tuple[Path, ...]]) -> Path | tuple[Path, ...]:
-        if worker_id == "master":
-            return build(tmp_path_factory.mktemp(name))
-        root = tmp_path_factory.getbasetemp().parent / "built-once"
+        root = run_folder / "built-once"
         root.mkdir(exist_ok=True)
         record = root / f"{name}.json"
         with FileLock(str(root / f"{name}.lock")):
@@ -68,6 +77,50 @@ def built_once(tmp_path_factory, worker_id):
         return tuple(Path(p) for p in paths) if isinstance(paths, list) else Path(paths)
 
     return once
+
+
+# Where the servers that every test process of a run shares are recorded (``shared_server``), under the run's folder.
+SHARED_SERVERS = "shared-servers"
+
+
+@pytest.fixture(scope="session")
+def shared_server(run_folder):
+    """``shared_server(name, start)``: the URL of the server that ``start(folder)`` starts and returns with its
+    process (the leader of a session of its own), started by the first test process of the run that asks and used
+    by all of them; stopped when the run ends (``pytest_sessionfinish``). One Prefect server and one S3 endpoint
+    for the run instead of one per test process: each costs CPU to start and keeps costing it while idle."""
+    from filelock import FileLock
+
+    def shared(name: str, start: Callable[[Path], tuple[str, subprocess.Popen]]) -> str:
+        root = run_folder / SHARED_SERVERS
+        root.mkdir(exist_ok=True)
+        record = root / f"{name}.json"
+        with FileLock(str(root / f"{name}.lock")):
+            if not record.is_file():
+                url, process = start(root / name)
+                record.write_text(json.dumps({"url": url, "pid": process.pid}))
+            return json.loads(record.read_text())["url"]
+
+    return shared
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stops the shared servers in the process that runs the session: pytest-xdist's controller once every test
+    process has finished, or pytest alone."""
+    if hasattr(session.config, "workerinput"):
+        return
+    root = session.config._tmp_path_factory.getbasetemp() / SHARED_SERVERS  # the run_folder of its test processes
+    leaders = [json.loads(record.read_text())["pid"] for record in root.glob("*.json")]
+    for leader in leaders:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    for leader in leaders:
+        with contextlib.suppress(ProcessLookupError):
+            while time.monotonic() < deadline:
+                os.killpg(leader, 0)
+                time.sleep(0.1)
+            os.killpg(leader, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")
@@ -146,41 +199,102 @@ def digits_image_dirs(built_once, digits_subset) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
-def prefect_server():
-    """A real Prefect server on a temporary SQLite database, for the flow tests."""
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_database(built_once) -> Path:
+    """A Prefect database with every migration applied (``prefect server database upgrade``), made once: a server
+    starts from a copy in about 4 CPU-seconds, against 10 when it migrates a new one itself."""
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    def build(folder: Path) -> Path:
+        folder.mkdir(parents=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT_SERVER_DATABASE"))}
+        subprocess.run(
+            [sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"],
+            env={**env, "PREFECT_HOME": str(folder)},
+            capture_output=True,
+            check=True,
+        )
+        return folder / "prefect.db"
+
+    return built_once("prefect-database", build)
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint():
-    """A real HTTP S3 endpoint on loopback: moto's server mode in its own process (``tests.s3_server``)."""
-    import time
+def prefect_home(tmp_path_factory, prefect_database) -> Callable[[str | Path], Path]:
+    """``prefect_home(name)``: a new PREFECT_HOME (a temporary folder, or the folder given) whose SQLite database is
+    a copy of ``prefect_database``; a server started there answers in seconds."""
+
+    def home(name: str | Path) -> Path:
+        folder = Path(name) if isinstance(name, Path) else tmp_path_factory.mktemp(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(prefect_database, folder / "prefect.db")
+        return folder
+
+    return home
+
+
+@pytest.fixture(scope="session")
+def prefect_server(shared_server, prefect_home):
+    """A real Prefect server on a temporary SQLite database, one for the run (``shared_server``): the flow tests of
+    every test process use it, so each finds its own runs by id or name, never as the latest."""
+    import prefect.context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    def start(folder: Path) -> tuple[str, subprocess.Popen]:
+        stack = PrefectStack(home=prefect_home(folder)).start()
+        return stack.api_url, stack.processes[0]
+
+    with temporary_settings({PREFECT_API_URL: shared_server("prefect", start)}):
+        # As Prefect's test harness does: the settings hold in threads too (a flow run a test starts in a thread
+        # pool would otherwise start a temporary server of its own).
+        with prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+            yield
+            drain_prefect_workers()
+
+
+def drain_prefect_workers() -> None:
+    """Send the logs and events this process still holds to the server while it is up (as Prefect's test harness does
+    before it stops its server): the shared server stops when the run ends, after this process has gone."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        with contextlib.suppress(RuntimeError):  # not started: nothing was logged
+            if inspect.isawaitable(result := APILogWorker.instance().drain()):
+                await result
+        if inspect.isawaitable(result := EventsWorker.drain_all()):
+            await result
+
+    run_coro_as_sync(drain())
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(shared_server) -> str:
+    """A real HTTP S3 endpoint on loopback, one for the run: moto's server mode in its own process
+    (``tests.s3_server``). Tests make buckets of their own (``s3_bucket``)."""
     import urllib.request
 
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tests.s3_server", "-H", "127.0.0.1", "-p", str(port)],
-        cwd=PROJECT_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
-            break
-        except OSError as error:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise RuntimeError(f"moto server did not start on {url}") from error
-            time.sleep(0.2)
-    yield url
-    server.terminate()
-    server.wait(timeout=10)
+    def start(folder: Path) -> tuple[str, subprocess.Popen]:
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tests.s3_server", "-H", "127.0.0.1", "-p", str(port)],
+            cwd=PROJECT_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
+                return url, server
+            except OSError as error:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    server.kill()
+                    raise RuntimeError(f"moto server did not start on {url}") from error
+                time.sleep(0.2)
+
+    return shared_server("s3", start)
 
 
 @pytest.fixture

@@ -92,11 +92,11 @@ def test_make_refuses_a_secret_given_on_its_command_line():
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory, s3_endpoint):
+def secured(prefect_home, s3_endpoint):
     """`make server HOST=0.0.0.0` with no secret anywhere (the file is created), `make deploy` and a `make
     worker` that find it in that file, and the worker's environment holding planted S3 credentials (for the
     loopback S3 endpoint, which takes any) and database password."""
-    home = tmp_path_factory.mktemp("secured-home")
+    home = prefect_home("secured-home")
     settings = {"XDG_CONFIG_HOME": str(home / "config")}
     with PrefectStack(home=home, settings=settings, make_server=True, server_variables={"HOST": "0.0.0.0"}) as stack:
         planted = {

@@ -57,11 +57,11 @@ def make(stack, target: str, **variables: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(prefect_home):
     """`make server` on a free port (its scheduler looking every second), `make deploy`, two `make worker`s on
     `gpu`, and `make serve`."""
     settings = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1"}
-    home = tmp_path_factory.mktemp("prefect-home")
+    home = prefect_home("prefect-home")
     with PrefectStack(home=home, settings=settings, make_server=True) as running:
         make(running, "deploy")
         for name in WORKERS:

@@ -23,8 +23,8 @@ from tests.helpers import processes_of
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, s3_endpoint):
-    with nodes_stack(tmp_path_factory, s3_endpoint) as running:
+def stack(tmp_path_factory, prefect_home, s3_endpoint):
+    with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint) as running:
         yield running
 
 

@@ -29,8 +29,8 @@ SHOTS = PROJECT_ROOT / "build" / "ui-check"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with PrefectStack(home=tmp_path_factory.mktemp("prefect-home")) as running:
+def stack(prefect_home):
+    with PrefectStack(home=prefect_home("prefect-home")) as running:
         yield running
 
 
