@@ -115,12 +115,23 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader, signal.SIGTERM)
     deadline = time.monotonic() + 20
-    for leader in leaders:
+    while (running := _running_in(leaders)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for leader in running:
         with contextlib.suppress(ProcessLookupError):
-            while time.monotonic() < deadline:
-                os.killpg(leader, 0)
-                time.sleep(0.1)
             os.killpg(leader, signal.SIGKILL)
+
+
+def _running_in(groups: list[int]) -> set[int]:
+    """Those of the process groups ``groups`` that still have a process running (an exited one that its parent has
+    not waited for yet is not running)."""
+    running = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if int(group) in groups and state != "Z":
+                running.add(int(group))
+    return running
 
 
 @pytest.fixture(scope="session")
