@@ -57,9 +57,9 @@ torch-check:
 run: $(VENV)/.installed
 	$(WITH_AUTH) $(BIN)/python -m flows.pipeline $(RUN_ARGS) $(if $(DEBUG),--debug)
 
-# Servers starting and runs polled leave cores idle, so the suite's files run in TEST_WORKERS processes at once,
-# each file whole in one of them (--dist loadfile: a file's session fixtures start once per process), the longest
-# files first (tests/conftest.py LONGEST_FILES).
+# The suite keeps two cores ~88% busy, but some files wait long (heartbeats, join timeouts), so its files run in
+# TEST_WORKERS processes at once, each file whole in one of them (--dist loadfile: its module fixtures start once),
+# the longest files first (tests/conftest.py LONGEST_FILES); one Prefect server and one S3 endpoint serve them all.
 TEST_WORKERS ?= 3
 test: $(VENV)/.installed browser lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)

@@ -29,7 +29,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 
 from deployments.local import PROJECT_ROOT, PrefectStack, free_port  # noqa: E402
-from tests.helpers import FileServer, run_worker, s3_settings, write_class_folders  # noqa: E402
+from tests.helpers import FileServer, alive, run_worker, s3_settings, write_class_folders  # noqa: E402
 
 
 @pytest.fixture
@@ -115,23 +115,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader, signal.SIGTERM)
     deadline = time.monotonic() + 20
-    while (running := _running_in(leaders)) and time.monotonic() < deadline:
+    while any(map(alive, leaders)) and time.monotonic() < deadline:  # an exited, unreaped server is not alive
         time.sleep(0.1)
-    for leader in running:
+    for leader in filter(alive, leaders):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader, signal.SIGKILL)
-
-
-def _running_in(groups: list[int]) -> set[int]:
-    """Those of the process groups ``groups`` that still have a process running (an exited one that its parent has
-    not waited for yet is not running)."""
-    running = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-            if int(group) in groups and state != "Z":
-                running.add(int(group))
-    return running
 
 
 @pytest.fixture(scope="session")
