@@ -1,13 +1,15 @@
 """Accelerator figures: ResNet-50 training images/s from an ImageDirectory of JPEGs through the real torchrun
-worker (bf16 autocast + channels_last on CUDA), with the images decoded by the loader's CPU processes and by the
-device (``decode_on``), side by side in one run; beside them the two ceilings: the data loading alone (each way)
-and the device alone (training steps on one batch in device memory: eager, a larger batch, the default optimiser
-instead of the fused one, and with ``--compile`` torch.compile). Training's share of the device ceiling is the
-utilisation figure: nvidia-smi read 0% on the H100 guest this was first measured on, even under load.
+worker (bf16 autocast + channels_last on CUDA, JPEGs decoded on the device), eager and with ``compile="on"``
+(torch.compile, its compiling counted in epoch 1), and, with ``--baseline DIR``, the same launch of another copy of
+the code (the commit before a change) side by side in one run; beside them the device ceiling (training steps on
+one batch in device memory, eager and compiled) and a profile of ten training steps in the middle of an epoch
+(the torch profiler: the device's busy share, its kernel time by kind, the host's waits). Training's share of the
+device ceiling is the utilisation figure: nvidia-smi read 0% on the H100 guest this was first measured on.
 
-    python -m bench.gpu                         # on a CUDA host: ResNet-50 @224, batch 256, 4,096 JPEGs
-    python -m bench.gpu --images 256            # a smaller run
-    python -m bench.gpu --compile               # also the device ceiling under torch.compile (a minute or two)
+    python -m bench.gpu                              # on a CUDA host: ResNet-50 @224, batch 256, 4,096 JPEGs
+    python -m bench.gpu --baseline .baseline         # also the worker of the copy in .baseline (git archive)
+    python -m bench.gpu --images 256 --no-compile    # a smaller run, eager only
+    python -m bench.gpu --loading                    # also the data-loading ceilings (decoded on device / CPU)
 
 Without CUDA it runs the same paths on the CPU with a small model (ResNet-18 @64) and few images, so the
 script stays tested; the accelerator figure is then reported as pending. Works with a preinstalled torch
@@ -19,9 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -29,6 +34,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from bench.harness import Figure, table
+from bench.profile_steps import profile_training
 from tasks import convert_to_image_directory
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
@@ -113,7 +119,7 @@ def device_ceiling(
         optimizer = make_optimizer(model, 0.1, params)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
-    forward = torch.compile(model) if compile else model
+    forward = torch.compile(model, dynamic=False) if compile else model
     criterion = torch.nn.CrossEntropyLoss()
     images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=memory_format(device))
     labels = torch.randint(0, classes, (batch,), device=device)
@@ -138,11 +144,26 @@ def device_ceiling(
     return steps * batch / (time.perf_counter() - started), warm_up
 
 
+class Trained(NamedTuple):
+    images_per_s: float  # the median of epochs 2-3: the steady state
+    first_epoch_s: float  # epoch 1's seconds (with torch.compile: compiling included)
+    later_epoch_s: float  # the median of the later epochs' seconds
+    plan: str  # where the rank decoded its images, from its plan line
+
+
 def train_through_the_worker(
-    image_dir: Path, scratch: Path, architecture: str, size: int, batch: int, workers: int, decode_on: str
-) -> tuple[float, str]:
-    """(images/s of the later epochs' median, the rank's plan line) of a real torchrun launch, 3 epochs."""
-    spec = write_untrained_model_directory(scratch / f"spec-{decode_on}", ModelSpec(architecture=architecture))
+    image_dir: Path,
+    scratch: Path,
+    architecture: str,
+    size: int,
+    batch: int,
+    workers: int,
+    decode_on: str,
+    compile: str = "off",
+) -> Trained:
+    """A real torchrun launch of the worker, 3 epochs, and its figures."""
+    name = f"{decode_on}-{compile}"
+    spec = write_untrained_model_directory(scratch / f"spec-{name}", ModelSpec(architecture=architecture))
     params = TrainingParams(
         epochs=3,
         batch_size=batch,
@@ -151,17 +172,42 @@ def train_through_the_worker(
         learning_rate=0.01,  # 0.1 without warmup diverged once on these noise images; the rate does not change speed
         print_frequency=10**6,
         decode_on=decode_on,
+        compile=compile,
     )
-    output = scratch / f"model-{decode_on}"
+    output = scratch / f"model-{name}"
     model_dir = launch_training(
         TrainingFolders(image_dir, image_dir, spec, output), params, log=lambda level, line: None
     )
-    rates = [epoch.train_images_per_s for epoch in model_dir.metrics().epochs[1:]]
+    epochs = model_dir.metrics().epochs
     plan = next(
         (line for line in (output / "logs" / "driver_log_0.txt").read_text().splitlines() if "images decoded" in line),
         "",
     )
-    return statistics.median(rates), plan.split("images decoded ")[-1].split(";")[0]
+    return Trained(
+        statistics.median(epoch.train_images_per_s for epoch in epochs[1:]),
+        epochs[0].seconds,
+        statistics.median(epoch.seconds for epoch in epochs[1:]),
+        plan.split("images decoded ")[-1].split(";")[0],
+    )
+
+
+def baseline_worker(code: Path, image_dir: Path, scratch: Path, architecture: str, size: int, batch: int, workers: int):
+    """images/s of the same launch (eager, decoded on the device) by another copy of this project (``code``: e.g.
+    ``git archive`` of the commit before a change), in a process of its own that imports only that copy."""
+    program = (
+        "import sys; from pathlib import Path; from bench.gpu import train_through_the_worker as t; "
+        "r = t(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], *map(int, sys.argv[4:7]), 'device'); print(r[0])"
+    )
+    code = code.resolve()
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(code), os.environ.get("PYTHONPATH")) if p)}
+    arguments = [str(image_dir), str(scratch), architecture, str(size), str(batch), str(workers)]
+    result = subprocess.run(
+        [sys.executable, "-c", program, *arguments], cwd=code, env=env, capture_output=True, text=True
+    )
+    if result.returncode:
+        raise RuntimeError(f"the baseline in {code} failed: {result.stderr[-2000:]}")
+    return float(result.stdout.split()[-1])
 
 
 def measured(what: str, images_per_s: float) -> float:
@@ -170,86 +216,121 @@ def measured(what: str, images_per_s: float) -> float:
     return images_per_s
 
 
-def figures(images: int | None = None, ceiling_seconds: float | None = None, compile: bool = False) -> list[Figure]:
-    cuda = torch.cuda.is_available()
-    architecture, size, batch = ("resnet50", 224, 256) if cuda else ("resnet18", 64, 32)
-    images = images or (4096 if cuda else 192)
+def setting() -> tuple[str, int, int, int]:
+    """(architecture, image side, batch, loader workers): ResNet-50 @224, batch 256 on CUDA; a CPU stand-in."""
     workers = max(0, min(12, (os.cpu_count() or 1) - 2))
-    seconds = ceiling_seconds or (10 if cuda else 5)
+    return ("resnet50", 224, 256, workers) if torch.cuda.is_available() else ("resnet18", 64, 32, workers)
+
+
+def bench_images(scratch: Path, images: int | None, size: int) -> Path:
+    """An ImageDirectory of ``images`` JPEGs (default 4,096 on CUDA, 192 elsewhere) a little larger than ``size``."""
+    write_jpegs(scratch / "jpegs", images or (4096 if torch.cuda.is_available() else 192), side=size + size // 7)
+    return convert_to_image_directory(scratch / "jpegs", scratch / "images").root
+
+
+def figures(
+    images: int | None = None,
+    baseline: Path | None = None,
+    compile: bool = True,
+    loading: bool = False,
+    ceiling_seconds: float | None = None,
+    profile: bool = True,
+) -> list[Figure]:
+    cuda = torch.cuda.is_available()
+    architecture, size, batch, workers = setting()
+    device = torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores), GPU figure pending"
+    result = []
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch:
         scratch = Path(scratch)
-        write_jpegs(scratch / "jpegs", images, side=size + size // 7)
-        image_dir = convert_to_image_directory(scratch / "jpegs", scratch / "images").root
-        ceilings, trained = {}, {}
-        for where in ("device", "cpu"):
-            ceiling = loader_ceiling(image_dir, size, batch, workers, where, seconds)
-            ceilings[where] = measured(f"data-loading ceiling, decoded on {where}", ceiling)
-        for where in ("device", "cpu"):
-            trained[where] = train_through_the_worker(image_dir, scratch, architecture, size, batch, workers, where)
-            measured(f"training, decoded on {where}", trained[where][0])
-    steps = 40 if cuda else 3
-    eager = measured("device ceiling", device_ceiling(architecture, size, batch, steps=steps)[0])
-    unfused = measured(
-        "device ceiling, default SGD", device_ceiling(architecture, size, batch, steps=steps, fused=False)[0]
-    )
-    doubled = measured(
-        f"device ceiling, batch {2 * batch}", device_ceiling(architecture, size, 2 * batch, steps=max(1, steps // 2))[0]
-    )
-
-    device = torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores), GPU figure pending"
-    setting = f"{architecture} @{size}px, batch {batch}, {images} JPEGs {size + size // 7} px, {workers} loader workers, {device}"
-    default = "device" if cuda else "cpu"  # decode_on="auto": the device when training on CUDA from JPEGs
-    training = trained[default][0]
-    result = [
+        image_dir = bench_images(scratch, images, size)
+        count = len(ImageDirectory(image_dir))
+        where = "device" if cuda else "cpu"  # decode_on="auto": the device when training on CUDA from JPEGs
+        setup = f"{architecture} @{size}px, batch {batch}, {count} JPEGs {size + size // 7} px, {workers} loader workers, {device}"
+        if loading:
+            ceilings = {
+                w: loader_ceiling(image_dir, size, batch, workers, w, ceiling_seconds or 10) for w in ("device", "cpu")
+            }
+            result.append(
+                Figure(
+                    "data-loading ceiling: decoded on the device vs by the loader's processes",
+                    measured("data-loading ceiling, decoded on the device", ceilings["device"]),
+                    measured("data-loading ceiling, decoded on the CPU", ceilings["cpu"]),
+                    "images/s",
+                    "above training",
+                    notes=setup,
+                )
+            )
+        before = None
+        if baseline is not None:
+            before = measured(
+                f"training, the code in {baseline}",
+                baseline_worker(baseline, image_dir, scratch / "baseline", architecture, size, batch, workers),
+            )
+        eager = train_through_the_worker(image_dir, scratch, architecture, size, batch, workers, where)
+        measured(
+            f"training, eager (epoch 1 {eager.first_epoch_s:.1f} s, later {eager.later_epoch_s:.1f} s)",
+            eager.images_per_s,
+        )
+        compiled = None
+        if compile:
+            compiled = train_through_the_worker(image_dir, scratch, architecture, size, batch, workers, where, "on")
+            measured(
+                f"training, torch.compile (epoch 1 {compiled.first_epoch_s:.1f} s, later {compiled.later_epoch_s:.1f} s)",
+                compiled.images_per_s,
+            )
+        steps = 40 if cuda else 3
+        ceiling = measured("device ceiling, eager", device_ceiling(architecture, size, batch, steps=steps)[0])
+        ceiling_compiled = None
+        if compile:
+            ceiling_compiled = measured(
+                "device ceiling, torch.compile", device_ceiling(architecture, size, batch, steps=steps, compile=True)[0]
+            )
+        if profile:
+            for compiling in (False, True) if compile else (False,):
+                print(profile_training(image_dir, architecture, size, batch, workers, compiling), flush=True)
+    result.append(
         Figure(
-            f"training {architecture} (bf16 + channels_last on CUDA)",
-            training,
+            f"training {architecture} (bf16 + channels_last on CUDA), eager",
+            eager.images_per_s,
             None,
             "images/s",
             ">= 3,200 images/s on one H100" if cuda else "pending: no GPU",
             H100_GOAL if cuda else None,
-            notes=f"{setting}; median of epochs 2-3; decoded {trained[default][1]} (the default, decode_on=auto)",
-        ),
-        Figure(
-            "training: decoded on the device vs by the loader's processes (decode_on)",
-            trained["device"][0],
-            trained["cpu"][0],
-            "images/s",
-            "faster, to be the default on CUDA",
-            1.0,
-            notes=f"the same run's two launches; the device side decoded {trained['device'][1]}",
-        ),
-        Figure(
-            "data-loading ceiling: decoded on the device vs by the loader's processes",
-            ceilings["device"],
-            ceilings["cpu"],
-            "images/s",
-            "above training",
-            notes=f"{setting}; device side: file bytes from the loader, then decode, resize, crop, normalise on it",
-        ),
-        Figure(
-            "device ceiling (training steps on one batch in device memory)",
-            eager,
-            None,
-            "images/s",
-            ">= 80% of it reached by training",
-            notes=f"{setting}; training reached {training / eager:.0%} of it",
-        ),
-        Figure("device ceiling: fused SGD vs the default (foreach)", eager, unfused, "images/s", "kept if faster"),
-        Figure(
-            f"device ceiling: batch {2 * batch} vs {batch} (images/s)", doubled, eager, "images/s", "kept if faster"
-        ),
-    ]
-    if compile:
-        compiled, compiling = device_ceiling(architecture, size, batch, steps=steps, compile=True)
+            notes=f"{setup}; median of epochs 2-3; decoded {eager.plan}; {eager.images_per_s / ceiling:.0%} of the "
+            f"device ceiling ({ceiling:.0f} images/s, eager)",
+        )
+    )
+    if before is not None:
         result.append(
             Figure(
-                "device ceiling: torch.compile vs eager",
-                compiled,
-                eager,
+                f"training: this code vs the code in {baseline} (eager, the same launch)",
+                eager.images_per_s,
+                before,
+                "images/s",
+                "faster",
+                1.0,
+            )
+        )
+    if compiled is not None and ceiling_compiled is not None:
+        saved = 1 / eager.images_per_s - 1 / compiled.images_per_s  # seconds per image
+        compiling = compiled.first_epoch_s - eager.first_epoch_s
+        pays_after = f"{compiling / saved:,.0f} images" if saved > 0 else "never"
+        result.append(
+            Figure(
+                "training: torch.compile vs eager (the worker, epochs 2-3)",
+                compiled.images_per_s,
+                eager.images_per_s,
                 "images/s",
                 "kept if faster",
-                notes=f"compiling and warm-up took {compiling:.0f} s",
+                1.0,
+                notes=f"epoch 1 took {compiled.first_epoch_s:.1f} s compiled vs {eager.first_epoch_s:.1f} s eager: "
+                f"compiling pays back after {pays_after}; {compiled.images_per_s / ceiling_compiled:.0%} of the "
+                f"compiled device ceiling",
+            )
+        )
+        result.append(
+            Figure(
+                "device ceiling: torch.compile vs eager", ceiling_compiled, ceiling, "images/s", "kept if faster", 1.0
             )
         )
     return result
@@ -258,6 +339,9 @@ def figures(images: int | None = None, ceiling_seconds: float | None = None, com
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=None)
-    parser.add_argument("--compile", action="store_true", help="also the device ceiling under torch.compile")
+    parser.add_argument("--baseline", type=Path, help="also train with the copy of the project in this folder")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile figures")
+    parser.add_argument("--no-profile", action="store_true", help="leave out the profiles of ten steps")
+    parser.add_argument("--loading", action="store_true", help="also the data-loading ceilings")
     args = parser.parse_args()
-    print(table(figures(args.images, compile=args.compile)))
+    print(table(figures(args.images, args.baseline, not args.no_compile, args.loading, profile=not args.no_profile)))

@@ -4,8 +4,11 @@
 # Each step's output goes to $OUT (or ./gpu-results), so what finished comes back even if a later step runs out of
 # time. The bench scripts print ratios measured side by side in this one run.
 #
+#   bash bench/on_gpu.sh smoke                           # the GPU tests, trainings included (under 5 minutes)
+#   bash bench/on_gpu.sh bench_gpu bench_score bench_score_again   # the figures of BENCHMARKS.md
 #   bash bench/on_gpu.sh                                 # every step below, in this order
-#   bash bench/on_gpu.sh pipeline bench_gpu bench_score  # some of them
+# bench_gpu compares with the copy of the code in .baseline/ when there is one (made here, carried with the call):
+#   mkdir .baseline && git archive HEAD tasks flows bench deployments pyproject.toml | tar -x -C .baseline
 set -u
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
@@ -33,17 +36,15 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to $OUT/
     tail -n 15 "$OUT/$name.txt"
 }
 
-for name in "${@:-pipeline stages bench_gpu bench_score bench_score_digits test_gpu compile}"; do
+for name in "${@:-smoke bench_gpu bench_score bench_score_again stages bench_score_digits}"; do
     for name in $name; do
         case $name in
-        pipeline) step pipeline 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu.py -s -k device_pipeline ;;
-        bench_gpu) step bench_gpu 260 python3 -m bench.gpu ;;
+        smoke) step smoke 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/vision/test_device_pipeline.py -s ;;
+        bench_gpu) step bench_gpu 280 python3 -m bench.gpu $([ -d .baseline ] && echo --baseline .baseline) ;;
         stages) step stages 90 python3 -m bench.device_stages ;;
-        compile) step compile 240 python3 -c "from bench.gpu import device_ceiling as d; e = d('resnet50', 224, 256)[0]; c, s = d('resnet50', 224, 256, compile=True); print(f'eager {e:.0f} images/s, torch.compile {c:.0f} images/s ({c / e:.2f}x), compiling {s:.0f} s')" ;;
-        bench_score) step bench_score 150 python3 -m bench.score --image-size 224 --limit-at-224 0 --repetitions 2 \
-            --runtime torch --decode-on device --decode-on cpu --jpegs 1024 ;;
+        bench_score | bench_score_again) step $name 75 python3 -m bench.score --image-size 224 --limit-at-224 0 \
+            --repetitions 2 --runtime torch --jpegs 1024 ;;
         bench_score_digits) step bench_score_digits 90 python3 -m bench.score --image-size 224 --limit-at-224 0 --repetitions 3 ;;
-        test_gpu) step test_gpu 180 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_gpu.py -s ;;
         *) echo "unknown step $name" && exit 2 ;;
         esac
     done

@@ -7,7 +7,7 @@ import base64
 import io
 
 import pandas as pd
-from PIL import Image
+from PIL import Image, ImageOps
 
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.scores_table import IMAGE_COLUMN, LABEL_COLUMN, PROBABILITY_PREFIX, SCORED_LABELS, read_scores
@@ -25,7 +25,9 @@ def confident_mistakes(scores: pd.DataFrame, count: int = GALLERY_SIZE) -> pd.Da
 
 
 def thumbnail_markdown(image: Image.Image, alt: str) -> str:
-    """The image shrunk to at most THUMBNAIL_PX a side (tiny ones enlarged to it, pixels kept sharp), inline."""
+    """The image, upright as displayed (its EXIF orientation applied), shrunk to at most THUMBNAIL_PX a side (tiny
+    ones enlarged to it, pixels kept sharp), inline."""
+    image = ImageOps.exif_transpose(image)
     scale = THUMBNAIL_PX / max(image.size)
     size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
     buffer = io.BytesIO()

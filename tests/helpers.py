@@ -33,6 +33,24 @@ def write_image(path: Path, rgb: tuple[int, int, int], size: int = 16, seed: int
     return path
 
 
+def write_phone_photos(root: Path, width: int = 64, height: int = 48) -> list[Path]:
+    """JPEGs as a phone stores them: the pixels as the sensor read them and an EXIF Orientation tag (1-8, one
+    file each) that viewers turn them by. The picture is lopsided (a dark left half, a top-to-bottom ramp), so a
+    wrong turn or flip is far from the right one."""
+    root.mkdir(parents=True, exist_ok=True)
+    rows = np.linspace(30, 220, height, dtype=np.float32)[:, None]
+    pixels = np.repeat(rows, width, axis=1)
+    pixels[:, : width // 2] *= 0.3
+    rgb = np.stack([pixels, np.full_like(pixels, 90), 255 - pixels], axis=2).astype(np.uint8)
+    paths = []
+    for orientation in range(1, 9):
+        exif = Image.Exif()
+        exif[0x0112] = orientation  # Orientation
+        paths.append(root / f"orientation-{orientation}.jpg")
+        Image.fromarray(rgb).save(paths[-1], quality=95, exif=exif.tobytes())
+    return paths
+
+
 def write_class_folders(root: Path, per_class: int, classes=tuple(COLOURS), seed: int = 0, ext: str = ".png") -> Path:
     for c, name in enumerate(classes):
         for i in range(per_class):

@@ -1,10 +1,12 @@
 """On a CUDA host: the pipeline end to end on the GPU (bf16 autocast, channels_last, cuDNN), ResNet-50 at 224 px
-from JPEGs decoded on the GPU, the device pipeline against the same code on the CPU, GPU scoring against the CPU's
-ONNX export, and a clear error for more processes than GPUs.
+from JPEGs decoded on the GPU, training through torch.compile, the device pipeline against the same code on the
+CPU (phone photos turned upright on both), GPU scoring against the CPU's ONNX export, and a clear error for more
+processes than GPUs.
 
 Skipped elsewhere with the reason shown in pytest's summary (CI has no GPU). On a GPU host:
 
     PYTHONPATH=. python -m pytest -m gpu tests/test_gpu.py
+    bash bench/on_gpu.sh smoke      # these tests and the device pipeline's, with the wheels the host lacks
 """
 
 from pathlib import Path
@@ -22,6 +24,7 @@ from tasks.errors import InvalidTrainingSetupError, PipelineInputError
 from tasks.registry import read_registration
 from tasks.score import score_images
 from tasks.torchrun_launcher import launch_training
+from tests.helpers import write_phone_photos
 
 pytestmark = [
     pytest.mark.gpu,
@@ -171,3 +174,40 @@ def test_the_device_pipeline_on_the_gpu_computes_what_it_does_on_the_cpu(tmp_pat
     assert torch.allclose(normalised_on_gpu, cpu.transform.normalize(augmented_on_cpu), rtol=0, atol=1e-5)
     normalised = gpu(payloads)
     assert normalised.is_cuda and normalised.dtype == torch.float32 and normalised.shape == (7, 3, 224, 224)
+
+
+def test_training_through_torch_compile_on_the_gpu(colour_image_dirs, resnet_spec, tmp_path):
+    train, val = colour_image_dirs
+    params = TrainingParams(epochs=2, batch_size=8, compile="on", learning_rate=0.01)
+    model_dir = launch_training(
+        TrainingFolders(train, val, resnet_spec, tmp_path / "model"), params, log=lambda level, line: None
+    )
+    assert "torch.compile: the network compiles at the first full batch" in rank_log(model_dir.root)
+    epochs = model_dir.metrics().epochs
+    assert len(epochs) == 2 and all(np.isfinite(epoch.train_loss) for epoch in epochs)
+    print(f"compiled training: epoch 1 {epochs[0].seconds:.1f} s (compiling), epoch 2 {epochs[1].seconds:.2f} s")
+
+
+def test_phone_photos_are_upright_on_the_gpu_as_on_the_cpu(tmp_path):
+    """nvJPEG ignores the EXIF orientation tag (torchvision's apply_exif_orientation is for its CPU decoder): the
+    device pipeline turns each photo itself, and so reaches the pixels the loader's PIL path gives."""
+    from tasks.transformations import ImageTransformations
+    from tasks.vision.device_pipeline import DevicePipeline
+    from tasks.vision.images import ImageFiles
+    from tasks.vision.payloads import EncodedImageFiles, collate_payloads
+    from tasks.vision.transforms import eval_transform
+
+    photos = write_phone_photos(tmp_path, width=320, height=240)
+    options = ImageTransformations()
+    transform = eval_transform(options, 224, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    samples = [(path, 0) for path in photos]
+    dataset = EncodedImageFiles(samples, transform)
+    payloads, _ = collate_payloads([dataset[i] for i in range(len(dataset))])
+    on_gpu = DevicePipeline(transform, options, 224, torch.device("cuda")).decode(payloads).cpu()
+    loader = ImageFiles(samples, transform, normalized=False)
+    by_pil = torch.stack([loader[i][0] for i in range(len(loader))])
+    as_stored = by_pil[0]  # orientation 1: as stored and as displayed
+    apart = (on_gpu.int() - by_pil.int()).abs().float().mean(dim=(1, 2, 3))
+    wrong_way = (as_stored.int() - by_pil.int()).abs().float().mean(dim=(1, 2, 3))
+    print(f"GPU vs PIL upright, grey levels per orientation 1-8: {[round(x, 2) for x in apart.tolist()]}")
+    assert apart.max() < 3 and wrong_way[1:].min() > 10

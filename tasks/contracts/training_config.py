@@ -79,6 +79,12 @@ class TrainingParams(BaseModel):
         "loader); auto: device when training on CUDA from JPEGs (1.56x the loader's processes on an H200, "
         "BENCHMARKS.md), else cpu",
     )
+    compile: Literal["off", "on"] = Field(
+        "off",
+        description="on: the training step's network through torch.compile (fused kernels; the last, smaller batch "
+        "of an epoch runs eagerly), compiled during the first batches of the first epoch: about a minute on a GPU "
+        "host, paid back on long trainings only (BENCHMARKS.md); off: eager",
+    )
     data_workers: int | None = Field(
         None, ge=0, description="DataLoader workers per process; empty: 0 on CPU, from the CPUs per process on GPU"
     )

@@ -97,6 +97,14 @@ class EpochContext:
     heartbeat: Heartbeat
     world_size: int
     frozen: Sequence[nn.Module] = field(default_factory=tuple)
+    compiled: nn.Module | None = None  # ``model`` through torch.compile (``compiled_model``), for full batches
+
+
+def compiled_model(model: nn.Module, params: TrainingParams) -> nn.Module | None:
+    """``model`` (the DistributedDataParallel wrapper when there is one: torch.compile then splits the graph at its
+    gradient buckets) through torch.compile when ``params.compile`` is on, else None. Shapes are static: the last,
+    smaller batch of an epoch runs eagerly rather than compiling the network a second time."""
+    return torch.compile(model, dynamic=False) if params.compile == "on" else None
 
 
 class Trained(NamedTuple):
@@ -134,8 +142,9 @@ def train_one_epoch(
     for step, (images, labels) in enumerate(loader, start=1):
         images = model_input(images)
         labels = labels.to(device, non_blocking=True)
+        full = ctx.compiled is not None and labels.size(0) == params.batch_size
         with autocast(device, params):
-            logits = model(images)
+            logits = (ctx.compiled if full else model)(images)
             loss = ctx.criterion(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -62,6 +62,7 @@ from tasks.training.distributed import (
 from tasks.training.fine_tuning import freeze_backbone
 from tasks.training.loop import (
     EpochContext,
+    compiled_model,
     evaluate,
     make_optimizer,
     train_one_epoch,
@@ -139,12 +140,13 @@ def log_plan(spec: TrainedModelSpec, model: nn.Module, data: TrainingData, ctx: 
     )
     head, backbone = split_head_and_backbone(model, spec.architecture)
     logger.info(
-        "fine-tuning %s: head %s (%d parameters) at the learning rate, backbone (%d parameters) %s",
+        "fine-tuning %s: head %s (%d parameters) at the learning rate, backbone (%d parameters) %s; %s",
         params.fine_tuning,
         family_of(spec.architecture).head,
         sum(p.numel() for p in head),
         sum(p.numel() for p in backbone),
         "frozen, in eval mode" if ctx.frozen else f"at {params.backbone_lr_factor:g} x the learning rate",
+        "torch.compile: the network compiles at the first full batch" if ctx.compiled else "eager",
     )
 
 
@@ -213,6 +215,7 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         heartbeat=heartbeat,
         world_size=env.world_size,
         frozen=tuple(frozen),
+        compiled=compiled_model(trains, params),
     )
     metrics = resume_or_start(output, ctx, model, classes, env, steps)
     if env.is_main:

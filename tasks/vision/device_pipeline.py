@@ -5,7 +5,9 @@ tensor, far smaller than its pixels), any other format is decoded on the CPU as 
 ``DevicePipeline``:
 
 1. decodes the batch's JPEGs in one call (``torchvision.io.decode_jpeg`` on a list: nvJPEG's batched decoder on
-   CUDA, libjpeg-turbo on the CPU); a JPEG it cannot decode there is decoded by PIL, like any other format;
+   CUDA, libjpeg-turbo on the CPU); a JPEG it cannot decode there is decoded by PIL, like any other format; each
+   image is then turned upright by its EXIF orientation (read from the header on the host), as PIL's
+   ``exif_transpose`` turns it on the CPU path;
 2. runs the deterministic options (resize, centre crop, pad, grayscale) as tensor operations, on all images of
    one shape at once;
 3. runs the random options as batched tensor operations where it knows them (the edge-padded random crop and the
@@ -34,12 +36,24 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 
 from tasks.transformations import ImageTransformations
-from tasks.vision.payloads import PackedPayloads, decode_on_cpu
+from tasks.vision.payloads import PackedPayloads, decode_on_cpu, exif_orientation
 from tasks.vision.transforms import EdgePaddedRandomCrop, ImageTransform, decode_steps, steps_of
 
 logger = logging.getLogger(__name__)
 
 BATCHED_STEPS = (EdgePaddedRandomCrop, v2.RandomHorizontalFlip, v2.RandomVerticalFlip)
+
+
+def turned_upright(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
+    """A decoded (C, H, W) image as displayed, for its EXIF ``orientation`` (1-8): the flip or turn PIL's
+    ``ImageOps.exif_transpose`` makes for each value (tests/vision/test_device_pipeline.py compares all eight)."""
+    if orientation in (5, 6, 7, 8):  # stored with its sides swapped
+        # 5 transpose; 6 turned clockwise (PIL's ROTATE_270); 7 transverse; 8 turned anticlockwise (ROTATE_90).
+        turn = {5: 0, 6: -1, 7: 2, 8: 1}[orientation]
+        pixels = pixels.transpose(-1, -2) if orientation in (5, 7) else pixels
+        return pixels.rot90(turn, dims=(-2, -1)) if turn else pixels
+    flips = {1: (), 2: (-1,), 3: (-2, -1), 4: (-2,)}.get(orientation, ())
+    return pixels.flip(flips) if flips else pixels
 
 
 class DevicePipeline:
@@ -74,7 +88,7 @@ class DevicePipeline:
             if pixels.dim() == 1:  # the decoder refused it (nvJPEG a CMYK JPEG, for one): PIL, as on the CPU path
                 images[i] = decode_on_cpu(pixels.cpu(), self.transform).to(self.device)
             else:
-                images[i] = pixels
+                images[i] = pixels = turned_upright(pixels, exif_orientation(payloads[i]))
                 by_shape.setdefault(tuple(pixels.shape), []).append(i)
         for indexes in by_shape.values():  # one call per shape for the resize and the other deterministic options
             batch = torch.stack([images[i] for i in indexes])
@@ -142,11 +156,18 @@ class DevicePipeline:
                         row = row.flip(0)
             rows.append(row)
             columns.append(column)
-        rows_, columns_ = torch.stack(rows).to(self.device), torch.stack(columns).to(self.device)
+        rows_, columns_ = self._to_device(torch.stack(rows)), self._to_device(torch.stack(columns))
         images = torch.arange(count, device=self.device)[:, None, None]
         # (N, side, side, 3) from advanced indexing, seen as (N, 3, side, side): channels-last memory, as the
         # network wants it on CUDA.
         return batch[images, :, rows_[:, :, None], columns_[:, None, :]].permute(0, 3, 1, 2)
+
+    def _to_device(self, indexes: torch.Tensor) -> torch.Tensor:
+        """Host tensor to the device without waiting: a copy from pageable memory first waits for everything queued
+        on the device (the step before), so the next step's work could not be queued ahead."""
+        if self.device.type != "cuda":
+            return indexes
+        return indexes.pin_memory().to(self.device, non_blocking=True)
 
     def finish(self, batch: torch.Tensor, training: bool = True) -> torch.Tensor:
         """A decoded batch (``decode``) augmented when ``training``, and normalised."""

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 
 from tasks.contracts.image_directory import ImageSamples
@@ -30,6 +30,13 @@ def choose_image_size(median_side: int) -> int:
     if median_side >= DEFAULT_IMAGE_SIZE:
         return DEFAULT_IMAGE_SIZE
     return max(SMALLEST_IMAGE_SIZE, math.ceil(median_side / 32) * 32)
+
+
+def upright_rgb(image: Image.Image) -> Image.Image:
+    """``image`` as every viewer shows it: turned by its EXIF Orientation tag (a phone stores a portrait photo
+    sideways with the tag), then RGB. The CPU decode paths all open images through this."""
+    ImageOps.exif_transpose(image, in_place=True)
+    return image.convert("RGB")
 
 
 class PathsAndLabels(Sequence[tuple[str, int]]):
@@ -87,7 +94,7 @@ class ImageFiles(Dataset):
             pixels = self._cache[index]
         else:
             with Image.open(path) as image:
-                pixels = self.transform.decode(image.convert("RGB"))
+                pixels = self.transform.decode(upright_rgb(image))
             if index < len(self._cached):
                 self._cache[index] = pixels
                 self._cached[index] = True

@@ -13,14 +13,16 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import ExifTags, Image
 from torch.utils.data import Dataset
 
 from tasks.contracts.image_directory import ImageSamples
-from tasks.vision.images import PathsAndLabels
+from tasks.vision.images import PathsAndLabels, upright_rgb
 from tasks.vision.transforms import ImageTransform
 
 JPEG_START = b"\xff\xd8\xff"  # every JPEG file begins with a start-of-image marker and the next marker's 0xFF
+# EXIF sits in an APP1 segment (at most 64 KiB) among the markers before the image data, and begins with this.
+EXIF_START, EXIF_WITHIN = b"Exif\x00\x00", 2**16 + 1024
 
 
 def is_jpeg(data: torch.Tensor) -> bool:
@@ -50,7 +52,22 @@ class EncodedImageFiles(Dataset):
 
 def decode_on_cpu(data: torch.Tensor, transform: ImageTransform) -> torch.Tensor:
     with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
-        return transform.decode(image.convert("RGB"))
+        return transform.decode(upright_rgb(image))
+
+
+def exif_orientation(data: torch.Tensor) -> int:
+    """The EXIF Orientation (1-8) of an encoded image's bytes (a 1-D uint8 tensor), read by PIL from the header
+    only; 1 (as stored) when there is no tag or it is not one of the eight. nvJPEG ignores the tag (torchvision's
+    ``apply_exif_orientation`` is for the CPU decoder only), so the device pipeline turns the pixels itself."""
+    head = data[:EXIF_WITHIN].numpy().tobytes()
+    if EXIF_START not in head:  # most files: no EXIF at all, and no PIL call
+        return 1
+    try:
+        with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
+            orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
+    except (OSError, ValueError, SyntaxError):  # unreadable metadata: the decoder decides about the image
+        return 1
+    return orientation if orientation in range(1, 9) else 1
 
 
 def threaded_batches(

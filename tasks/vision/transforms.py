@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 from PIL import Image
@@ -42,8 +42,7 @@ class ImageTransform:
 
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
         # The operations of ConvertImageDtype + Normalize, in their order: the same bits on any device.
-        mean = torch.tensor(self.mean, dtype=torch.float32, device=pixels.device).view(-1, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32, device=pixels.device).view(-1, 1, 1)
+        mean, std = channel_values(tuple(self.mean), pixels.device), channel_values(tuple(self.std), pixels.device)
         return pixels.to(torch.float32).div_(255).sub_(mean).div_(std)
 
     def finish(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -51,6 +50,13 @@ class ImageTransform:
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
         return self.finish(self.decode(image))
+
+
+@lru_cache(maxsize=16)
+def channel_values(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """Per-channel values as a (C, 1, 1) float32 tensor on ``device``, made once: made per batch, each was a copy
+    from pageable host memory, which waits for all the work queued on the device (a sync every step)."""
+    return torch.tensor(values, dtype=torch.float32, device=device).view(-1, 1, 1)
 
 
 class EdgePaddedRandomCrop:

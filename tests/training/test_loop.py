@@ -1,5 +1,6 @@
 """tasks/training/loop.py: the optimiser, the schedule, early stopping."""
 
+import pytest
 import torch
 
 from tasks.contracts.model_directory import (
@@ -50,3 +51,51 @@ def test_early_stopping_after_patience_epochs_without_lower_validation_loss():
     for n, loss in enumerate([0.5, 0.6, 0.7], start=1):
         last.add_epoch(epoch(n, loss, 0.5), patience=2, total_epochs=3)
     assert not last.stopped_early, "finishing on the last epoch is not stopping early"
+
+
+@pytest.mark.slow  # inductor compiles C++ for the CPU: about 30 s
+def test_compiled_training_matches_eager_and_runs_the_last_smaller_batch_eagerly(tmp_path):
+    """torch.compile (inductor, on the CPU here) trains the full batches to the eager result; the last batch of 3
+    runs eagerly instead of compiling the network for a second shape (a recompile would raise here)."""
+    import torch._dynamo
+
+    from tasks.lifeline import Heartbeat
+    from tasks.training.loop import EpochContext, compiled_model, train_one_epoch
+
+    def trained(compile: str) -> tuple[float, torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.LazyLinear(4),
+        )
+        model(torch.zeros(2, 3, 8, 8))
+        params = TrainingParams(batch_size=8, print_frequency=100, compile=compile)
+        optimizer = make_optimizer(model, 0.05, params)
+        ctx = EpochContext(
+            model=model,
+            optimizer=optimizer,
+            scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
+            criterion=torch.nn.CrossEntropyLoss(),
+            device=torch.device("cpu"),
+            params=params,
+            heartbeat=Heartbeat(tmp_path, 0),  # not started: progress is only recorded
+            world_size=1,
+            compiled=compiled_model(model, params),
+        )
+        assert (ctx.compiled is None) == (compile == "off")
+        generator = torch.Generator().manual_seed(1)
+        batches = [
+            (torch.randn(n, 3, 8, 8, generator=generator), torch.randint(0, 4, (n,), generator=generator))
+            for n in (8, 8, 3)
+        ]
+        result = train_one_epoch(ctx, batches, lambda images: images, epoch=0)
+        return result.train_loss, model[-1].weight.detach().clone()
+
+    torch._dynamo.reset()
+    eager_loss, eager_weights = trained("off")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled_loss, compiled_weights = trained("on")
+    assert abs(compiled_loss - eager_loss) < 1e-4 and torch.allclose(compiled_weights, eager_weights, atol=1e-4)

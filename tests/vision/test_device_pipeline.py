@@ -7,13 +7,21 @@ import threading
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 from tasks.transformations import ImageTransformations
-from tasks.vision.device_pipeline import DecodedAhead, DevicePipeline
+from tasks.vision.device_pipeline import DecodedAhead, DevicePipeline, turned_upright
 from tasks.vision.images import ImageFiles
-from tasks.vision.payloads import EncodedImageFiles, PackedPayloads, collate_payloads, is_jpeg, threaded_batches
+from tasks.vision.payloads import (
+    EncodedImageFiles,
+    PackedPayloads,
+    collate_payloads,
+    exif_orientation,
+    is_jpeg,
+    threaded_batches,
+)
 from tasks.vision.transforms import eval_transform, train_transform
+from tests.helpers import write_phone_photos
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CPU = torch.device("cpu")
@@ -99,6 +107,42 @@ def test_decoding_a_batch_of_mixed_images_agrees_with_the_cpu_path(tmp_path):
     assert difference.float().mean() < 0.25 and difference.max() <= 2
     normalised = pipeline(payloads, training=False)
     assert normalised.dtype == torch.float32 and torch.equal(normalised, pipeline.transform.normalize(on_device))
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_each_exif_orientation_is_turned_as_pil_turns_it(orientation):
+    stored = Image.fromarray(np.random.default_rng(orientation).integers(0, 256, (5, 7, 3), dtype=np.uint8))
+    stored.getexif()[0x0112] = orientation
+    displayed = np.asarray(ImageOps.exif_transpose(stored))
+    turned = turned_upright(torch.from_numpy(np.array(stored)).permute(2, 0, 1), orientation)
+    assert np.array_equal(turned.permute(1, 2, 0).numpy(), displayed)
+
+
+def test_phone_photos_are_seen_upright_by_both_decode_paths(tmp_path):
+    """A photo stored sideways with its EXIF Orientation tag reaches the network as every viewer shows it, whether
+    the loader decodes it (PIL) or the device pipeline does (nvJPEG or libjpeg-turbo, then turned on the device)."""
+    photos = write_phone_photos(tmp_path)
+    samples = [(path, 0) for path in photos]
+    pipeline = pipeline_for({}, training=False)
+    dataset = EncodedImageFiles(samples, pipeline.transform)
+    payloads, _ = collate_payloads([dataset[i] for i in range(len(dataset))])
+    assert [exif_orientation(payload) for payload in payloads.unpack()] == list(range(1, 9))
+    assert exif_orientation(torch.tensor(list(b"\xff\xd8\xff\xe0 no metadata"), dtype=torch.uint8)) == 1
+
+    on_device = pipeline.decode(payloads)
+    loader = ImageFiles(samples, pipeline.transform, normalized=False)
+    by_loader = torch.stack([loader[i][0] for i in range(len(loader))])
+    displayed = []
+    for path in photos:
+        with Image.open(path) as photo:
+            displayed.append(pipeline.transform.decode(ImageOps.exif_transpose(photo).convert("RGB")))
+    displayed = torch.stack(displayed)
+    as_stored = pipeline.transform.decode(Image.open(photos[0]).convert("RGB"))  # orientation 1: never turned
+    assert torch.equal(by_loader, displayed), "the loader's PIL path turns each photo as PIL shows it"
+    apart = (on_device.int() - displayed.int()).abs().float().mean(dim=(1, 2, 3))
+    wrong_way = (as_stored.int() - displayed.int()).abs().float().mean(dim=(1, 2, 3))
+    print(f"device path vs upright, grey levels per photo: {apart.tolist()}; left as stored: {wrong_way.tolist()}")
+    assert apart.max() < 1.0 and wrong_way[1:].min() > 10
 
 
 def test_a_file_that_only_claims_to_be_a_jpeg_is_left_to_pil_which_names_it(tmp_path):
