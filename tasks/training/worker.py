@@ -146,7 +146,7 @@ def log_plan(spec: TrainedModelSpec, model: nn.Module, data: TrainingData, ctx: 
         sum(p.numel() for p in head),
         sum(p.numel() for p in backbone),
         "frozen, in eval mode" if ctx.frozen else f"at {params.backbone_lr_factor:g} x the learning rate",
-        "torch.compile: the network compiles at the first full batch" if ctx.compiled else "eager",
+        "torch.compile: the network compiles at the first full batch" if ctx.compiled is not None else "eager",
     )
 
 

@@ -6,8 +6,8 @@ tensor, far smaller than its pixels), any other format is decoded on the CPU as 
 
 1. decodes the batch's JPEGs in one call (``torchvision.io.decode_jpeg`` on a list: nvJPEG's batched decoder on
    CUDA, libjpeg-turbo on the CPU); a JPEG it cannot decode there is decoded by PIL, like any other format; each
-   image is then turned upright by its EXIF orientation (read from the header on the host), as PIL's
-   ``exif_transpose`` turns it on the CPU path;
+   image is then turned upright by its EXIF orientation (read from the header by the loader, while packing the
+   batch), as PIL's ``exif_transpose`` turns it on the CPU path;
 2. runs the deterministic options (resize, centre crop, pad, grayscale) as tensor operations, on all images of
    one shape at once;
 3. runs the random options as batched tensor operations where it knows them (the edge-padded random crop and the
@@ -74,7 +74,9 @@ class DevicePipeline:
     def decode(self, payloads: PackedPayloads | Sequence[torch.Tensor]) -> torch.Tensor:
         """The uint8 batch (N, 3, side, side) on the device after the deterministic options, in payload order."""
         if isinstance(payloads, PackedPayloads):
-            payloads = payloads.unpack()
+            orientations, payloads = payloads.orientations(), payloads.unpack()
+        else:
+            orientations = [exif_orientation(payload) if payload.dim() == 1 else 1 for payload in payloads]
         images: list[torch.Tensor | None] = [None] * len(payloads)
         encoded = []
         for i, payload in enumerate(payloads):
@@ -88,7 +90,7 @@ class DevicePipeline:
             if pixels.dim() == 1:  # the decoder refused it (nvJPEG a CMYK JPEG, for one): PIL, as on the CPU path
                 images[i] = decode_on_cpu(pixels.cpu(), self.transform).to(self.device)
             else:
-                images[i] = pixels = turned_upright(pixels, exif_orientation(payloads[i]))
+                images[i] = pixels = turned_upright(pixels, orientations[i])
                 by_shape.setdefault(tuple(pixels.shape), []).append(i)
         for indexes in by_shape.values():  # one call per shape for the resize and the other deterministic options
             batch = torch.stack([images[i] for i in indexes])

@@ -99,22 +99,32 @@ class PackedPayloads(NamedTuple):
     """A batch's payloads as two tensors: what a loader process hands over and pins in one piece. Handed over as a
     list, each of a batch's 256 payloads travelled as a shared-memory segment of its own and was pinned on its own:
     the loading ceiling then stopped at 2,809 images/s on an H200 while the device pipeline alone decoded 11,908
-    (BENCHMARKS.md)."""
+    (BENCHMARKS.md). A JPEG's EXIF orientation is read while packing, in the loader's processes: read in the
+    training process, beside the step, it cost that process's time (BENCHMARKS.md, 2026-11-26 H100)."""
 
     data: torch.Tensor  # uint8: every payload's bytes, one after another
-    shapes: torch.Tensor  # int64 (N, 3): a JPEG's (bytes, 0, 0), a decoded image's (channels, height, width)
+    shapes: torch.Tensor  # int64 (N, 3): a JPEG's (bytes, 0, EXIF orientation), a decoded image's (C, H, W)
 
     @classmethod
     def pack(cls, payloads: Sequence[torch.Tensor]) -> PackedPayloads:
-        shapes = [[*payload.shape, 0, 0] if payload.dim() == 1 else list(payload.shape) for payload in payloads]
+        shapes = [
+            [*payload.shape, 0, exif_orientation(payload)] if payload.dim() == 1 else list(payload.shape)
+            for payload in payloads
+        ]
         return cls(torch.cat([payload.reshape(-1) for payload in payloads]), torch.tensor(shapes, dtype=torch.int64))
 
     def unpack(self) -> list[torch.Tensor]:
         """The payloads again, as views of ``data`` (pinned where it is)."""
-        parts = torch.split(self.data, self.shapes.clamp(min=1).prod(dim=1).tolist())  # a JPEG's row: (bytes, 1, 1)
+        encoded = self.shapes[:, 1] == 0
+        sizes = torch.where(encoded, self.shapes[:, 0], self.shapes.prod(dim=1))
+        parts = torch.split(self.data, sizes.tolist())
         return [
             part.view(*shape) if shape[1] else part for part, shape in zip(parts, self.shapes.tolist(), strict=True)
         ]
+
+    def orientations(self) -> list[int]:
+        """Each payload's EXIF orientation (1 for a decoded image: PIL turned it already)."""
+        return [orientation if height == 0 else 1 for _, height, orientation in self.shapes.tolist()]
 
 
 def collate_payloads(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[PackedPayloads, torch.Tensor]:

@@ -126,10 +126,12 @@ def test_phone_photos_are_seen_upright_by_both_decode_paths(tmp_path):
     pipeline = pipeline_for({}, training=False)
     dataset = EncodedImageFiles(samples, pipeline.transform)
     payloads, _ = collate_payloads([dataset[i] for i in range(len(dataset))])
-    assert [exif_orientation(payload) for payload in payloads.unpack()] == list(range(1, 9))
+    # Read while packing (in the loader's processes), and again from the bytes when a plain list comes.
+    assert payloads.orientations() == [exif_orientation(payload) for payload in payloads.unpack()] == list(range(1, 9))
     assert exif_orientation(torch.tensor(list(b"\xff\xd8\xff\xe0 no metadata"), dtype=torch.uint8)) == 1
 
     on_device = pipeline.decode(payloads)
+    assert torch.equal(on_device, pipeline.decode(payloads.unpack())), "packed or a list: one result"
     loader = ImageFiles(samples, pipeline.transform, normalized=False)
     by_loader = torch.stack([loader[i][0] for i in range(len(loader))])
     displayed = []
