@@ -39,13 +39,26 @@ from tasks.local_files import write_text_atomic
 
 MANIFEST_NAME = "image_directory.json"
 FORMAT_VERSION = 2
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"})
+# Formats stored re-encoded as JPEG (quality 95, RGB): phones' formats that not every decode path reads (nvJPEG,
+# torchvision, onnx checks). HEIC/HEIF through pillow-heif, AVIF through Pillow itself.
+REENCODED_AS_JPEG = frozenset({"HEIF", "AVIF"})
+REENCODED_EXTENSIONS = frozenset({".heic", ".heif", ".avif"})
+IMAGE_EXTENSIONS = (
+    frozenset({".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"}) | REENCODED_EXTENSIONS
+)
 
 # Characters Windows refuses in names (and "%", which escapes them); names Windows reserves for devices.
 _UNSAFE_CHARACTERS = frozenset('<>:"/\\|?*%') | {chr(c) for c in range(32)} | {chr(127)}
 _RESERVED_NAMES = frozenset({"con", "prn", "aux", "nul"} | {f"{d}{i}" for d in ("com", "lpt") for i in range(1, 10)})
 _MAX_NAME_BYTES = 255
 _MAX_SUFFIX_BYTES = 16
+
+
+def stored_file_name(name: str) -> str:
+    """The name an image is stored under: ``safe_name``, and ``.jpg`` after a format stored as JPEG
+    (``IMG_0001.HEIC`` -> ``IMG_0001.HEIC.jpg``: no other file's name can be the same)."""
+    safe = safe_name(name)
+    return safe + ".jpg" if os.path.splitext(name)[1].lower() in REENCODED_EXTENSIONS else safe
 
 
 def safe_name(name: str) -> str:
@@ -101,6 +114,13 @@ class ImageRecord(BaseModel):
     source_path: str | None = Field(
         None, description="the user's name for the file: its path relative to the source, as it was spelt there"
     )
+    orientation: int = Field(
+        1,
+        ge=0,
+        le=8,
+        description="the source's EXIF orientation, applied when the image was stored upright (1: stored as it "
+        "was; 0: not recorded, an older conversion)",
+    )
 
 
 class QuarantinedFile(BaseModel):
@@ -154,7 +174,7 @@ def index_rows(records: Iterable[ImageRecord], classes: Sequence[str]) -> Iterat
     position = {name: i for i, name in enumerate(classes)}
     for r in records:
         label = -1 if r.label is None else position[r.label]
-        yield Row(r.path, r.source_path, label, r.sha256, r.size_bytes, r.width, r.height, r.mode)
+        yield Row(r.path, r.source_path, label, r.sha256, r.size_bytes, r.width, r.height, r.mode, r.orientation)
 
 
 class ImageSamples(Sequence[tuple[Path, int]]):

@@ -10,6 +10,9 @@
     size_bytes                               int64
     width, height                            int32, pixels
     mode                                     S8: Pillow mode ('L', 'RGB', ...)
+    orientation                              int8: the source's EXIF orientation (1-8), applied when it was
+                                             stored (1: stored as it was); absent from indexes written before
+                                             2026-11-26, read as 0 (not recorded)
 
 ``numpy.load`` reads it as any ``.npz``. Its members are stored uncompressed, so each column is memory-mapped
 where it lies in the file: a process holds no Python object per image, and the training ranks of a host share
@@ -43,7 +46,9 @@ FIXED_COLUMNS = {
     "width": np.dtype("<i4"),
     "height": np.dtype("<i4"),
     "mode": np.dtype("S8"),
+    "orientation": np.dtype("i1"),
 }
+OPTIONAL_COLUMNS = {"orientation": 0}  # a column added later: its value in an index written before it
 CHUNK_ROWS = 65536  # rows handled at once where a column is walked in Python or re-laid out
 
 
@@ -58,6 +63,7 @@ class Row(NamedTuple):
     width: int
     height: int
     mode: str
+    orientation: int = 1
 
 
 class Strings(Sequence[str]):
@@ -123,6 +129,7 @@ class ImageIndex:
     width: np.ndarray
     height: np.ndarray
     mode: np.ndarray
+    orientation: np.ndarray
 
     def __len__(self) -> int:
         return len(self.label)
@@ -131,6 +138,9 @@ class ImageIndex:
     def open(cls, path: Path) -> ImageIndex:
         """The index in ``path`` (an ``image_index.npz``), each column memory-mapped read-only."""
         columns = _mapped_members(path)
+        for name, value in OPTIONAL_COLUMNS.items():
+            if name not in columns:
+                columns[name] = np.full(len(columns["label"]), value, dtype=FIXED_COLUMNS[name])
 
         def strings(name: str) -> Strings:
             return Strings(columns[f"{name}.bytes"], columns[f"{name}.offsets"])
@@ -160,6 +170,7 @@ class ImageIndex:
             int(self.width[i]),
             int(self.height[i]),
             self.mode[i].decode(),
+            int(self.orientation[i]),
         )
 
     def take(self, rows: np.ndarray) -> ImageIndex:
@@ -238,6 +249,7 @@ def _mapped_members(path: Path) -> dict[str, np.ndarray]:
             else:
                 arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=handle.tell(), shape=shape)
     expected = {f"{n}.{part}" for n in STRING_COLUMNS for part in ("bytes", "offsets")} | set(FIXED_COLUMNS)
+    expected -= set(OPTIONAL_COLUMNS)
     if missing := expected - arrays.keys():
         raise ValueError(f"no {', '.join(sorted(missing))} in it")
     return arrays

@@ -96,6 +96,7 @@ class _Found:
                 record.width,
                 record.height,
                 record.mode,
+                record.orientation,
             )
         )
         self.counts[record.label] += 1

@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from tasks.contracts.image_directory import IMAGE_EXTENSIONS, QuarantinedFile, safe_name
+from tasks.contracts.image_directory import IMAGE_EXTENSIONS, QuarantinedFile, safe_name, stored_file_name
 from tasks.convert.listing import Folder, FolderListing
 
 _SHOWN = 5  # names quoted in a message before "and N more"
@@ -206,7 +206,7 @@ class Plan:
 
     def stored(self, folders: dict[str, str]) -> Iterator[tuple[SourceFile, str]]:
         """Each image to convert, in path order, with where it goes (a POSIX path): below its class's folder
-        (``folders``), every component made safe (``safe_name``).
+        (``folders``), every component made safe (``safe_name``; a file's name by ``stored_file_name``).
 
         Paths equal once made safe, or equal but for letter case or Unicode normalisation (``café`` spelt NFC and
         NFD in two merged class folders), get ``~2``, ``~3`` before the extension: none overwrites another; each
@@ -228,7 +228,7 @@ class Plan:
                 names = taken[key] = set()
                 here[1].append(key)
             prefix = (folders[label],) if label is not None else ()
-            stored_name, n = safe_name(name), 1
+            stored_name, n = stored_file_name(name), 1
             candidate = stored_name
             while candidate.casefold() in names:
                 n += 1
@@ -253,6 +253,6 @@ class Plan:
 def _colliding(folder: Folder) -> set[int]:
     """The hashes of the names (made safe, case-folded) that more than one of ``folder``'s files have: 8 bytes a
     file while it is worked out, rather than a set of every name."""
-    keys = np.fromiter((hash(safe_name(n).casefold()) for n in folder.iter_names()), np.int64, folder.count)
+    keys = np.fromiter((hash(stored_file_name(n).casefold()) for n in folder.iter_names()), np.int64, folder.count)
     values, counts = np.unique(keys, return_counts=True)
     return set(values[counts > 1].tolist())

@@ -7,6 +7,12 @@ later image would fail the same way and none of them is to blame. Pillow's own d
 
 Each image is written with an exclusive create, checked, and only then recorded in the folder's journal
 (``output_folder.StoredJournal``), which lets a conversion stopped by its storage go on where it stopped.
+
+Images are stored as every viewer shows them: one with an EXIF orientation other than 1 (a phone's portrait photo,
+stored sideways with the tag) is turned upright and re-encoded in its own format, losslessly where the format
+allows (PNG, WebP lossless, TIFF) and for JPEG with the original's quantisation tables and chroma subsampling, the
+orientation recorded (``ImageRecord.orientation``). HEIC/HEIF (``pillow-heif``) and AVIF are stored as JPEG
+(quality 95, RGB), which every decode path reads, nvJPEG included. Every other image is a byte-for-byte copy.
 """
 
 from __future__ import annotations
@@ -22,12 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
-from tasks.contracts.image_directory import ImageRecord, Normalisation, QuarantinedFile
+from tasks.contracts.image_directory import REENCODED_AS_JPEG, ImageRecord, Normalisation, QuarantinedFile
 from tasks.convert.output_folder import StoredJournal, WriteFailed, writing
 from tasks.convert.plan import SourceFile
 from tasks.local_files import sha256_file
+
+try:  # HEIC/HEIF, the iPhone's format: Pillow reads it once pillow-heif has registered its opener
+    from pillow_heif import register_heif_opener
+
+    register_heif_opener()
+    HEIF_READER: str | None = None
+except ImportError:  # a host installed with --no-deps (the GPU hosts): HEIC files are quarantined, saying why
+    HEIF_READER = "HEIC/HEIF needs pillow-heif, which is not installed here: pip install pillow-heif"
 
 # Pillow holds RGB as 4 bytes a pixel; normalising adds the rotated and the converted copy.
 _BYTES_PER_PIXEL, _NORMALISING_BYTES_PER_PIXEL = 4, 12
@@ -134,6 +148,60 @@ class Stored(NamedTuple):
     mode: str
     sha256: str
     size_bytes: int
+    orientation: int = 1
+
+
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation (1-8) of an opened image, from its header: 1 when it has none. A PNG's eXIf chunk is
+    looked at only when it comes before the image data (where Pillow has read it on opening): asking for one after
+    would decode the whole image before the pixel budget is held."""
+    if image.format == "PNG" and "exif" not in image.info:
+        return 1
+    value = image.getexif().get(ExifTags.Base.Orientation, 1)
+    return value if value in range(1, 9) else 1
+
+
+def _reencoding(source: Image.Image, upright: Image.Image) -> tuple[Image.Image, str, dict]:
+    """(the image to save, its format, the save options) for an upright copy of ``source`` in its own format, or
+    as JPEG for the formats not every decode path reads (HEIC, AVIF); metadata kept, the orientation tag dropped
+    (``exif_transpose`` removes it from ``upright``)."""
+    metadata = {key: upright.info[key] for key in ("exif", "icc_profile") if upright.info.get(key)}
+    fmt = source.format or "PNG"
+    if fmt in ("JPEG", "MPO"):
+        options = {"qtables": source.quantization}
+        if (sampling := JpegImagePlugin.get_sampling(source)) >= 0:
+            options["subsampling"] = sampling
+        return (
+            upright.convert("RGB") if upright.mode not in ("RGB", "L", "CMYK") else upright,
+            "JPEG",
+            metadata | options,
+        )
+    if fmt.upper() in REENCODED_AS_JPEG:
+        return upright.convert("RGB"), "JPEG", metadata | {"quality": 95}
+    if fmt == "WEBP":
+        return upright, fmt, metadata | {"lossless": True}
+    return upright, fmt, metadata
+
+
+def _store_upright(image: Image.Image, destination: Path, settings: StoreSettings, orientation: int) -> Stored:
+    """Decode ``image`` whole (damage shows), turn it upright and write it re-encoded (``_reencoding``)."""
+    with settings.budget.hold(image.width * image.height * _NORMALISING_BYTES_PER_PIXEL):
+        image.load()
+        result, fmt, options = _reencoding(image, ImageOps.exif_transpose(image))
+        buffer = io.BytesIO()
+        result.save(buffer, format=fmt, **options)
+    data = buffer.getvalue()
+    with writing(), open(destination, "xb") as writer:
+        writer.write(data)
+    return Stored(*result.size, result.mode, hashlib.sha256(data).hexdigest(), len(data), orientation)
+
+
+def _needs_reencoding(image: Image.Image) -> int | None:
+    """The orientation to store ``image`` upright with, when it cannot be a byte-for-byte copy; else None."""
+    orientation = exif_orientation(image)
+    if orientation != 1 or (image.format or "").upper() in REENCODED_AS_JPEG:
+        return orientation
+    return None
 
 
 def _decode(image: Image.Image, settings: StoreSettings) -> tuple[int, int, str]:
@@ -152,6 +220,8 @@ def _store_bytes(data: bytes, destination: Path, settings: StoreSettings) -> Sto
     stored, whatever the source does meanwhile."""
     with Image.open(io.BytesIO(data)) as image:  # the header only: a huge or hostile file is refused before any decode
         _check_pixels(image, settings.max_pixels)
+        if (orientation := _needs_reencoding(image)) is not None:
+            return _store_upright(image, destination, settings, orientation)
         with writing(), open(destination, "xb") as writer:
             writer.write(data)
         return Stored(*_decode(image, settings), hashlib.sha256(data).hexdigest(), len(data))
@@ -170,14 +240,18 @@ def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> Stor
         normalisation = settings.normalisation
         if normalisation is not None:
             with settings.budget.hold(image.width * image.height * _NORMALISING_BYTES_PER_PIXEL):
+                orientation = exif_orientation(image)
                 image.load()
-                fmt = image.format
+                fmt = "JPEG" if (image.format or "").upper() in REENCODED_AS_JPEG else image.format
                 result = ImageOps.exif_transpose(image).convert(normalisation.mode)
                 if normalisation.max_side and max(result.size) > normalisation.max_side:
                     result.thumbnail((normalisation.max_side, normalisation.max_side), Image.Resampling.LANCZOS)
                 with writing(), open(destination, "xb") as writer:
                     result.save(writer, format=fmt, **_SAVE_OPTIONS.get(fmt, {}))
-                return Stored(*result.size, result.mode, sha256_file(destination), destination.stat().st_size)
+                size = destination.stat().st_size
+                return Stored(*result.size, result.mode, sha256_file(destination), size, orientation)
+        if (orientation := _needs_reencoding(image)) is not None:  # too large to hold, yet not to be copied
+            return _store_upright(image, destination, settings, orientation)
     # A large file is streamed: the copy is what gets decoded and hashed.
     _copy_exclusively(file.path, destination)
     with Image.open(destination) as image:
@@ -205,7 +279,8 @@ def store_image(file: SourceFile, target: str, root: Path, settings: StoreSettin
     except Image.DecompressionBombError as error:
         reason = f"over Pillow's decompression-bomb guard: {error}"
     except UnidentifiedImageError:
-        reason = "not an image: Pillow cannot identify the file's format"
+        heif = Path(where).suffix.lower() in (".heic", ".heif")
+        reason = HEIF_READER if heif and HEIF_READER else "not an image: Pillow cannot identify the file's format"
     except OSError as error:
         if error.errno in _UNREADABLE_ERRNOS and getattr(error, "filename", None) not in (None, str(destination)):
             reason = f"unreadable file: [Errno {error.errno}] {error.strerror}"

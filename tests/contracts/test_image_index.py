@@ -158,3 +158,14 @@ def test_a_rank_holds_no_python_object_per_image_of_an_image_directory(tmp_path)
     assert ours < imagefolder / 10, (ours, imagefolder)
     dataset = ImageFiles(ImageDirectory(tmp_path).samples(), transform)
     assert len(dataset) == 20_000 and dataset.samples[123] == (tmp_path / written[123].path, written[123].label)
+
+
+def test_an_index_written_before_the_orientation_column_reads_it_as_not_recorded(tmp_path):
+    written = ImageIndex.from_rows(rows(20))
+    assert written.orientation.tolist() == [1] * 20, "rows default to stored as they were"
+    older = {name: array for name, array in written.columns().items() if name != "orientation"}
+    np.savez(tmp_path / INDEX_NAME, **older)
+
+    index = ImageIndex.open(tmp_path / INDEX_NAME)
+
+    assert index.orientation.tolist() == [0] * 20 and index.row(3) == rows(20)[3]._replace(orientation=0)

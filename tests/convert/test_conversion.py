@@ -139,7 +139,7 @@ def test_bad_files_are_quarantined_with_their_reason(colour_source, tmp_path):
     assert reasons["blue/truncated.png"].startswith("damaged or truncated image")
     assert reasons["blue/truncated.jpg"].startswith("damaged or truncated image")
     assert reasons["blue/bomb.png"].startswith("over Pillow's decompression-bomb guard")
-    assert reasons["red/README.txt"].startswith("not an image type this stage reads (.bmp, .jpeg")
+    assert reasons["red/README.txt"].startswith("not an image type this stage reads (.avif, .bmp, .heic, .heif, .jpeg")
     assert len(reasons) == 7 and image_dir.manifest.counts == {name: 6 for name in COLOURS}
     assert not (tmp_path / "out" / "red" / "notes.jpg").exists() and snapshot(colour_source) == before
 
