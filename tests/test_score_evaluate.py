@@ -291,3 +291,36 @@ def test_two_class_evaluations_show_roc_and_precision_recall_curves(prefect_serv
     with Image.open(two.with_name("roc_pr_curves.png")) as picture:
         assert picture.format == "PNG" and picture.size == (1000, 450)
     assert not three.with_name("roc_pr_curves.png").exists() and 0.5 < evaluation.auc_ovr < 1
+
+
+def test_a_tagged_photo_scores_like_its_upright_twin_on_the_cpu(trained_model, tmp_path):
+    """A photo stored sideways with EXIF orientation 6 and its upright twin get the same scores, on the loader's
+    path and the device pipeline's (run on the CPU here)."""
+    from PIL import Image
+
+    from tasks import convert_to_image_directory
+
+    rng = np.random.default_rng(4)
+    for name in ("phone", "twin"):
+        (tmp_path / name).mkdir()
+    for i in range(4):
+        pixels = np.zeros((16, 24, 3), dtype=np.uint8)
+        pixels[:, :12], pixels[:, 12:] = (220, 30, 30), (30, 40, 220)  # red left half, blue right half
+        pixels = np.clip(pixels + rng.integers(-20, 20, pixels.shape), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "twin" / f"{i}.jpg", quality=95)
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        Image.fromarray(np.rot90(pixels).copy()).save(tmp_path / "phone" / f"{i}.jpg", quality=95, exif=exif.tobytes())
+    model_dir = ModelDirectory(trained_model)
+    for decode_on in ("cpu", "device"):
+        tables = [
+            score_images(
+                model_dir,
+                convert_to_image_directory(tmp_path / name, tmp_path / f"out-{name}-{decode_on}", labeled=False),
+                decode_on=decode_on,
+            )
+            for name in ("phone", "twin")
+        ]
+        columns = [c for c in tables[0].columns if c.startswith("Scored Probabilities_")]
+        apart = np.abs(tables[0][columns].to_numpy() - tables[1][columns].to_numpy()).max()
+        assert apart < 0.05 and list(tables[0]["Scored Labels"]) == list(tables[1]["Scored Labels"]), decode_on

@@ -110,3 +110,53 @@ def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs
     assert "resuming from" in second.stdout and "after epoch 1" in second.stdout
     metrics = json.loads((tmp_path / "model" / "metrics.json").read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+
+
+def write_stripes(root, per_class: int, sideways: bool, seed: int) -> None:
+    """Horizontal and vertical stripes, as displayed. ``sideways``: each stored as a phone stores a portrait photo,
+    turned anticlockwise with EXIF orientation 6 (viewers turn it back), so its pixels show the other class."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for label in ("horizontal", "vertical"):
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            period = int(rng.integers(4, 9))
+            rows = (np.arange(32) + rng.integers(0, period)) // (period // 2) % 2 * 180 + 40
+            pixels = np.repeat(rows[:, None], 32, axis=1) + rng.integers(-20, 20, (32, 32))
+            pixels = np.clip(pixels if label == "horizontal" else pixels.T, 0, 255).astype(np.uint8)
+            exif = Image.Exif()
+            if sideways:
+                pixels = np.rot90(pixels).copy()
+                exif[0x0112] = 6
+            Image.fromarray(pixels).convert("RGB").save(root / label / f"{i}.jpg", quality=95, exif=exif.tobytes())
+
+
+def test_photos_stored_sideways_with_their_tag_train_as_their_upright_twins(tmp_path):
+    """What the network trains on, for a set stored as a phone stores portrait photos (sideways, EXIF orientation 6)
+    and for its upright twin: the same pictures, on both decode paths, so the same training. Ignoring the tag, the
+    network learned the sideways pixels and scored top-1 0.0 on upright stripes (issue 38)."""
+    from tasks import convert_to_image_directory
+    from tasks.contracts.model_directory import IMAGENET_MEAN, IMAGENET_STD
+    from tasks.transformations import ImageTransformations
+    from tasks.vision.device_pipeline import DevicePipeline
+    from tasks.vision.images import ImageFiles
+    from tasks.vision.payloads import EncodedImageFiles, collate_payloads
+    from tasks.vision.transforms import eval_transform
+
+    write_stripes(tmp_path / "phone", 6, sideways=True, seed=1)
+    write_stripes(tmp_path / "twin", 6, sideways=False, seed=1)
+    sets = [convert_to_image_directory(tmp_path / name, tmp_path / f"converted-{name}") for name in ("phone", "twin")]
+    assert [r.orientation for r in sets[0].records()] == [6] * 12 and {r.orientation for r in sets[1].records()} == {1}
+    transform = eval_transform(ImageTransformations(), 32, IMAGENET_MEAN, IMAGENET_STD)
+    pipeline = DevicePipeline(transform, ImageTransformations(), 32, torch.device("cpu"))
+    loader_path, device_path = [], []
+    for image_dir in sets:
+        files = ImageFiles(image_dir.samples(), transform, normalized=False)
+        loader_path.append(torch.stack([files[i][0] for i in range(len(files))]).int())
+        encoded = EncodedImageFiles(image_dir.samples(), transform)
+        device_path.append(pipeline.decode(collate_payloads([encoded[i] for i in range(len(encoded))])[0]).int())
+    for phone, twin in (loader_path, device_path):
+        assert (phone - twin).abs().float().mean() < 2, "the twins' pixels, within the JPEG re-encoding"
+        assert (phone - twin.transpose(2, 3)).abs().float().mean() > 40, "not the stored, sideways pixels"
