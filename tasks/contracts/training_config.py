@@ -79,6 +79,11 @@ class TrainingParams(BaseModel):
         "loader); auto: device when training on CUDA from JPEGs (1.56x the loader's processes on an H200, "
         "BENCHMARKS.md), else cpu",
     )
+    class_weighting: Literal["none", "balanced"] = Field(
+        "none",
+        description="balanced: each class's loss weighted by n_images / (n_classes x its images), so a class with "
+        "few photos counts as much as a large one (scikit-learn's 'balanced'); none: every image counts the same",
+    )
     compile: Literal["off", "on"] = Field(
         "off",
         description="on: the training step's network through torch.compile (fused kernels; the last, smaller batch "

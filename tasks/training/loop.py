@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -71,6 +72,18 @@ def make_optimizer(
     except (RuntimeError, TypeError, ValueError) as error:  # a torch build without the fused kernel for this device
         logger.info("fused SGD unavailable (%s); using the default implementation", error)
         return torch.optim.SGD(groups, **options)
+
+
+def class_weights(counts: Sequence[int], params: TrainingParams, device: torch.device) -> torch.Tensor | None:
+    """The loss's per-class weights for ``params.class_weighting`` from the training images' class counts (in class
+    order): None for "none"; for "balanced", scikit-learn's ``n_images / (n_classes x count)``."""
+    if params.class_weighting == "none":
+        return None
+    from sklearn.utils.class_weight import compute_class_weight
+
+    labels = np.repeat(np.arange(len(counts)), counts)
+    weights = compute_class_weight("balanced", classes=np.arange(len(counts)), y=labels)
+    return torch.tensor(weights, dtype=torch.float32, device=device)
 
 
 def check_finite(loss_sum: torch.Tensor, epoch: int, step: int, params: TrainingParams, world_size: int) -> None:

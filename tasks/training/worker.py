@@ -62,6 +62,7 @@ from tasks.training.distributed import (
 from tasks.training.fine_tuning import freeze_backbone
 from tasks.training.loop import (
     EpochContext,
+    class_weights,
     compiled_model,
     evaluate,
     make_optimizer,
@@ -196,6 +197,7 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
 
     train_dir, val_dir = ImageDirectory(args.train), ImageDirectory(args.validation)
     classes = check_same_classes(train_dir, val_dir)
+    counts = [train_dir.manifest.counts.get(name, 0) for name in classes]
     spec = read_model_spec(args.model_spec)
     image_size = input_size(spec.architecture, params.image_size, choose_image_size(train_dir.median_side()))
     trained_spec = TrainedModelSpec(**spec.model_dump(), num_classes=len(classes), image_size=image_size)
@@ -209,7 +211,7 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         model=trains,
         optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
-        criterion=nn.CrossEntropyLoss(),
+        criterion=nn.CrossEntropyLoss(weight=class_weights(counts, params, device)),
         device=device,
         params=params,
         heartbeat=heartbeat,
@@ -222,6 +224,9 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
         write_text_atomic(output / SPEC_FILE, trained_spec.model_dump_json(indent=2))
         write_text_atomic(output / CLASSES_FILE, json.dumps(classes, indent=2))
     log_plan(trained_spec, model, data, ctx)
+    if (weights := ctx.criterion.weight) is not None:
+        shown = ", ".join(f"{name} {weight:.3g}" for name, weight in zip(classes, weights.tolist()))
+        logger.info("class_weighting balanced: loss weights %s", shown)
 
     for epoch in range(len(metrics.epochs), params.epochs):
         if metrics.stopped_early:

@@ -99,3 +99,13 @@ def test_compiled_training_matches_eager_and_runs_the_last_smaller_batch_eagerly
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled_loss, compiled_weights = trained("on")
     assert abs(compiled_loss - eager_loss) < 1e-4 and torch.allclose(compiled_weights, eager_weights, atol=1e-4)
+
+
+def test_balanced_class_weights_make_each_class_count_as_much():
+    from tasks.training.loop import class_weights
+
+    cpu = torch.device("cpu")
+    assert class_weights([90, 10], TrainingParams(), cpu) is None, "none, the default"
+    weights = class_weights([90, 10, 20], TrainingParams(class_weighting="balanced"), cpu)
+    assert torch.allclose(weights, torch.tensor([120 / 270, 120 / 30, 120 / 60]))
+    assert torch.allclose(weights * torch.tensor([90.0, 10.0, 20.0]), torch.full((3,), 40.0)), "equal totals"
