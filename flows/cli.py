@@ -234,6 +234,7 @@ COMMANDS = {
     "score": ("flows.score", "score images with a registered model (evaluated when labeled)"),
     "registry": ("tasks.registry.__main__", "list, show, alias, tag, fetch … registered models"),
     "runs": ("flows.runs", "list the run folders, prune the old ones"),
+    "predict": ("flows.predict", "label a few photos with a trained model, at once (no server)"),
 }
 
 
@@ -243,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(
         prog="image-classifier",
         description="Folders of images in, trained and registered classifiers out. Each command also runs as "
-        "python -m flows.pipeline (train), flows.score (score), tasks.registry (registry) or flows.runs (runs).",
+        "python -m flows.pipeline (train), flows.score (score), tasks.registry (registry), flows.runs (runs) or "
+        "flows.predict (predict).",
         hint="--help lists the commands",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
