@@ -10,7 +10,7 @@ RUN_ARGS ?= --processes-per-node 2
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # `make run` starts a temporary Prefect server; on a busy 2-core machine its first start took longer than
 # Prefect's 20 s default ("Timed out while attempting to connect to ephemeral Prefect API server").
-export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 
 # Where `make server` listens (HOST=0.0.0.0 for every address), and the URL that clients, workers and the
 # browser's UI use to reach it: HOST, or this machine's name when HOST is 0.0.0.0.

@@ -74,6 +74,24 @@ def _input_error_names() -> set[str]:
     return names
 
 
+TEMPORARY_SERVER_STARTS = "Starting temporary server"
+TEMPORARY_SERVER_FAILED = "Timed out while attempting to connect to ephemeral Prefect API server"
+
+
+def temporary_server_failed(error: BaseException) -> str | None:
+    """The one line for Prefect's temporary server not answering in time (a RuntimeError of Prefect's), else None."""
+    if not (isinstance(error, RuntimeError) and str(error).startswith(TEMPORARY_SERVER_FAILED)):
+        return None
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+    waited = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+    return (
+        f"the temporary Prefect server this command starts did not answer within {waited:g} s "
+        "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS): run one that stays (`make server` in another shell, then "
+        "export PREFECT_API_URL=http://127.0.0.1:4200/api), or allow it longer"
+    )
+
+
 class HideInputErrorFailures(logging.Filter):
     """Drops, from the console only, the records about a failure caused by a user's mistake: any record whose
     exception is one, and Prefect's task/flow run failure lines naming one. The one line the command prints says
@@ -82,8 +100,12 @@ class HideInputErrorFailures(logging.Filter):
     _NAMED = re.compile(r"\b([A-Z]\w*Error)\b")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], INPUT_ERRORS):
+        if record.exc_info and (
+            isinstance(record.exc_info[1], INPUT_ERRORS) or temporary_server_failed(record.exc_info[1])
+        ):
             return False
+        if record.name == "prefect" and record.getMessage().startswith(TEMPORARY_SERVER_STARTS):
+            return False  # Prefect's "Starting temporary server … See https://…": the log file has it
         if record.name.startswith(("prefect.flow_runs", "prefect.task_runs")) and (
             record.levelno >= logging.ERROR or "Finished in state Failed" in record.getMessage()
         ):
@@ -119,6 +141,12 @@ def run_command(call: Callable[[], T], *, log_file: Path, debug: bool) -> T:
             if debug:
                 raise
             print(f"error: {describe(error)} (full log: {log_file})", file=sys.stderr)
+            raise SystemExit(2) from None
+        except RuntimeError as error:
+            if (line := temporary_server_failed(error)) is None or debug:
+                raise
+            logger.error("%s", line, exc_info=True)
+            print(f"error: {line} (full log: {log_file})", file=sys.stderr)
             raise SystemExit(2) from None
         finally:
             root.removeHandler(to_file)

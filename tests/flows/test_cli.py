@@ -154,3 +154,24 @@ def test_a_prefect_server_that_does_not_answer_is_one_line_before_any_work(mista
         one_line_mistake(done, "PREFECT_API_URL is not set", "make server")
     shown = command("deployments.deploy", "--help", cwd=tmp_path)
     assert shown.returncode == 0 and "leaves each schedule switched on or off" in shown.stdout
+
+
+def test_a_temporary_server_that_does_not_start_is_one_line_and_its_start_stays_off_the_console(mistakes, tmp_path):
+    """No PREFECT_API_URL: the command starts Prefect's temporary server. Given 1 s (the default is 180 s, from a
+    start measured on a loaded machine) it cannot answer: one line saying what to do, exit 2, no traceback;
+    Prefect's "Starting temporary server … See https://…" lines went to the log file, not the console."""
+    environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    environment |= {"PYTHONPATH": str(ROOT), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "1"}
+    data = ("--train-data", str(mistakes / "train"), "--validation-data", str(mistakes / "train"))
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.pipeline", *data],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    one_line_mistake(done, "the temporary Prefect server this command starts did not answer within 1 s", "make server")
+    assert "Starting temporary server" not in done.stdout + done.stderr
+    (log,) = (tmp_path / "runs" / "logs").glob("pipeline-*.log")
+    assert "Starting temporary server" in log.read_text() and "RuntimeError: Timed out" in log.read_text()
