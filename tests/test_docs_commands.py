@@ -56,6 +56,10 @@ image-classifier train --train-data data/digits/train --validation-fraction 0.2 
         output=(r"Registered digits-resnet18 version 2 in ", r"\(best epoch 1 of 1\)"),
         exists=("data/digits/train/7", "data/digits/validation/7", "registry/digits-resnet18/2/model.pt"),
     ),
+    """. .venv/bin/activate
+image-classifier predict data/digits/validation/3/digit_0060.png data/digits/validation/3/digit_0190.png digits-resnet18""": Expect(
+        output=(r"data/digits/validation/3/digit_0060\.png: \d  \(\d 0\.\d{3}, \d 0\.\d{3}, \d 0\.\d{3}\)\n",),
+    ),
     # docs/development.md
     """make lint
 make data
