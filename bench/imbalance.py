@@ -67,7 +67,11 @@ def figures(small_class: str = "3", share: float = 0.1, epochs: int = 5) -> list
             "F1 (macro): balanced vs none", results["balanced"][0], results["none"][0], "", "measured", notes=setting
         ),
         Figure(
-            f"recall of the small class {small_class}: balanced vs none", results["balanced"][1], results["none"][1], ""
+            f"recall of the small class {small_class}: balanced vs none",
+            results["balanced"][1],
+            results["none"][1],
+            "",
+            "measured",
         ),
     ]
 
