@@ -125,7 +125,9 @@ def test_phone_photos_are_seen_upright_by_both_decode_paths(tmp_path):
     samples = [(path, 0) for path in photos]
     pipeline = pipeline_for({}, training=False)
     dataset = EncodedImageFiles(samples, pipeline.transform)
-    payloads, _ = collate_payloads([dataset[i] for i in range(len(dataset))])
+    # Packed by a loader process, as training packs them: the orientations travel in the batch's shape table.
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=1, collate_fn=collate_payloads)
+    ((payloads, _),) = list(loader)
     # Read while packing (in the loader's processes), and again from the bytes when a plain list comes.
     assert payloads.orientations() == [exif_orientation(payload) for payload in payloads.unpack()] == list(range(1, 9))
     assert exif_orientation(torch.tensor(list(b"\xff\xd8\xff\xe0 no metadata"), dtype=torch.uint8)) == 1
