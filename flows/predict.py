@@ -21,7 +21,7 @@ from tasks.errors import PipelineInputError
 
 def main(argv: list[str] | None = None, prog: str = "python -m flows.predict") -> int:
     parser = CommandParser(
-        prog=prog, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+        prog=prog, description=__doc__.replace("``", ""), formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("photos", nargs="+", metavar="PHOTO", help="image files (JPEG, PNG, WebP, HEIC, AVIF, …)")
     parser.add_argument(
