@@ -14,6 +14,7 @@ import numpy as np
 from PIL import Image
 from prefect.client.orchestration import get_client
 
+from tasks.contracts.image_directory import EXIF_ORIENTATION
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.registry import DatasetLineage, register_model
 
@@ -33,6 +34,13 @@ def write_image(path: Path, rgb: tuple[int, int, int], size: int = 16, seed: int
     return path
 
 
+def orientation_exif(orientation: int) -> bytes:
+    """EXIF holding only an Orientation tag, to save with an image (``exif=``) as a phone saves a photo."""
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION] = orientation
+    return exif.tobytes()
+
+
 def write_phone_photos(root: Path, width: int = 64, height: int = 48) -> list[Path]:
     """JPEGs as a phone stores them: the pixels as the sensor read them and an EXIF Orientation tag (1-8, one
     file each) that viewers turn them by. The picture is lopsided (a dark left half, a top-to-bottom ramp), so a
@@ -44,10 +52,8 @@ def write_phone_photos(root: Path, width: int = 64, height: int = 48) -> list[Pa
     rgb = np.stack([pixels, np.full_like(pixels, 90), 255 - pixels], axis=2).astype(np.uint8)
     paths = []
     for orientation in range(1, 9):
-        exif = Image.Exif()
-        exif[0x0112] = orientation  # Orientation
         paths.append(root / f"orientation-{orientation}.jpg")
-        Image.fromarray(rgb).save(paths[-1], quality=95, exif=exif.tobytes())
+        Image.fromarray(rgb).save(paths[-1], quality=95, exif=orientation_exif(orientation))
     return paths
 
 

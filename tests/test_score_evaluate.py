@@ -299,6 +299,7 @@ def test_a_tagged_photo_scores_like_its_upright_twin_on_the_cpu(trained_model, t
     from PIL import Image
 
     from tasks import convert_to_image_directory
+    from tests.helpers import orientation_exif
 
     rng = np.random.default_rng(4)
     for name in ("phone", "twin"):
@@ -308,9 +309,8 @@ def test_a_tagged_photo_scores_like_its_upright_twin_on_the_cpu(trained_model, t
         pixels[:, :12], pixels[:, 12:] = (220, 30, 30), (30, 40, 220)  # red left half, blue right half
         pixels = np.clip(pixels + rng.integers(-20, 20, pixels.shape), 0, 255).astype(np.uint8)
         Image.fromarray(pixels).save(tmp_path / "twin" / f"{i}.jpg", quality=95)
-        exif = Image.Exif()
-        exif[0x0112] = 6
-        Image.fromarray(np.rot90(pixels).copy()).save(tmp_path / "phone" / f"{i}.jpg", quality=95, exif=exif.tobytes())
+        sideways = Image.fromarray(np.rot90(pixels).copy())
+        sideways.save(tmp_path / "phone" / f"{i}.jpg", quality=95, exif=orientation_exif(6))
     model_dir = ModelDirectory(trained_model)
     for decode_on in ("cpu", "device"):
         tables = [

@@ -54,6 +54,19 @@ _MAX_NAME_BYTES = 255
 _MAX_SUFFIX_BYTES = 16
 
 
+EXIF_ORIENTATION = 0x0112  # the EXIF tag (1-8) every viewer turns a photo by; 1: shown as stored
+
+
+def orientation_of(image) -> int:
+    """The EXIF orientation (1-8) of an opened PIL image, from its header: 1 when it has none or not one of the
+    eight. A PNG's eXIf chunk counts only when it comes before the image data (where Pillow reads it on opening):
+    asking for one after would decode the whole image."""
+    if image.format == "PNG" and "exif" not in image.info:
+        return 1
+    value = image.getexif().get(EXIF_ORIENTATION, 1)
+    return value if value in range(1, 9) else 1
+
+
 def stored_file_name(name: str) -> str:
     """The name an image is stored under: ``safe_name``, and ``.jpg`` after a format stored as JPEG
     (``IMG_0001.HEIC`` -> ``IMG_0001.HEIC.jpg``: no other file's name can be the same)."""

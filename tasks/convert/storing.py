@@ -28,9 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from PIL import ExifTags, Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
+from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
-from tasks.contracts.image_directory import REENCODED_AS_JPEG, ImageRecord, Normalisation, QuarantinedFile
+from tasks.contracts.image_directory import (
+    REENCODED_AS_JPEG,
+    ImageRecord,
+    Normalisation,
+    QuarantinedFile,
+    orientation_of,
+)
 from tasks.convert.output_folder import StoredJournal, WriteFailed, writing
 from tasks.convert.plan import SourceFile
 from tasks.local_files import sha256_file
@@ -151,16 +157,6 @@ class Stored(NamedTuple):
     orientation: int = 1
 
 
-def exif_orientation(image: Image.Image) -> int:
-    """The EXIF orientation (1-8) of an opened image, from its header: 1 when it has none. A PNG's eXIf chunk is
-    looked at only when it comes before the image data (where Pillow has read it on opening): asking for one after
-    would decode the whole image before the pixel budget is held."""
-    if image.format == "PNG" and "exif" not in image.info:
-        return 1
-    value = image.getexif().get(ExifTags.Base.Orientation, 1)
-    return value if value in range(1, 9) else 1
-
-
 def _reencoding(source: Image.Image, upright: Image.Image) -> tuple[Image.Image, str, dict]:
     """(the image to save, its format, the save options) for an upright copy of ``source`` in its own format, or
     as JPEG for the formats not every decode path reads (HEIC, AVIF); metadata kept, the orientation tag dropped
@@ -198,7 +194,7 @@ def _store_upright(image: Image.Image, destination: Path, settings: StoreSetting
 
 def _needs_reencoding(image: Image.Image) -> int | None:
     """The orientation to store ``image`` upright with, when it cannot be a byte-for-byte copy; else None."""
-    orientation = exif_orientation(image)
+    orientation = orientation_of(image)
     if orientation != 1 or (image.format or "").upper() in REENCODED_AS_JPEG:
         return orientation
     return None
@@ -240,7 +236,7 @@ def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> Stor
         normalisation = settings.normalisation
         if normalisation is not None:
             with settings.budget.hold(image.width * image.height * _NORMALISING_BYTES_PER_PIXEL):
-                orientation = exif_orientation(image)
+                orientation = orientation_of(image)
                 image.load()
                 fmt = "JPEG" if (image.format or "").upper() in REENCODED_AS_JPEG else image.format
                 result = ImageOps.exif_transpose(image).convert(normalisation.mode)

@@ -71,7 +71,7 @@ class Classifier:
         names = [os.fspath(photos)] if isinstance(photos, str | os.PathLike) else [os.fspath(p) for p in photos]
         files = ImageFiles([(Path(name), -1) for name in names], self.transform, normalized=False)
         predictions = []
-        for name, i in zip(names, range(len(files))):
+        for i, name in enumerate(names):
             pixels = self._decode(files, i, name)
             logits = self.model(self.transform.normalize(pixels[None].to(self.device)))
             probabilities = torch.softmax(logits.float(), dim=1)[0].cpu().numpy()

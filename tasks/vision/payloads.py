@@ -13,10 +13,10 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from PIL import ExifTags, Image
+from PIL import Image
 from torch.utils.data import Dataset
 
-from tasks.contracts.image_directory import ImageSamples
+from tasks.contracts.image_directory import ImageSamples, orientation_of
 from tasks.vision.images import PathsAndLabels, upright_rgb
 from tasks.vision.transforms import ImageTransform
 
@@ -64,10 +64,9 @@ def exif_orientation(data: torch.Tensor) -> int:
         return 1
     try:
         with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
-            orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
+            return orientation_of(image)
     except (OSError, ValueError, SyntaxError):  # unreadable metadata: the decoder decides about the image
         return 1
-    return orientation if orientation in range(1, 9) else 1
 
 
 def threaded_batches(

@@ -7,8 +7,9 @@ import pytest
 from PIL import Image, ImageOps
 
 from tasks import convert_to_image_directory
+from tasks.contracts.image_directory import EXIF_ORIENTATION
 from tasks.local_files import sha256_file
-from tests.helpers import write_phone_photos
+from tests.helpers import orientation_exif, write_phone_photos
 
 
 def upright_pixels(path) -> np.ndarray:
@@ -19,11 +20,10 @@ def upright_pixels(path) -> np.ndarray:
 def test_tagged_photos_are_stored_upright_and_untagged_ones_byte_for_byte(tmp_path):
     photos = write_phone_photos(tmp_path / "source" / "stripes")
     displayed = upright_pixels(photos[0])
-    exif = Image.Exif()
-    exif[0x0112] = 6  # stored turned anticlockwise: displayed turned clockwise
+    exif = orientation_exif(6)  # stored turned anticlockwise: displayed turned clockwise
     sideways = Image.fromarray(np.rot90(displayed.astype(np.uint8)).copy())
-    sideways.save(tmp_path / "source" / "stripes" / "portrait.png", exif=exif.tobytes())
-    sideways.save(tmp_path / "source" / "stripes" / "portrait.webp", exif=exif.tobytes(), quality=90)
+    sideways.save(tmp_path / "source" / "stripes" / "portrait.png", exif=exif)
+    sideways.save(tmp_path / "source" / "stripes" / "portrait.webp", exif=exif, quality=90)
 
     image_dir = convert_to_image_directory(tmp_path / "source", tmp_path / "out")
 
@@ -35,7 +35,7 @@ def test_tagged_photos_are_stored_upright_and_untagged_ones_byte_for_byte(tmp_pa
         record = records[f"orientation-{orientation}.jpg"]
         stored = image_dir.root / record.path
         with Image.open(stored) as image:
-            assert image.format == "JPEG" and image.getexif().get(0x0112) is None, "upright, no tag left"
+            assert image.format == "JPEG" and image.getexif().get(EXIF_ORIENTATION) is None, "upright, no tag left"
         apart = np.abs(upright_pixels(stored) - upright_pixels(photos[orientation - 1])).mean()
         assert record.orientation == orientation and apart < 2, f"orientation {orientation}: {apart:.2f} apart"
         assert (record.width, record.height) == (48, 64) if orientation >= 5 else (64, 48)

@@ -14,7 +14,7 @@ from tasks.contracts.model_directory import CHECKPOINT_FILE, MODEL_FILES, ModelD
 from tasks.contracts.training_config import TrainingParams
 from tasks.lifeline import Heartbeat
 from tasks.training import loop, worker
-from tests.helpers import run_worker
+from tests.helpers import orientation_exif, run_worker
 
 
 def run_epoch(tmp_path, params: TrainingParams, batches: int = 6) -> None:
@@ -126,11 +126,10 @@ def write_stripes(root, per_class: int, sideways: bool, seed: int) -> None:
             rows = (np.arange(32) + rng.integers(0, period)) // (period // 2) % 2 * 180 + 40
             pixels = np.repeat(rows[:, None], 32, axis=1) + rng.integers(-20, 20, (32, 32))
             pixels = np.clip(pixels if label == "horizontal" else pixels.T, 0, 255).astype(np.uint8)
-            exif = Image.Exif()
             if sideways:
                 pixels = np.rot90(pixels).copy()
-                exif[0x0112] = 6
-            Image.fromarray(pixels).convert("RGB").save(root / label / f"{i}.jpg", quality=95, exif=exif.tobytes())
+            exif = orientation_exif(6 if sideways else 1)
+            Image.fromarray(pixels).convert("RGB").save(root / label / f"{i}.jpg", quality=95, exif=exif)
 
 
 def test_photos_stored_sideways_with_their_tag_train_as_their_upright_twins(tmp_path):

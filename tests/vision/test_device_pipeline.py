@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
+from tasks.contracts.image_directory import EXIF_ORIENTATION
 from tasks.transformations import ImageTransformations
 from tasks.vision.device_pipeline import DecodedAhead, DevicePipeline, turned_upright
 from tasks.vision.images import ImageFiles
@@ -112,7 +113,7 @@ def test_decoding_a_batch_of_mixed_images_agrees_with_the_cpu_path(tmp_path):
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_each_exif_orientation_is_turned_as_pil_turns_it(orientation):
     stored = Image.fromarray(np.random.default_rng(orientation).integers(0, 256, (5, 7, 3), dtype=np.uint8))
-    stored.getexif()[0x0112] = orientation
+    stored.getexif()[EXIF_ORIENTATION] = orientation
     displayed = np.asarray(ImageOps.exif_transpose(stored))
     turned = turned_upright(torch.from_numpy(np.array(stored)).permute(2, 0, 1), orientation)
     assert np.array_equal(turned.permute(1, 2, 0).numpy(), displayed)
