@@ -4,7 +4,6 @@ take in a node that comes late; nothing is left running."""
 
 import os
 import subprocess
-import time
 
 import pytest
 
@@ -18,6 +17,7 @@ from tests.flows.nodes_stack import (
     run_folders,
     run_pipeline,
     start_host,
+    wait_for_first_epoch,
 )
 from tests.helpers import processes_of
 
@@ -38,10 +38,7 @@ def test_stopping_the_parent_run_cancels_every_node_and_leaves_nothing_running(s
         command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        deadline = time.monotonic() + 240
-        while not [p for p in (tmp_path / "runs").glob("*/model/metrics.json")]:
-            assert parent.poll() is None and time.monotonic() < deadline, parent.stdout.read()[-5000:]
-            time.sleep(0.5)
+        wait_for_first_epoch(parent, tmp_path / "runs")
         os.kill(parent.pid, signal.SIGTERM)
         output, _ = parent.communicate(timeout=200)
     finally:
@@ -105,16 +102,7 @@ def test_elastic_nodes_train_with_the_minimum_and_take_in_a_node_that_comes_late
         command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        deadline = time.monotonic() + 240
-        while not (
-            metrics := [
-                ModelDirectory(p).metrics()
-                for p in (tmp_path / "runs").glob("*/model")
-                if (p / "metrics.json").is_file()
-            ]
-        ):
-            assert parent.poll() is None and time.monotonic() < deadline, parent.stdout.read()[-5000:]
-            time.sleep(0.5)
+        metrics = wait_for_first_epoch(parent, tmp_path / "runs")
         assert metrics[0].world_size == 1 and len(metrics[0].epochs) < 60, "training did not start alone"
         start_host(stack, "host-b")
         output, _ = parent.communicate(timeout=400)
