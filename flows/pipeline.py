@@ -28,6 +28,7 @@ from tasks.evaluate import Evaluation, evaluate
 from tasks.gallery import show_misclassified
 from tasks.lost_runs import take_over_lost_run
 from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
+from tasks.near_duplicates import DEFAULT_DISTANCE, check_distance
 from tasks.preflight import check_training_inputs
 from tasks.registry import PromotionPolicy, Registration
 from tasks.registry.prefect_tasks import register, settle_promotion
@@ -93,6 +94,7 @@ def train_pipeline(
     train_data: str | None = None,
     validation_data: str | None = None,
     validation_fraction: float | None = None,
+    near_duplicate_distance: int = DEFAULT_DISTANCE,
     model: ModelSpec = ModelSpec(),
     training: TrainingParams = TrainingParams(),
     conversion: ConversionLimits = ConversionLimits(),
@@ -110,6 +112,7 @@ def train_pipeline(
         train_data: Class-per-folder folder or .zip of training images (cat/1.jpg, dog/2.jpg, ...); empty: the bundled digits.
         validation_data: Validation images with the same classes; empty: split off train_data by validation_fraction.
         validation_fraction: Share of each class's images split off train_data for validation (e.g. 0.2), identical images on one side; with no data given, the digits' share.
+        near_duplicate_distance: Images whose 64-bit perceptual hashes differ in at most this many bits (a resized or re-compressed copy, the shots of a burst) stay on one side of the split, and are reported when in both train_data and validation_data; -1: identical files only.
         model: The torchvision architecture (Azure's DenseNet / ResNet modules, EfficientNet, ConvNeXt, ViT...) and its options; pretrained
             empty: ImageNet weights for your own images, none for the bundled digits.
         training: Training parameters; defaults are Azure's "Train PyTorch Model" component's.
@@ -141,13 +144,14 @@ def train_pipeline(
             str(local_run / "data" / "validation"),
             fraction=1 - validation_fraction,
             seed=training.random_seed,
+            near_duplicate_distance=near_duplicate_distance,
         )
     else:
         train_dir = convert(train_source, str(local_run / "data" / "train"), "train", limits=conversion)
         validation_dir = convert(
             validation_source, str(local_run / "data" / "validation"), "validation", limits=conversion
         )
-    validate_labels(train_dir, validation_dir)
+    validate_labels(train_dir, validation_dir, near_duplicate_distance=near_duplicate_distance)
     spec_dir = untrained_model_directory(str(local_run / "model_spec"), spec)
     # Where every training node reads them: the same folders, or their copies stored in the S3 run folder.
     folders = TrainingFolders(
@@ -201,6 +205,7 @@ def check_inputs(arguments: dict[str, Any]) -> None:
     """What can be checked before any work (tasks/preflight.py): the data paths and their classes, the size the
     network takes, the names; ``arguments`` are the flow's, by name (the flow's and the command line's alike)."""
     model, training = arguments["model"], arguments["training"]
+    check_distance(arguments["near_duplicate_distance"])
     check_training_inputs(
         arguments["train_data"],
         arguments["validation_data"],

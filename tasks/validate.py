@@ -1,8 +1,10 @@
 """Label validation: refuse training data a classifier cannot be trained on, before anything launches.
 
 Refused (typed errors, never retried): unlabeled sets, different class sets, fewer than two classes, a
-training class with fewer than ``min_images_per_class`` images. Reported: the imbalance ratio and images
-that are in both sets (same sha256), which make validation figures look better than they are.
+training class with fewer than ``min_images_per_class`` images. Reported: the imbalance ratio, images that are
+in both sets (same sha256) and training images with a near-duplicate in validation (perceptual hashes within
+``near_duplicate_distance`` bits: a resized or re-compressed copy, a shot of the same burst), which make
+validation figures look better than they are.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pydantic import BaseModel, Field, computed_field
 
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
+from tasks.near_duplicates import DEFAULT_DISTANCE, check_distance, hamming, near_pairs
 
 DEFAULT_MIN_IMAGES_PER_CLASS = 2
 _EXAMPLES = 5
@@ -26,6 +29,13 @@ class LabelReport(BaseModel):
         {}, description="per class: training images whose exact bytes are also in the validation set"
     )
     leaked_examples: list[tuple[str, str]] = Field([], description="a few (training path, validation path) pairs")
+    near_duplicate_distance: int = Field(DEFAULT_DISTANCE, description="perceptual-hash bits; -1: not looked for")
+    near_duplicate_counts: dict[str, int] = Field(
+        {}, description="per class: training images (not exact copies) with a near-duplicate in validation"
+    )
+    near_duplicate_examples: list[tuple[str, str, int]] = Field(
+        [], description="a few (training path, validation path, differing bits of 64)"
+    )
 
     @computed_field
     @property
@@ -36,6 +46,10 @@ class LabelReport(BaseModel):
     @property
     def leaked(self) -> int:
         return sum(self.leaked_counts.values())
+
+    @property
+    def near_duplicates(self) -> int:
+        return sum(self.near_duplicate_counts.values())
 
 
 def differing_classes_message(train_classes: set[str], validation_classes: set[str]) -> str:
@@ -60,13 +74,37 @@ def find_leakage(train: ImageDirectory, validation: ImageDirectory) -> tuple[dic
     return {c: int(n) for c, n in zip(train.classes, counts) if n}, examples
 
 
+def find_near_duplicates(
+    train: ImageDirectory, validation: ImageDirectory, distance: int
+) -> tuple[dict[str, int], list[tuple[str, str, int]]]:
+    """Training images that are not exact copies of a validation image but whose perceptual hash is within
+    ``distance`` bits of one's: per-class counts and a few (training path, validation path, bits) examples."""
+    hashes = [np.asarray(d.index.perceptual_hash) for d in (train, validation)]
+    pairs = near_pairs(np.concatenate(hashes), distance)
+    pairs = pairs[(pairs[:, 0] < len(train)) & (pairs[:, 1] >= len(train))]
+    t, v = pairs[:, 0], pairs[:, 1] - len(train)
+    differ = np.any(train.index.sha256[t] != validation.index.sha256[v], axis=1)  # exact copies: find_leakage
+    t, v = t[differ], v[differ]
+    images = np.unique(t)
+    counts = np.bincount(train.index.label[images], minlength=len(train.classes))
+    examples = [
+        (train.index.path[i], validation.index.path[j], int(hamming(hashes[0][i], hashes[1][j])))
+        for i, j in zip(t[:_EXAMPLES].tolist(), v[:_EXAMPLES].tolist())
+    ]
+    return {c: int(n) for c, n in zip(train.classes, counts) if n}, examples
+
+
 def check_training_data(
-    train: ImageDirectory, validation: ImageDirectory, min_images_per_class: int = DEFAULT_MIN_IMAGES_PER_CLASS
+    train: ImageDirectory,
+    validation: ImageDirectory,
+    min_images_per_class: int = DEFAULT_MIN_IMAGES_PER_CLASS,
+    near_duplicate_distance: int = DEFAULT_DISTANCE,
 ) -> LabelReport:
     """Both sets labeled, with the same classes (at least two, each with enough training images).
 
     Raises the typed errors otherwise; leakage and imbalance are reported, not refused.
     """
+    check_distance(near_duplicate_distance)
     for role, data in (("training", train), ("validation", validation)):
         if not data.labeled:
             raise NotLabeledDatasetError(
@@ -89,6 +127,7 @@ def check_training_data(
             "add images to these classes or remove them from both sets"
         )
     leaked_counts, leaked_examples = find_leakage(train, validation)
+    near_counts, near_examples = find_near_duplicates(train, validation, near_duplicate_distance)
     return LabelReport(
         classes=train.classes,
         train_counts=dict(train.manifest.counts),
@@ -96,6 +135,9 @@ def check_training_data(
         quarantined=len(train.manifest.quarantined) + len(validation.manifest.quarantined),
         leaked_counts=leaked_counts,
         leaked_examples=leaked_examples,
+        near_duplicate_distance=near_duplicate_distance,
+        near_duplicate_counts=near_counts,
+        near_duplicate_examples=near_examples,
     )
 
 
@@ -107,16 +149,29 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 @task(name="validate-labels", cache_policy=NO_CACHE)
 def validate_labels(
-    train: str, validation: str, min_images_per_class: int = DEFAULT_MIN_IMAGES_PER_CLASS
+    train: str,
+    validation: str,
+    min_images_per_class: int = DEFAULT_MIN_IMAGES_PER_CLASS,
+    near_duplicate_distance: int = DEFAULT_DISTANCE,
 ) -> LabelReport:
-    """Deterministic: never retried. Artifact ``label-validation``: images per class, leakage, imbalance."""
-    report = check_training_data(ImageDirectory(train), ImageDirectory(validation), min_images_per_class)
+    """Deterministic: never retried. Artifact ``label-validation``: images per class, leakage (identical and
+    near-duplicate images in both sets), imbalance."""
+    report = check_training_data(
+        ImageDirectory(train), ImageDirectory(validation), min_images_per_class, near_duplicate_distance
+    )
     leakage = (
         f"{report.leaked} training images are also in validation (same bytes)"
         if report.leaked
         else "no images in both sets"
     )
+    near = (
+        f"{report.near_duplicates} training images have a near-duplicate in validation (perceptual hashes within "
+        f"{report.near_duplicate_distance} of 64 bits: a resized or re-compressed copy, or a shot of the same burst)"
+        if report.near_duplicates
+        else ""
+    )
     examples = "".join(f"\n- `{t}` = `{v}`" for t, v in report.leaked_examples)
+    examples += "".join(f"\n- `{t}` ~ `{v}` ({bits} bits apart)" for t, v, bits in report.near_duplicate_examples)
     create_table_artifact(
         key="label-validation",
         table=[
@@ -125,14 +180,19 @@ def validate_labels(
                 "train": report.train_counts[c],
                 "validation": report.validation_counts[c],
                 "in both sets": report.leaked_counts.get(c, 0),
+                "near-duplicates in both sets": report.near_duplicate_counts.get(c, 0),
             }
             for c in report.classes
         ],
         description=f"{len(report.classes)} classes; imbalance (largest/smallest training class) "
-        f"{report.imbalance_ratio:.2f}; {leakage}{examples}\n\n{report.quarantined} files quarantined",
+        f"{report.imbalance_ratio:.2f}; {leakage}{'; ' + near if near else ''}{examples}\n\n"
+        f"{report.quarantined} files quarantined",
     )
     logger = get_run_logger()
     if report.leaked:
         logger.warning("%s: validation figures will look better than they are", leakage)
+    if near:
+        shown = "; ".join(f"{t!r} ~ {v!r}" for t, v, _ in report.near_duplicate_examples[:3])
+        logger.warning("%s, e.g. %s: validation figures will look better than they are", near, shown)
     logger.info("labels valid: %d classes, imbalance ratio %.2f", len(report.classes), report.imbalance_ratio)
     return report

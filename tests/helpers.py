@@ -34,6 +34,45 @@ def write_image(path: Path, rgb: tuple[int, int, int], size: int = 16, seed: int
     return path
 
 
+def sample_photos() -> dict[str, Image.Image]:
+    """Three real photographs that ship with the installed packages: scikit-learn's two sample images (a temple
+    in China, a flower; 640x427) and matplotlib's portrait of Grace Hopper (512x600)."""
+    import matplotlib
+    from sklearn.datasets import load_sample_images
+
+    photos = {name: Image.fromarray(pixels) for name, pixels in zip(("china", "flower"), load_sample_images().images)}
+    with Image.open(Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg") as hopper:
+        photos["hopper"] = hopper.convert("RGB")
+    return photos
+
+
+def write_burst(folder: Path, name: str, photo: Image.Image) -> list[str]:
+    """A photo and its near-duplicates as a camera roll gathers them: the photo (JPEG), a copy resized to half
+    (PNG) and that copy re-compressed (JPEG quality 40); their names (relative to ``folder``'s parent)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    half = photo.resize((photo.width // 2, photo.height // 2), Image.Resampling.LANCZOS)
+    photo.save(folder / f"{name}.jpg", quality=90)
+    half.save(folder / f"{name}_half.png")
+    half.save(folder / f"{name}_half_q40.jpg", quality=40)
+    return [f"{folder.name}/{name}{end}" for end in (".jpg", "_half.png", "_half_q40.jpg")]
+
+
+def write_crops(folder: Path, name: str, photo: Image.Image) -> list[str]:
+    """Four different pictures cut from one photo (its left, right, top and bottom halves), as JPEGs; their
+    names (relative to ``folder``'s parent). Their perceptual hashes are 20 or more bits apart."""
+    folder.mkdir(parents=True, exist_ok=True)
+    w, h = photo.size
+    boxes = {
+        "left": (0, 0, w // 2, h),
+        "right": (w // 2, 0, w, h),
+        "top": (0, 0, w, h // 2),
+        "bottom": (0, h // 2, w, h),
+    }
+    for part, box in boxes.items():
+        photo.crop(box).save(folder / f"{name}_{part}.jpg", quality=90)
+    return [f"{folder.name}/{name}_{part}.jpg" for part in boxes]
+
+
 def orientation_exif(orientation: int) -> bytes:
     """EXIF holding only an Orientation tag, to save with an image (``exif=``) as a phone saves a photo."""
     exif = Image.Exif()

@@ -9,8 +9,9 @@ import pytest
 from tasks import convert_to_image_directory
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.errors import ClassTooSmallToSplitError, InvalidDatasetError, NotLabeledDatasetError, PipelineInputError
-from tasks.split import _link_or_copy, split_image_directory, split_markdown
-from tests.helpers import COLOURS, write_image
+from tasks.near_duplicates import DEFAULT_DISTANCE
+from tasks.split import Groups, _link_or_copy, split_image_directory, split_markdown
+from tests.helpers import COLOURS, sample_photos, write_burst, write_crops, write_image
 
 
 def converted(tmp_path: Path, sizes: dict[str, int], copies: dict[str, str] | None = None) -> ImageDirectory:
@@ -60,7 +61,7 @@ def test_a_class_too_small_for_both_sides_is_refused_by_name(tmp_path):
         split_image_directory(source, tmp_path / "train", tmp_path / "validation", 0.8)
     assert isinstance(refused.value, InvalidDatasetError)
     message = str(refused.value)
-    assert "'green' (1 image)" in message and "'blue' (2 images, 1 distinct)" in message
+    assert "'green' (1 image)" in message and "'blue' (2 images, 1 distinct group)" in message
     assert "at least 2 distinct images" in message and "'red'" not in message
     assert not (tmp_path / "train").exists() and not (tmp_path / "validation").exists()
 
@@ -77,11 +78,40 @@ def test_identical_images_land_on_one_side_whatever_the_seed(tmp_path):
         first, second = split_image_directory(source, tmp_path / "a", tmp_path / "b", 0.5, seed=seed)
         for group in together:
             assert group <= paths(first) or group <= paths(second)
-        assert "identical images carry different labels" in first.manifest.warnings[0]
+        assert "identical or near-duplicate images carry different labels" in first.manifest.warnings[0]
     markdown = split_markdown(source, first, second)
-    assert "Identical images: 2 groups (5 images), each kept on one side" in markdown
+    assert "Identical or near-duplicate images: 2 groups (5 images), each kept on one side" in markdown
+    assert "0 of 13 images hashed): none" in markdown  # 8-pixel images: too small for a perceptual hash
     assert "1 of these groups carry different labels" in markdown
     assert "| red | 6 |" in markdown
+
+
+def test_a_burst_lands_on_one_side_and_different_photos_are_not_grouped(tmp_path):
+    """Real photos: each class holds a burst (a photo, a copy resized to half, that copy re-compressed) and four
+    different pictures; the burst stays together whatever the seed, and nothing else is grouped."""
+    photos = sample_photos()
+    bursts, others = [], []
+    for name in ("china", "flower"):
+        bursts.append(set(write_burst(tmp_path / "photos" / name, name, photos[name])))
+        others += write_crops(tmp_path / "photos" / name, name, photos[name])
+    source = convert_to_image_directory(tmp_path / "photos", tmp_path / "converted")
+
+    groups = Groups(source.index)
+    assert sorted(int(groups.sizes[g]) for g in groups.near_duplicate()) == [3, 3]
+    assert len(groups) == 2 + len(others), "a different picture was grouped"
+    straddled = 0
+    for seed in range(6):
+        first, second = split_image_directory(source, tmp_path / "a", tmp_path / "b", 0.5, seed=seed)
+        for burst in bursts:
+            assert burst <= paths(first) or burst <= paths(second), seed
+        assert first.manifest.split.near_duplicate_distance == DEFAULT_DISTANCE
+        # Identical files only: the same bursts are split apart by some seed.
+        apart = split_image_directory(source, tmp_path / "c", tmp_path / "d", 0.5, seed, near_duplicate_distance=-1)
+        straddled += sum(not (burst <= paths(apart[0]) or burst <= paths(apart[1])) for burst in bursts)
+    assert straddled > 0
+    markdown = split_markdown(source, first, second)
+    assert "perceptual hashes within 8 of 64 bits; 14 of 14 images hashed): 2 groups (6 images), e.g. " in markdown
+    assert "'china/china.jpg' (china) ~ 'china/china_half.png' (china) ~ 'china/china_half_q40.jpg'" in markdown
 
 
 def test_the_seed_decides_the_split(tmp_path):

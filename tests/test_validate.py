@@ -11,7 +11,7 @@ from tasks import (
 from tasks.contracts.model_directory import ModelDirectory, ModelSpec, read_model_spec
 from tasks.model import write_untrained_model_directory
 from tasks.validate import check_training_data
-from tests.helpers import write_class_folders, write_image
+from tests.helpers import sample_photos, write_burst, write_class_folders, write_crops, write_image
 
 
 def convert(source, out):
@@ -131,5 +131,37 @@ def test_label_validation_artifact_reports_leakage(prefect_server, tmp_path):
 
     artifacts, _ = asyncio.run(artifacts_and_run_count(*run()))
     rows = {row["class"]: row for row in json.loads(artifacts["label-validation"])}
-    assert rows["red"] == {"class": "red", "train": 3, "validation": 3, "in both sets": 1}
+    assert rows["red"] == {
+        "class": "red",
+        "train": 3,
+        "validation": 3,
+        "in both sets": 1,
+        "near-duplicates in both sets": 0,  # 16-pixel images: too small for a perceptual hash
+    }
     assert rows["blue"]["in both sets"] == rows["green"]["in both sets"] == 0
+
+
+def test_a_near_duplicate_across_the_two_folders_is_reported_with_an_example(tmp_path):
+    """Real photos: validation holds a half-size copy of a training photo (near-duplicate) and an exact copy of
+    another (leaked, reported as such and not twice)."""
+    photos = sample_photos()
+    write_crops(tmp_path / "t" / "china", "china", photos["china"])
+    write_crops(tmp_path / "t" / "flower", "flower", photos["flower"])
+    write_burst(tmp_path / "t" / "china", "china", photos["china"])
+    for name in ("china_half.png", "china_half_q40.jpg"):  # the burst's copies go to validation
+        (tmp_path / "t" / "china" / name).unlink()
+    write_burst(tmp_path / "v" / "china", "china", photos["china"])
+    (tmp_path / "v" / "china" / "china.jpg").unlink()
+    (tmp_path / "v" / "china" / "china_half_q40.jpg").unlink()
+    write_crops(tmp_path / "v" / "flower", "flower", photos["flower"])
+    for part in ("left", "right", "top"):
+        (tmp_path / "v" / "flower" / f"flower_{part}.jpg").unlink()  # flower_bottom.jpg: an exact copy
+    train, validation = (convert(tmp_path / side, tmp_path / f"{side}-converted") for side in "tv")
+
+    report = check_training_data(train, validation)
+
+    assert report.leaked_counts == {"flower": 1}
+    assert report.near_duplicate_counts == {"china": 1} and report.near_duplicates == 1
+    ((train_path, validation_path, bits),) = report.near_duplicate_examples
+    assert (train_path, validation_path) == ("china/china.jpg", "china/china_half.png") and bits <= 8
+    assert check_training_data(train, validation, near_duplicate_distance=-1).near_duplicate_counts == {}

@@ -134,6 +134,13 @@ class ImageRecord(BaseModel):
         description="the source's EXIF orientation, applied when the image was stored upright (1: stored as it "
         "was; 0: not recorded, an older conversion)",
     )
+    perceptual_hash: int = Field(
+        0,
+        ge=0,
+        lt=1 << 64,
+        description="64-bit DCT perceptual hash of the stored image (tasks.near_duplicates); 0: not hashed (under "
+        "32 pixels on a side, or an older conversion)",
+    )
 
 
 class QuarantinedFile(BaseModel):
@@ -156,6 +163,11 @@ class SplitRecord(BaseModel):
     fraction: float = Field(description="share of each class's distinct images that went to the first side")
     seed: int
     side: Literal["first", "second"]
+    near_duplicate_distance: int | None = Field(
+        None,
+        description="perceptual-hash bits within which images were kept on one side (-1: identical files only; "
+        "None: split before near-duplicates were looked for)",
+    )
 
 
 class ImageDirectoryManifest(BaseModel):
@@ -187,7 +199,18 @@ def index_rows(records: Iterable[ImageRecord], classes: Sequence[str]) -> Iterat
     position = {name: i for i, name in enumerate(classes)}
     for r in records:
         label = -1 if r.label is None else position[r.label]
-        yield Row(r.path, r.source_path, label, r.sha256, r.size_bytes, r.width, r.height, r.mode, r.orientation)
+        yield Row(
+            r.path,
+            r.source_path,
+            label,
+            r.sha256,
+            r.size_bytes,
+            r.width,
+            r.height,
+            r.mode,
+            r.orientation,
+            r.perceptual_hash,
+        )
 
 
 class ImageSamples(Sequence[tuple[Path, int]]):

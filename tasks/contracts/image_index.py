@@ -13,6 +13,9 @@
     orientation                              int8: the source's EXIF orientation (1-8), applied when it was
                                              stored (1: stored as it was); absent from indexes written before
                                              2026-11-26, read as 0 (not recorded)
+    perceptual_hash                          uint64: the stored image's 64-bit DCT perceptual hash
+                                             (tasks.near_duplicates); 0: not hashed (under 32 pixels on a side;
+                                             absent from indexes written before 2026-11-27, read as 0)
 
 ``numpy.load`` reads it as any ``.npz``. Its members are stored uncompressed, so each column is memory-mapped
 where it lies in the file: a process holds no Python object per image, and the training ranks of a host share
@@ -47,8 +50,10 @@ FIXED_COLUMNS = {
     "height": np.dtype("<i4"),
     "mode": np.dtype("S8"),
     "orientation": np.dtype("i1"),
+    "perceptual_hash": np.dtype("<u8"),
 }
-OPTIONAL_COLUMNS = {"orientation": 0}  # a column added later: its value in an index written before it
+# Columns added later: their value in an index written before them.
+OPTIONAL_COLUMNS = {"orientation": 0, "perceptual_hash": 0}
 CHUNK_ROWS = 65536  # rows handled at once where a column is walked in Python or re-laid out
 
 
@@ -64,6 +69,7 @@ class Row(NamedTuple):
     height: int
     mode: str
     orientation: int = 1
+    perceptual_hash: int = 0
 
 
 class Strings(Sequence[str]):
@@ -130,6 +136,7 @@ class ImageIndex:
     height: np.ndarray
     mode: np.ndarray
     orientation: np.ndarray
+    perceptual_hash: np.ndarray
 
     def __len__(self) -> int:
         return len(self.label)
@@ -171,6 +178,7 @@ class ImageIndex:
             int(self.height[i]),
             self.mode[i].decode(),
             int(self.orientation[i]),
+            int(self.perceptual_hash[i]),
         )
 
     def take(self, rows: np.ndarray) -> ImageIndex:

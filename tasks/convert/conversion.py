@@ -49,7 +49,7 @@ from tasks.contracts.image_directory import (
     QuarantinedFile,
     class_folders,
 )
-from tasks.contracts.image_index import INDEX_NAME, Row
+from tasks.contracts.image_index import FIXED_COLUMNS, INDEX_NAME, Row
 from tasks.contracts.index_writer import IndexWriter
 from tasks.convert.labelling import SingleClass, plan_source
 from tasks.convert.labels_file import read_labels_file
@@ -97,6 +97,7 @@ class _Found:
                 record.height,
                 record.mode,
                 record.orientation,
+                record.perceptual_hash,
             )
         )
         self.counts[record.label] += 1
@@ -209,6 +210,8 @@ def _convert(
         "single_class": single_class,
         "normalisation": normalisation.model_dump() if normalisation else None,
         "max_image_pixels": max_image_pixels,
+        # An index written before a column was added lacks it (e.g. perceptual hashes): converted again.
+        "index_columns": sorted(FIXED_COLUMNS),
     }
     conversion_hash = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
     if (previous := converted_before(output, conversion_hash)) is not None:

@@ -13,6 +13,9 @@ stored sideways with the tag) is turned upright and re-encoded in its own format
 allows (PNG, WebP lossless, TIFF) and for JPEG with the original's quantisation tables and chroma subsampling, the
 orientation recorded (``ImageRecord.orientation``). HEIC/HEIF (``pillow-heif``) and AVIF are stored as JPEG
 (quality 95, RGB), which every decode path reads, nvJPEG included. Every other image is a byte-for-byte copy.
+
+Each stored image's perceptual hash (``tasks.near_duplicates``) is read off the pixels decoded here anyway (a JPEG's
+1/8-scale decode), upright, so that the split can keep near-duplicates together without decoding again.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from tasks.contracts.image_directory import (
 from tasks.convert.output_folder import StoredJournal, WriteFailed, writing
 from tasks.convert.plan import SourceFile
 from tasks.local_files import sha256_file
+from tasks.near_duplicates import MIN_SIDE, perceptual_hash
 
 try:  # HEIC/HEIF, the iPhone's format: Pillow reads it once pillow-heif has registered its opener
     from pillow_heif import register_heif_opener
@@ -155,6 +159,7 @@ class Stored(NamedTuple):
     sha256: str
     size_bytes: int
     orientation: int = 1
+    perceptual_hash: int = 0
 
 
 def _reencoding(source: Image.Image, upright: Image.Image) -> tuple[Image.Image, str, dict]:
@@ -186,10 +191,11 @@ def _store_upright(image: Image.Image, destination: Path, settings: StoreSetting
         result, fmt, options = _reencoding(image, ImageOps.exif_transpose(image))
         buffer = io.BytesIO()
         result.save(buffer, format=fmt, **options)
+        fingerprint = perceptual_hash(result)
     data = buffer.getvalue()
     with writing(), open(destination, "xb") as writer:
         writer.write(data)
-    return Stored(*result.size, result.mode, hashlib.sha256(data).hexdigest(), len(data), orientation)
+    return Stored(*result.size, result.mode, hashlib.sha256(data).hexdigest(), len(data), orientation, fingerprint)
 
 
 def _needs_reencoding(image: Image.Image) -> int | None:
@@ -200,15 +206,18 @@ def _needs_reencoding(image: Image.Image) -> int | None:
     return None
 
 
-def _decode(image: Image.Image, settings: StoreSettings) -> tuple[int, int, str]:
-    """Decode ``image`` in full (truncation and damage only show then): its width, height and mode."""
+def _decode(image: Image.Image, settings: StoreSettings, sha256: str, size_bytes: int) -> Stored:
+    """Decode ``image`` in full (truncation and damage only show then): what is stored of it (``image`` is stored
+    as it is, with the given sha256 and size)."""
     size, mode = image.size, image.mode
     # A JPEG drafted to 1/8 scale is still entropy-decoded to its last byte, so truncation and damage
-    # still show, but most of the IDCT and colour conversion (needed only to re-encode) is skipped.
-    image.draft(None, (1, 1))
+    # still show, but most of the IDCT and colour conversion (needed only to re-encode) is skipped; no smaller
+    # than twice the perceptual hash's least side, which it is read off.
+    image.draft(None, (2 * MIN_SIDE, 2 * MIN_SIDE))
     with settings.budget.hold(image.width * image.height * _BYTES_PER_PIXEL):
         image.load()
-    return *size, mode
+        fingerprint = perceptual_hash(image)
+    return Stored(*size, mode, sha256, size_bytes, perceptual_hash=fingerprint)
 
 
 def _store_bytes(data: bytes, destination: Path, settings: StoreSettings) -> Stored:
@@ -220,7 +229,7 @@ def _store_bytes(data: bytes, destination: Path, settings: StoreSettings) -> Sto
             return _store_upright(image, destination, settings, orientation)
         with writing(), open(destination, "xb") as writer:
             writer.write(data)
-        return Stored(*_decode(image, settings), hashlib.sha256(data).hexdigest(), len(data))
+        return _decode(image, settings, hashlib.sha256(data).hexdigest(), len(data))
 
 
 def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> Stored:
@@ -245,15 +254,15 @@ def _store(file: SourceFile, destination: Path, settings: StoreSettings) -> Stor
                 with writing(), open(destination, "xb") as writer:
                     result.save(writer, format=fmt, **_SAVE_OPTIONS.get(fmt, {}))
                 size = destination.stat().st_size
-                return Stored(*result.size, result.mode, sha256_file(destination), size, orientation)
+                fingerprint = perceptual_hash(result)
+                return Stored(*result.size, result.mode, sha256_file(destination), size, orientation, fingerprint)
         if (orientation := _needs_reencoding(image)) is not None:  # too large to hold, yet not to be copied
             return _store_upright(image, destination, settings, orientation)
     # A large file is streamed: the copy is what gets decoded and hashed.
     _copy_exclusively(file.path, destination)
     with Image.open(destination) as image:
         _check_pixels(image, settings.max_pixels)
-        decoded = _decode(image, settings)
-    return Stored(*decoded, sha256_file(destination), destination.stat().st_size)
+        return _decode(image, settings, sha256_file(destination), destination.stat().st_size)
 
 
 def store_image(file: SourceFile, target: str, root: Path, settings: StoreSettings) -> ImageRecord | QuarantinedFile:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tasks.contracts.image_directory import MANIFEST_NAME, ImageDirectory, ImageDirectoryManifest, ImageRecord
-from tasks.contracts.image_index import INDEX_NAME, ImageIndex, Row, Strings
+from tasks.contracts.image_index import INDEX_NAME, OPTIONAL_COLUMNS, ImageIndex, Row, Strings
 from tasks.contracts.index_writer import IndexWriter
 from tasks.errors import InvalidDatasetError
 from tasks.transformations import ImageTransformations
@@ -160,12 +160,14 @@ def test_a_rank_holds_no_python_object_per_image_of_an_image_directory(tmp_path)
     assert len(dataset) == 20_000 and dataset.samples[123] == (tmp_path / written[123].path, written[123].label)
 
 
-def test_an_index_written_before_the_orientation_column_reads_it_as_not_recorded(tmp_path):
-    written = ImageIndex.from_rows(rows(20))
+def test_an_index_written_before_the_later_columns_reads_them_as_not_recorded(tmp_path):
+    written = ImageIndex.from_rows([r._replace(perceptual_hash=(1 << 63) + i) for i, r in enumerate(rows(20))])
     assert written.orientation.tolist() == [1] * 20, "rows default to stored as they were"
-    older = {name: array for name, array in written.columns().items() if name != "orientation"}
+    assert written.perceptual_hash.dtype == np.uint64 and int(written.perceptual_hash[3]) == (1 << 63) + 3
+    older = {name: array for name, array in written.columns().items() if name not in OPTIONAL_COLUMNS}
     np.savez(tmp_path / INDEX_NAME, **older)
 
     index = ImageIndex.open(tmp_path / INDEX_NAME)
 
-    assert index.orientation.tolist() == [0] * 20 and index.row(3) == rows(20)[3]._replace(orientation=0)
+    assert index.orientation.tolist() == [0] * 20 and index.perceptual_hash.tolist() == [0] * 20
+    assert index.row(3) == rows(20)[3]._replace(orientation=0, perceptual_hash=0)
