@@ -79,3 +79,17 @@ def test_fanout_benchmark_takes_the_last_rank_to_start_training(tmp_path):
     )
     (logs / "driver_log_1.txt").write_text("2026-11-22 18:40:07,500 [rank 1] INFO training resnet18 on 24 images\n")
     assert training_started(tmp_path / "model").strftime("%H:%M:%S.%f") == "18:40:07.500000"
+
+
+def test_near_duplicate_benchmark_measures_grouping_quality_and_cost():
+    from bench.near_duplicates import conversion_cost, quality, split_cost
+
+    table = quality()
+    photos = int(table[0].split(" photos (china, flower, hopper")[0])  # 23 with scikit-image's (the bench extra)
+    assert photos >= 3 and table[0].endswith(f"; {4 * photos} quarters")
+    assert any(line.startswith("| different quarters: pairs grouped (false merges) of ") for line in table)
+    assert any(line.startswith("| JPEG quality 40: copies grouped with their photo") for line in table)
+    split, lookup = split_cost(3000, 1)
+    assert "split of 3,000 images (80/20), median of 1: identical files only " in split and split.endswith("x")
+    assert "near-duplicate groups" in lookup
+    assert conversion_cost(2, 1).startswith("conversion of 2 JPEGs of 3,000 x 2,000, median of 1: without the hash")
