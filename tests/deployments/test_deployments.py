@@ -283,6 +283,9 @@ def test_parameter_descriptions_read_as_plain_text_in_the_ui_form(stack):
     # fine-tuning mode and any torchvision architecture.
     assert "validation_fraction" in descriptions
     schema = deployment.parameter_openapi_schema
+    # Near-duplicates kept on one side: a typed number on the form, with its default.
+    distance = schema["properties"]["near_duplicate_distance"]
+    assert distance["type"] == "integer" and distance["default"] == 8 and "perceptual hashes" in distance["description"]
     definitions = schema.get("definitions") or schema.get("$defs")
     model = definitions["ModelSpec"]["properties"]
     assert {"pretrained", "weights_path", "weights_sha256", "transformations"} <= set(model)
