@@ -19,7 +19,7 @@ for tag in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1
     platforms+=(--platform "${tag}_x86_64")
 done
 python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-    -d "$download" "${wanted[@]}" boto3 asyncpg imagehash
+    -d "$download" "${wanted[@]}" boto3 asyncpg imagehash optuna
 # On the host's image already (a second copy would shadow it); docker: not imported by anything run there.
 present=" absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core

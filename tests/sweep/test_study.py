@@ -1,0 +1,79 @@
+"""The sweep's Optuna study in its journal file: exactly ``trials`` trials, seeded sampling, pruning by the
+median and by successive halving, and a sweep opened again that keeps its finished trials, re-queues an
+abandoned one with the same parameters and never counts a trial twice."""
+
+import pytest
+
+from tasks.errors import PipelineInputError
+from tasks.sweep import SearchSpace, SweepSettings, SweepStudy
+from tasks.sweep.space import IntRange
+from tasks.sweep.study import STUDY_FILE
+
+
+def study(folder, **settings) -> SweepStudy:
+    space = SearchSpace(batch_size=IntRange(low=8, high=64, step=8))
+    return SweepStudy(folder, SweepSettings(**settings), space)
+
+
+def test_ask_stops_at_trials_and_the_best_is_the_highest_figure(tmp_path):
+    sweep = study(tmp_path, trials=3, parallel=1, sampler="random", pruner="none")
+    for figure in (0.5, 0.9, 0.7):
+        trial = sweep.ask()
+        assert trial.state == "running" and set(trial.params) == {"learning_rate", "weight_decay", "batch_size"}
+        sweep.tell(trial.number, "complete", figure)
+    assert sweep.ask() is None
+    assert sweep.best().value == 0.9 and [r.state for r in sweep.records()] == ["complete"] * 3
+    assert (tmp_path / STUDY_FILE).is_file()
+
+
+def test_the_same_seed_samples_the_same_trials(tmp_path):
+    for sampler in ("random", "tpe"):
+        first = [study(tmp_path / f"{sampler}-a", sampler=sampler).ask().params for _ in range(1)]
+        again = [study(tmp_path / f"{sampler}-b", sampler=sampler).ask().params for _ in range(1)]
+        other = [study(tmp_path / f"{sampler}-c", sampler=sampler, seed=2).ask().params for _ in range(1)]
+        assert first == again and first != other
+
+
+def test_a_reopened_sweep_keeps_its_trials_and_reruns_an_abandoned_one_without_counting_it(tmp_path):
+    sweep = study(tmp_path, trials=3, parallel=2, pruner="none")
+    done, lost = sweep.ask(), sweep.ask()
+    sweep.attach(lost.number, "flow-run-of-the-lost-trial")
+    sweep.report(lost.number, 1, 0.4)
+    sweep.tell(done.number, "complete", 0.8)
+
+    reopened = study(tmp_path, trials=3, parallel=2, pruner="none")  # the sweep's process was killed
+    (running,) = reopened.running()
+    assert running.number == lost.number and running.flow_run_id == "flow-run-of-the-lost-trial"
+    assert running.epochs == 1
+    reopened.abandon(lost.number)
+    rerun = reopened.ask()
+    assert rerun.params == lost.params and rerun.number not in (done.number, lost.number)
+    reopened.tell(rerun.number, "complete", 0.6)
+    last = reopened.ask()
+    reopened.tell(last.number, "complete", 0.7)
+    assert reopened.ask() is None
+    states = [r.state for r in reopened.records()]
+    assert states.count("complete") == 3 and states.count("abandoned") == 1 and reopened.counted() == 3
+
+
+@pytest.mark.parametrize("pruner", ["median", "asha"])
+def test_a_poor_trial_is_pruned_while_good_ones_go_on(tmp_path, pruner):
+    sweep = study(tmp_path, trials=6, parallel=2, pruner=pruner, sampler="random")
+    for _ in range(4):  # four trials that learn
+        trial = sweep.ask()
+        for epoch in range(1, 7):
+            assert not sweep.report(trial.number, epoch, 0.5 + 0.08 * epoch)
+        sweep.tell(trial.number, "complete", 0.98)
+    poor = sweep.ask()
+    pruned_at = next(epoch for epoch in range(1, 7) if sweep.report(poor.number, epoch, 0.1))
+    sweep.tell(poor.number, "pruned")
+    assert pruned_at <= 2 and sweep.record(poor.number).state == "pruned"
+
+
+def test_settings_that_cannot_run_are_refused():
+    with pytest.raises(ValueError, match="parallel 5 is more than trials 4"):
+        SweepSettings(trials=4, parallel=5)
+    with pytest.raises(ValueError, match="Input should be 'top1', 'top5' or 'val_loss'"):
+        SweepSettings(metric="f1")
+    assert SweepSettings(metric="val_loss").objective == "minimize"
+    assert issubclass(PipelineInputError, ValueError)
