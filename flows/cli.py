@@ -263,6 +263,7 @@ COMMANDS = {
     "registry": ("tasks.registry.__main__", "list, show, alias, tag, fetch … registered models"),
     "runs": ("flows.runs", "list the run folders, prune the old ones"),
     "predict": ("flows.predict", "label a few photos with a trained model, at once (no server)"),
+    "sweep": ("flows.sweep", "sweep hyperparameters over the gpu pool and register the best trial"),
 }
 
 

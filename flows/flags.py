@@ -9,6 +9,7 @@ import argparse
 import difflib
 import inspect
 import json
+import types
 import typing
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
@@ -28,6 +29,18 @@ def _flag_type(annotation: Any) -> tuple[Callable[[str], Any] | None, tuple | No
     if len(args) == 1 and args[0] in (int, float):
         return args[0], None
     return None, None  # str, or a union such as nodes' int | str: pydantic converts and checks it
+
+
+def _takes_json(annotation: Any) -> bool:
+    """A value given as JSON on the command line: a model, a dict or list, or a union of models (a discriminated
+    one included, e.g. a search space's range-or-choice)."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    return any(
+        _is_model(member) or typing.get_origin(member) in (dict, list) or member in (dict, list)
+        for member in members or (annotation,)
+    )
 
 
 def _one_of(choices: tuple) -> Callable[[str], str]:
@@ -67,9 +80,10 @@ def summary(flow: Any) -> str:
 class FlowFlags:
     """A flow's command line, from its signature: a positional argument per parameter without a default, a
     ``--flag`` per other parameter (help from the flow's docstring, as the UI's form shows it), and per parameter
-    holding a pydantic model (ModelSpec, TrainingParams, ...) a group of flags, one per field. Flags left out pass
-    nothing: the flow's and the models' own defaults apply. ``flags`` renames a parameter's flag; ``skip`` leaves
-    parameters out, ``skip_fields`` fields of a model parameter."""
+    holding a pydantic model (ModelSpec, TrainingParams, ...) a group of flags, one per field, unless ``whole``
+    names it (one flag taking JSON). Flags left out pass nothing: the flow's and the models' own defaults apply.
+    ``flags`` renames a parameter's flag; ``skip`` leaves parameters out, ``skip_fields`` fields of a model
+    parameter."""
 
     def __init__(
         self,
@@ -79,6 +93,7 @@ class FlowFlags:
         skip: tuple[str, ...] = (),
         skip_fields: dict[str, tuple[str, ...]] | None = None,
         flags: dict[str, str] | None = None,
+        whole: tuple[str, ...] = (),
     ) -> None:
         self.flow, self.plain, self.models = flow, [], {}
         hints = typing.get_type_hints(flow.fn)
@@ -87,7 +102,7 @@ class FlowFlags:
             annotation = hints[name]
             if name in skip:
                 continue
-            if _is_model(annotation):
+            if _is_model(annotation) and name not in whole:
                 group = f"{name} ({annotation.__name__})"
                 self.models[name] = (
                     annotation,
@@ -135,7 +150,7 @@ def _add_flag(target: Any, flag: str, name: str, annotation: Any, description: s
     args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
     if annotation in (bool, bool | None):
         target.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help)
-    elif len(args) == 1 and (_is_model(args[0]) or typing.get_origin(args[0]) is dict or args[0] is dict):
+    elif len(args) == 1 and _takes_json(args[0]):
         target.add_argument(flag, dest=name, type=json.loads, metavar="JSON", default=None, help=f"{help}; as JSON")
     elif choices and len(choices) > 12:  # many names (architectures): the closest first, not all of them
         target.add_argument(

@@ -13,6 +13,7 @@ gallery of misclassified images) -> register [-> a person approves the promotion
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -133,25 +134,16 @@ def train_pipeline(
     resolve_pretrained_weights(spec)  # in the cache (or the one offline error) before any conversion work
     run_dir = takeover.run_dir if takeover else run_folder(work_dir)  # a retried run finds its checkpoints again
     local_run = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
-    train_source, validation_source = resolve_sources(
-        train_data, validation_data, str(local_folder(work_dir)), validation_fraction
+    train_dir, validation_dir = prepare_data(
+        train_data,
+        validation_data,
+        validation_fraction,
+        near_duplicate_distance,
+        conversion,
+        work_dir,
+        local_run,
+        training.random_seed,
     )
-    if validation_source is None:  # one set given: split it, the first side for training
-        source_dir = convert(train_source, str(local_run / "data" / "source"), "source", limits=conversion)
-        train_dir, validation_dir = split(
-            source_dir,
-            str(local_run / "data" / "train"),
-            str(local_run / "data" / "validation"),
-            fraction=1 - validation_fraction,
-            seed=training.random_seed,
-            near_duplicate_distance=near_duplicate_distance,
-        )
-    else:
-        train_dir = convert(train_source, str(local_run / "data" / "train"), "train", limits=conversion)
-        validation_dir = convert(
-            validation_source, str(local_run / "data" / "validation"), "validation", limits=conversion
-        )
-    validate_labels(train_dir, validation_dir, near_duplicate_distance=near_duplicate_distance)
     spec_dir = untrained_model_directory(str(local_run / "model_spec"), spec)
     # Where every training node reads them: the same folders, or their copies stored in the S3 run folder.
     folders = TrainingFolders(
@@ -161,30 +153,18 @@ def train_pipeline(
         output_dir=join(run_dir, "model"),
     )
     model_dir = train(folders, training)
-    # Imported here, not with the module: they bring torch, which the flow's own process needs from this point
-    # only; `import flows.pipeline` (a command line stopping at a mistake, `prefect deploy`) stays light.
-    from tasks.onnx_export import export_and_check_onnx
-    from tasks.score import score
-
-    if export_onnx:
-        model_dir = export_and_check_onnx(model_dir, validation_dir)
-    scores = score(model_dir, validation_dir, join(run_dir, "scores.csv")).table
-    evaluation = evaluate(scores, str(local_run / "confusion_matrix.png"))
-    show_misclassified(scores, validation_dir)
-    registered = register(
-        registry,
-        model_name,
+    registered, evaluation, size = evaluate_and_register(
         model_dir,
-        evaluation.figures(),
-        datasets={"train": train_dir, "validation": validation_dir},
+        train_dir,
+        validation_dir,
+        run_dir,
+        registry=registry,
+        model_name=model_name,
         params={"model": model.model_dump(), "training": training.model_dump()},
         promotion=promotion,
+        keep=keep,
+        export_onnx=export_onnx,
         training_run_id=takeover.training_run_id if takeover else None,
-    )
-    registered = settle_promotion(registry, registered, promotion.approval_timeout_s)
-    record = registered.registration
-    size = tidy_registered_run(
-        run_dir, model_dir, keep, {"name": record.name, "version": record.version, "location": registered.location}
     )
     result = PipelineResult(
         model_name=registered.registration.name,
@@ -199,6 +179,85 @@ def train_pipeline(
     # Prefect keeps a returned state as the run's final one, message included, and hands the caller its data:
     # `train_pipeline(...)` still returns the PipelineResult.
     return Completed(message=result.headline(), data=result)
+
+
+def prepare_data(
+    train_data: str | None,
+    validation_data: str | None,
+    validation_fraction: float | None,
+    near_duplicate_distance: int,
+    conversion: ConversionLimits,
+    work_dir: str,
+    local_run: Path,
+    seed: int,
+) -> tuple[str, str]:
+    """Convert the images (and split one set, near-duplicates on one side) into ``local_run``/data, and validate
+    the labels: the training and validation ImageDirectories, once per run (a sweep's trials all read them)."""
+    train_source, validation_source = resolve_sources(
+        train_data, validation_data, str(local_folder(work_dir)), validation_fraction
+    )
+    if validation_source is None:  # one set given: split it, the first side for training
+        source_dir = convert(train_source, str(local_run / "data" / "source"), "source", limits=conversion)
+        train_dir, validation_dir = split(
+            source_dir,
+            str(local_run / "data" / "train"),
+            str(local_run / "data" / "validation"),
+            fraction=1 - validation_fraction,
+            seed=seed,
+            near_duplicate_distance=near_duplicate_distance,
+        )
+    else:
+        train_dir = convert(train_source, str(local_run / "data" / "train"), "train", limits=conversion)
+        validation_dir = convert(
+            validation_source, str(local_run / "data" / "validation"), "validation", limits=conversion
+        )
+    validate_labels(train_dir, validation_dir, near_duplicate_distance=near_duplicate_distance)
+    return train_dir, validation_dir
+
+
+def evaluate_and_register(
+    model_dir: str,
+    train_dir: str,
+    validation_dir: str,
+    run_dir: str,
+    *,
+    registry: str,
+    model_name: str | None,
+    params: dict[str, Any],
+    promotion: PromotionPolicy,
+    keep: Keep,
+    export_onnx: bool = False,
+    training_run_id: str | None = None,
+) -> tuple[Any, Evaluation, int]:
+    """Score the trained model on the validation images, evaluate it (and show the misclassified), register it
+    under the promotion policy, and tidy the run folder: (the registration, the evaluation, the folder's size)."""
+    # Imported here, not with the module: they bring torch, which the flow's own process needs from this point
+    # only; `import flows.pipeline` (a command line stopping at a mistake, `prefect deploy`) stays light.
+    from tasks.onnx_export import export_and_check_onnx
+    from tasks.score import score
+
+    local_run = local_folder(run_dir)
+    if export_onnx:
+        model_dir = export_and_check_onnx(model_dir, validation_dir)
+    scores = score(model_dir, validation_dir, join(run_dir, "scores.csv")).table
+    evaluation = evaluate(scores, str(local_run / "confusion_matrix.png"))
+    show_misclassified(scores, validation_dir)
+    registered = register(
+        registry,
+        model_name,
+        model_dir,
+        evaluation.figures(),
+        datasets={"train": train_dir, "validation": validation_dir},
+        params=params,
+        promotion=promotion,
+        training_run_id=training_run_id,
+    )
+    registered = settle_promotion(registry, registered, promotion.approval_timeout_s)
+    record = registered.registration
+    size = tidy_registered_run(
+        run_dir, model_dir, keep, {"name": record.name, "version": record.version, "location": registered.location}
+    )
+    return registered, evaluation, size
 
 
 def check_inputs(arguments: dict[str, Any]) -> None:

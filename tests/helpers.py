@@ -283,13 +283,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def pipeline_command(train, validation, name: str, work, *flags: str) -> list[str]:
-    """`python -m flows.pipeline` on real folders, trained from scratch, its registry and runs under ``work`` (a
-    folder or an S3 URI); ``flags`` add to or override these."""
+def pipeline_command(train, validation, name: str, work, *flags: str, module: str = "flows.pipeline") -> list[str]:
+    """`python -m flows.pipeline` (or ``module``: flows.sweep) on real folders, trained from scratch, its registry
+    and runs under ``work`` (a folder or an S3 URI); ``flags`` add to or override these."""
     return [
         sys.executable,
         "-m",
-        "flows.pipeline",
+        module,
         "--no-pretrained",
         "--train-data",
         str(train),

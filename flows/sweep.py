@@ -1,0 +1,195 @@
+"""Hyperparameter sweep: the data converted, split and validated once, then ``trials`` trainings over the ``gpu``
+pool, ``parallel`` at a time, sampled and pruned by Optuna (tasks/sweep), and the best trial's model scored,
+evaluated and registered like train_pipeline's.
+
+    image-classifier sweep --train-data photos --validation-fraction 0.2 --trials 16 --parallel 2 \\
+        --search-space '{"learning_rate": {"kind": "log_uniform", "low": 0.001, "high": 0.1}}'
+
+Each trial is a run of the ``sweep-trial`` deployment (make deploy; a worker per GPU host: make worker). The
+study is a journal file in the sweep's run folder: a retried sweep keeps its finished trials and re-attaches to
+the running ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+from prefect.states import Completed
+
+from flows import run_folder
+from flows.pipeline import PipelineResult, check_inputs, evaluate_and_register, prepare_data
+from tasks.contracts.model_directory import ModelSpec
+from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.convert import ConversionLimits
+from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
+from tasks.near_duplicates import DEFAULT_DISTANCE
+from tasks.registry import PromotionPolicy
+from tasks.runs import Keep
+from tasks.sweep import SearchSpace, SweepSettings, SweepStudy, TrialRecord, apply_params
+from tasks.sweep.space import check_search_space
+from tasks.work_dir_on_s3 import join, local_folder, mirror_of, store
+
+
+def trial_rows(records: list[TrialRecord], metric: str) -> list[dict[str, Any]]:
+    """The sweep's table: a row per trial."""
+    return [
+        {
+            "trial": r.number,
+            "state": r.state,
+            metric: None if r.value is None else round(r.value, 4),
+            "epochs": r.epochs,
+            **{name: (f"{value:.3g}" if isinstance(value, float) else value) for name, value in r.params.items()},
+            "flow run": r.flow_run_id,
+        }
+        for r in records
+    ]
+
+
+@flow(name="sweep-pipeline", log_prints=True)
+def sweep_pipeline(
+    train_data: str | None = None,
+    validation_data: str | None = None,
+    validation_fraction: float | None = None,
+    near_duplicate_distance: int = DEFAULT_DISTANCE,
+    model: ModelSpec = ModelSpec(),
+    training: TrainingParams = TrainingParams(),
+    search_space: SearchSpace = SearchSpace(),
+    sweep: SweepSettings = SweepSettings(),
+    conversion: ConversionLimits = ConversionLimits(),
+    model_name: str | None = None,
+    registry: str = "registry",
+    work_dir: str = "runs",
+    promotion: PromotionPolicy = PromotionPolicy(),
+    keep: Keep = "results",
+) -> PipelineResult:
+    """Sweep hyperparameters: train many models over the gpu pool, pruning poor ones early, and register the best.
+
+    Args:
+        train_data: Class-per-folder folder or .zip of training images; empty: the bundled digits.
+        validation_data: Validation images with the same classes; empty: split off train_data by validation_fraction.
+        validation_fraction: Share of each class's images split off train_data for validation (e.g. 0.2).
+        near_duplicate_distance: Images whose 64-bit perceptual hashes differ in at most this many bits stay on one side of the split; -1: identical files only.
+        model: The base ModelSpec; the search space varies its architecture and transformations.
+        training: The base training parameters (epochs: the most a trial trains); the search space varies some.
+        search_space: What the sweep varies: per field a range (log_uniform, uniform, int) or a choice, as JSON.
+        sweep: Trials in all, how many train at once, the sampler (random or TPE) and its seed, the pruner (none, median, ASHA) and the figure trials are judged by.
+        conversion: Limits on what converting the images may unpack and decode.
+        model_name: Registry name; empty: the training data's name, a dash and the architecture.
+        registry: Registry folder or s3://bucket/prefix.
+        work_dir: Folder or s3://bucket/prefix for the sweep's run folder (data, study, each trial's model).
+        promotion: Whether the best trial's version takes an alias (as train_pipeline's promotion).
+        keep: What the run folder keeps once the best version is registered: results, or all.
+    """
+    check_sweep_inputs(locals())
+    spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
+    run_dir = run_folder(work_dir, prefix="sweep-")  # a retried sweep finds its study and trials again
+    local_run = local_folder(run_dir)
+    train_dir, validation_dir = prepare_data(
+        train_data,
+        validation_data,
+        validation_fraction,
+        near_duplicate_distance,
+        conversion,
+        work_dir,
+        local_run,
+        training.random_seed,
+    )
+    stored_train = store(train_dir, join(run_dir, "data", "train"))
+    stored_validation = store(validation_dir, join(run_dir, "data", "validation"))
+    study = SweepStudy(local_run / "sweep", sweep, search_space)
+
+    def make_trial(trial: TrialRecord) -> tuple[TrainingFolders, TrainingParams]:
+        trial_spec, params = apply_params(search_space, trial.params, spec, training)
+        resolve_pretrained_weights(trial_spec)
+        folder = f"trial-{trial.number:03d}"
+        spec_dir = untrained_model_directory(str(local_run / "trials" / folder / "model_spec"), trial_spec)
+        folders = TrainingFolders(
+            train_dir=stored_train,
+            validation_dir=stored_validation,
+            model_spec_dir=store(spec_dir, join(run_dir, "trials", folder, "model_spec")),
+            output_dir=join(run_dir, "trials", folder, "model"),
+        )
+        return folders, params
+
+    def publish() -> None:
+        records = study.records()
+        settled = sum(r.state in ("complete", "pruned", "failed") for r in records)
+        best = study.best()
+        create_table_artifact(
+            key="sweep",
+            table=trial_rows(records, sweep.metric),
+            description=f"{settled} of {sweep.trials} trials settled"
+            + (f"; best so far: trial {best.number}, {sweep.metric} {best.value:.4g}" if best else ""),
+        )
+
+    from tasks.sweep.trials import run_trials
+
+    run_trials(study, make_trial, on_change=publish)
+    best = study.best()
+    if best is None:
+        raise RuntimeError(f"no trial of the sweep completed: {[(r.number, r.state) for r in study.records()]}")
+    best_spec, best_training = apply_params(search_space, best.params, spec, training)
+    output_dir = join(run_dir, "trials", f"trial-{best.number:03d}", "model")
+    mirror = mirror_of(output_dir)
+    model_dir = mirror.download_all() if mirror else output_dir
+    registered, evaluation, size = evaluate_and_register(
+        str(model_dir),
+        train_dir,
+        validation_dir,
+        run_dir,
+        registry=registry,
+        model_name=model_name,
+        params={
+            "model": best_spec.model_dump(),
+            "training": best_training.model_dump(),
+            "sweep": {
+                "settings": sweep.model_dump(),
+                "search_space": search_space.model_dump(mode="json"),
+                "best_trial": best.number,
+                "trials": [r.model_dump() for r in study.records()],
+            },
+        },
+        promotion=promotion,
+        keep=keep,
+    )
+    result = PipelineResult(
+        model_name=registered.registration.name,
+        version=registered.registration.version,
+        location=registered.location,
+        run_dir=run_dir,
+        run_size_bytes=size,
+        keep=keep,
+        evaluation=evaluation,
+        registration=registered.registration,
+    )
+    return Completed(message=f"best of {sweep.trials} trials: trial {best.number}; {result.headline()}", data=result)
+
+
+def check_sweep_inputs(arguments: dict[str, Any]) -> None:
+    """train_pipeline's checks, and the search space's (one line naming the field)."""
+    check_search_space(arguments["search_space"])
+    check_inputs(arguments)
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m flows.sweep") -> int:
+    """Command line: a flag per parameter and per field of ModelSpec, TrainingParams, SweepSettings and
+    ConversionLimits; ``--search-space`` takes the space as JSON."""
+    from flows import cli
+
+    result = cli.run_flow(
+        sweep_pipeline,
+        argv,
+        prog=prog,
+        check=check_sweep_inputs,
+        log_name="sweep",
+        skip_fields={"model": ("weights",)},
+        whole=("search_space",),
+    )
+    print(result.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

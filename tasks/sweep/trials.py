@@ -1,0 +1,157 @@
+"""A sweep's trials through the work pool: each trial is one flow run of the ``sweep-trial`` deployment
+(flows/sweep_trial.py, pool ``gpu``: one training per host, retried and re-run on a lost host like any training),
+submitted ``parallel`` at a time as the study asks for them. Each trial's per-epoch figure reaches the study as the
+trial writes it (its ``metrics.json``, local or on S3); a trial the pruner stops is cancelled through the API and
+waited for (``tasks.multinode.cancel_unfinished``: its worker stops its processes). A sweep opened again
+(``SweepStudy`` in the same folder) re-attaches to the trials still running, settles the ones that ended meanwhile,
+and abandons (re-queues) the ones whose flow run is gone."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tasks.contracts.model_directory import TrainingMetrics
+from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.errors import PipelineInputError
+from tasks.sweep.study import SweepStudy, TrialRecord
+from tasks.torchrun_output import read_metrics
+from tasks.work_dir_on_s3 import mirror_of
+
+TRIAL_DEPLOYMENT = "sweep-trial/sweep-trial"
+
+
+def trial_figure(metrics: TrainingMetrics | None, metric: str, direction: str) -> float | None:
+    """A finished trial's figure: the best of its epochs' ``metric``."""
+    values = [getattr(epoch, metric) for epoch in (metrics.epochs if metrics else [])]
+    if not values:
+        return None
+    return max(values) if direction == "maximize" else min(values)
+
+
+@dataclasses.dataclass
+class Watched:
+    """A running trial: its flow run, where its metrics appear, and the epochs already reported."""
+
+    number: int
+    flow_run_id: str
+    output_dir: str
+    reported: int = 0
+
+    def metrics(self) -> TrainingMetrics | None:
+        mirror = mirror_of(self.output_dir)
+        return mirror.remote_metrics() if mirror else read_metrics(Path(self.output_dir))
+
+
+# --- Prefect ------------------------------------------------------------------------------------
+from prefect import get_run_logger  # noqa: E402
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.deployments import run_deployment  # noqa: E402
+from prefect.exceptions import ObjectNotFound  # noqa: E402
+from prefect.runtime import flow_run  # noqa: E402
+
+from tasks.multinode import cancel_unfinished  # noqa: E402
+
+
+def submit_trial(trial: TrialRecord, folders: TrainingFolders, params: TrainingParams, deployment: str):
+    return run_deployment(
+        deployment,
+        parameters={
+            "folders": dataclasses.asdict(folders),
+            "params": params.model_dump(mode="json"),
+            "trial": trial.number,
+        },
+        timeout=0,
+        flow_run_name=f"{flow_run.get_name() or 'sweep'}-trial-{trial.number}",
+    )
+
+
+def run_trials(
+    study: SweepStudy,
+    make_trial: Callable[[TrialRecord], tuple[TrainingFolders, TrainingParams]],
+    *,
+    on_change: Callable[[], None] = lambda: None,
+    poll_seconds: float = 2.0,
+    deployment: str = TRIAL_DEPLOYMENT,
+) -> None:
+    """Train the study's trials through ``deployment``, ``parallel`` at a time, until ``trials`` are settled;
+    ``make_trial`` gives a trial's folders and parameters; ``on_change`` runs whenever a trial starts or ends."""
+    log = get_run_logger().log
+    settings = study.settings
+    watched: dict[int, Watched] = {}
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(deployment)
+        except ObjectNotFound:
+            raise PipelineInputError(
+                f"a sweep trains each trial through the {deployment!r} deployment, which this Prefect server does "
+                "not have: deploy deployments/prefect.yaml (make deploy)"
+            ) from None
+        for trial in study.running():  # a sweep opened again: its trials from before
+            if trial.flow_run_id is None:
+                study.abandon(trial.number)
+                continue
+            try:
+                run = client.read_flow_run(trial.flow_run_id)
+            except ObjectNotFound:
+                study.abandon(trial.number)
+                continue
+            folders = run.parameters["folders"]
+            watched[trial.number] = Watched(trial.number, trial.flow_run_id, folders["output_dir"], trial.epochs)
+            log(logging.INFO, f"trial {trial.number}: re-attached to flow run {run.name!r} ({run.state.name})")
+        try:
+            while True:
+                while len(watched) < settings.parallel and (trial := study.ask()) is not None:
+                    folders, params = make_trial(trial)
+                    run = submit_trial(trial, folders, params, deployment)
+                    study.attach(trial.number, str(run.id))
+                    watched[trial.number] = Watched(trial.number, str(run.id), folders.output_dir)
+                    log(logging.INFO, f"trial {trial.number}: flow run {run.name!r} submitted, {trial.params}")
+                    on_change()
+                if not watched:
+                    return
+                time.sleep(poll_seconds)
+                for number, trial in list(watched.items()):
+                    if _look(client, study, trial, log):
+                        del watched[number]
+                        on_change()
+        finally:
+            if watched:  # the sweep is ending otherwise than done: no trial trains on alone
+                runs = [client.read_flow_run(t.flow_run_id) for t in watched.values()]
+                cancel_unfinished(client, runs, "cancelled with its sweep")
+
+
+def _look(client, study: SweepStudy, trial: Watched, log) -> bool:
+    """One look at a running trial: its new epochs reported (and a pruned trial cancelled), its end settled.
+    True once the trial is settled."""
+    settings = study.settings
+    run = client.read_flow_run(trial.flow_run_id)
+    metrics = trial.metrics()
+    for epoch in (metrics.epochs if metrics else [])[trial.reported :]:
+        trial.reported += 1
+        prune = study.report(trial.number, epoch.epoch, getattr(epoch, settings.metric))
+        if prune and not run.state.is_final():
+            log(
+                logging.INFO,
+                f"trial {trial.number}: pruned after epoch {epoch.epoch} ({settings.metric} "
+                f"{getattr(epoch, settings.metric):.4g}); cancelling flow run {run.name!r}",
+            )
+            cancel_unfinished(client, [run], f"pruned by its sweep after epoch {epoch.epoch}")
+            study.tell(trial.number, "pruned")
+            return True
+    if not run.state.is_final():
+        return False
+    figure = trial_figure(metrics, settings.metric, settings.objective)
+    if run.state.is_completed() and figure is not None:
+        study.tell(trial.number, "complete", figure)
+        log(logging.INFO, f"trial {trial.number}: {settings.metric} {figure:.4g} ({len(metrics.epochs)} epochs)")
+    else:
+        study.tell(trial.number, "failed")
+        log(
+            logging.WARNING,
+            f"trial {trial.number}: flow run {run.name!r} ended {run.state.name}: {run.state.message or 'no message'}",
+        )
+    return True

@@ -1,0 +1,78 @@
+"""A sweep through the work pool on real components (tests/flows/nodes_stack.py): a Prefect server with the
+deployments `make deploy` makes, two process workers on the `gpu` pool (one training each at a time), each trial a
+real torchrun training; the best trial registered with the sweep's record."""
+
+import json
+import subprocess
+
+import pytest
+
+from deployments.local import PROJECT_ROOT
+from tasks.registry import read_registration
+from tests import helpers
+from tests.flows.nodes_stack import nodes_stack, run_folders
+from tests.helpers import processes_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, prefect_home, s3_endpoint):
+    with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint) as running:
+        yield running
+
+
+def trial_runs(stack, output_under):
+    """The runs of the sweep-trial deployment whose model folder is under ``output_under``, by trial number."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("sweep-trial/sweep-trial")
+        runs = [r for r in client.read_flow_runs() if r.deployment_id == deployment.id]
+    mine = [r for r in runs if r.parameters["folders"]["output_dir"].startswith(str(output_under))]
+    return sorted(mine, key=lambda r: r.parameters["trial"])
+
+
+def most_at_once(runs) -> int:
+    """The most runs that were running at one moment (from their start and end times)."""
+    events = sorted([(r.start_time, 1) for r in runs] + [(r.end_time, -1) for r in runs], key=lambda e: (e[0], e[1]))
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_a_sweep_trains_its_trials_two_at_a_time_over_the_pool_and_registers_the_best(
+    stack, colour_image_dirs, tmp_path
+):
+    space = {"learning_rate": {"kind": "log_uniform", "low": 0.001, "high": 0.1}, "weight_decay": None}
+    command = helpers.pipeline_command(
+        *colour_image_dirs,
+        "colours-sweep",
+        tmp_path,
+        *("--epochs", "2", "--batch-size", "4", "--device", "cpu"),
+        *("--trials", "4", "--parallel", "2", "--sampler", "random", "--pruner", "none"),
+        *("--search-space", json.dumps(space)),
+        module="flows.sweep",
+    )
+    done = subprocess.run(command, env=stack.env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
+
+    registration = read_registration(tmp_path / "registry", "colours-sweep", 1)
+    record = registration.params["sweep"]
+    trials = record["trials"]
+    assert [t["state"] for t in trials] == ["complete"] * 4 and all(t["epochs"] == 2 for t in trials)
+    assert len({t["params"]["learning_rate"] for t in trials}) == 4, "each trial its own learning rate"
+    best = max(trials, key=lambda t: t["value"])
+    assert record["best_trial"] == best["number"]
+    assert registration.params["training"]["learning_rate"] == best["params"]["learning_rate"]
+    (run_dir,) = run_folders(tmp_path / "runs")
+    runs = trial_runs(stack, run_dir)
+    assert [r.parameters["trial"] for r in runs] == [0, 1, 2, 3]
+    assert all(r.state.is_completed() for r in runs), [(r.name, r.state) for r in runs]
+    assert {str(r.id) for r in runs} == {t["flow_run_id"] for t in trials}
+    assert most_at_once(runs) == 2, [(r.name, r.start_time, r.end_time) for r in runs]
+    assert not processes_of(run_dir), "a training process was left running"
