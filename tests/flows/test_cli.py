@@ -56,6 +56,27 @@ def test_a_missing_training_folder_is_one_line_before_any_run(mistakes):
     assert not (mistakes / "runs").exists() and not (mistakes / "registry").exists(), "nothing written"
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--search-space", '{"batch_size": {"kind": "int", "low": 0, "high": 8}}'],
+            "search space: batch_size: 0 is not allowed: Input should be greater than 0",
+        ),
+        (
+            ["--search-space", '{"learning_rate": {"kind": "log_uniform", "low": 0.1, "high": 0.01}}'],
+            "search space: learning_rate: the range from 0.1 to 0.01 is inverted",
+        ),
+        (["--trials", "2", "--parallel", "3"], "parallel 3 is more than trials 2"),
+        (["--metric", "f1"], "argument --metric: invalid choice: 'f1'"),
+    ],
+)
+def test_a_sweep_that_cannot_run_is_one_line_before_any_trial(mistakes, flags, expected):
+    done = command("flows.sweep", "--train-data", "train", "--validation-data", "train", *flags, cwd=mistakes)
+    one_line_mistake(done, expected)
+    assert not (mistakes / "runs").exists(), "nothing written"
+
+
 def test_classes_that_differ_between_train_and_validation_are_one_line_before_any_run(mistakes):
     done = command("flows.pipeline", "--train-data", "train", "--validation-data", "val", cwd=mistakes)
     one_line_mistake(done, "only in training ['green'], only in validation ['blue']")

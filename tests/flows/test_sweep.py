@@ -76,3 +76,31 @@ def test_a_sweep_trains_its_trials_two_at_a_time_over_the_pool_and_registers_the
     assert {str(r.id) for r in runs} == {t["flow_run_id"] for t in trials}
     assert most_at_once(runs) == 2, [(r.name, r.start_time, r.end_time) for r in runs]
     assert not processes_of(run_dir), "a training process was left running"
+
+
+def test_a_poor_trial_is_pruned_cancelled_through_the_api_and_its_processes_gone(stack, colour_image_dirs, tmp_path):
+    """Median pruning, one trial at a time: two trials learn, the third (a learning rate far too small) is worse
+    than their median after an epoch, so the sweep cancels its flow run and marks it pruned."""
+    space = {"learning_rate": {"kind": "choice", "values": [0.01, 1e-7]}, "weight_decay": None}
+    command = helpers.pipeline_command(
+        *colour_image_dirs,
+        "colours-pruned",
+        tmp_path,
+        *("--epochs", "6", "--patience", "10", "--batch-size", "4", "--device", "cpu"),
+        # Seed 6 draws 0.01, 0.01, then 1e-7 (random sampling is seeded).
+        *("--trials", "3", "--parallel", "1", "--sampler", "random", "--seed", "6", "--pruner", "median"),
+        *("--search-space", json.dumps(space)),
+        module="flows.sweep",
+    )
+    done = subprocess.run(command, env=stack.env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
+
+    trials = read_registration(tmp_path / "registry", "colours-pruned", 1).params["sweep"]["trials"]
+    assert [t["params"]["learning_rate"] for t in trials] == [0.01, 0.01, 1e-7]
+    assert [t["state"] for t in trials] == ["complete", "complete", "pruned"], trials
+    assert 1 <= trials[2]["epochs"] < 6, "pruned after an epoch, before its last"
+    (run_dir,) = run_folders(tmp_path / "runs")
+    runs = trial_runs(stack, run_dir)
+    assert runs[2].state.is_cancelled() and "pruned by its sweep" in runs[2].state.message, runs[2].state
+    assert not processes_of(run_dir), "a pruned trial's training process was left running"
