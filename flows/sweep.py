@@ -12,6 +12,7 @@ the running ones.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -23,12 +24,15 @@ from flows.pipeline import PipelineResult, check_inputs, evaluate_and_register, 
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.convert import ConversionLimits
+from tasks.errors import PipelineInputError
 from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE
 from tasks.registry import PromotionPolicy
 from tasks.runs import Keep
+from tasks.s3 import is_s3_uri
 from tasks.sweep import SearchSpace, SweepSettings, SweepStudy, TrialRecord, apply_params
 from tasks.sweep.space import check_search_space
+from tasks.sweep.study import STUDY_FILE
 from tasks.work_dir_on_s3 import join, local_folder, mirror_of, store
 
 
@@ -63,6 +67,7 @@ def sweep_pipeline(
     work_dir: str = "runs",
     promotion: PromotionPolicy = PromotionPolicy(),
     keep: Keep = "results",
+    resume: str | None = None,
 ) -> PipelineResult:
     """Sweep hyperparameters: train many models over the gpu pool, pruning poor ones early, and register the best.
 
@@ -81,10 +86,17 @@ def sweep_pipeline(
         work_dir: Folder or s3://bucket/prefix for the sweep's run folder (data, study, each trial's model).
         promotion: Whether the best trial's version takes an alias (as train_pipeline's promotion).
         keep: What the run folder keeps once the best version is registered: results, or all.
+        resume: The run folder of a sweep that stopped part way (its process killed, its host lost): its finished trials are kept, its running ones watched again, and only the trials still missing are trained.
     """
     check_sweep_inputs(locals())
     spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
-    run_dir = run_folder(work_dir, prefix="sweep-")  # a retried sweep finds its study and trials again
+    # A retried sweep finds its study and trials again (the folder is named after the flow run); a new run can
+    # take over a stopped one's.
+    if resume is not None:
+        run_dir = resume if is_s3_uri(resume) else str(Path(resume).resolve())
+    else:
+        run_dir = run_folder(work_dir, prefix="sweep-")
+    print(f"sweep run folder {run_dir} (after a stop, --resume {run_dir} goes on from it)")
     local_run = local_folder(run_dir)
     train_dir, validation_dir = prepare_data(
         train_data,
@@ -168,9 +180,14 @@ def sweep_pipeline(
 
 
 def check_sweep_inputs(arguments: dict[str, Any]) -> None:
-    """train_pipeline's checks, and the search space's (one line naming the field)."""
+    """train_pipeline's checks, the search space's (one line naming the field), and a sweep to resume."""
     check_search_space(arguments["search_space"])
     check_inputs(arguments)
+    if (resume := arguments["resume"]) is not None and not (local_folder(resume) / "sweep" / STUDY_FILE).is_file():
+        raise PipelineInputError(
+            f"resume {resume!r} is not a sweep's run folder: it holds no sweep/{STUDY_FILE}; give the folder a "
+            "sweep printed when it started (under its work_dir, named sweep-…)"
+        )
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m flows.sweep") -> int:

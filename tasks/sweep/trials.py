@@ -122,6 +122,8 @@ def run_trials(
             if watched:  # the sweep is ending otherwise than done: no trial trains on alone
                 runs = [client.read_flow_run(t.flow_run_id) for t in watched.values()]
                 cancel_unfinished(client, runs, "cancelled with its sweep")
+                for number in watched:  # trained again when the sweep is retried or resumed
+                    study.abandon(number)
 
 
 def _look(client, study: SweepStudy, trial: Watched, log) -> bool:

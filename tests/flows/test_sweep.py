@@ -4,6 +4,7 @@ real torchrun training; the best trial registered with the sweep's record."""
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -104,3 +105,48 @@ def test_a_poor_trial_is_pruned_cancelled_through_the_api_and_its_processes_gone
     runs = trial_runs(stack, run_dir)
     assert runs[2].state.is_cancelled() and "pruned by its sweep" in runs[2].state.message, runs[2].state
     assert not processes_of(run_dir), "a pruned trial's training process was left running"
+
+
+def test_a_sweep_killed_part_way_is_resumed_to_exactly_its_trials(stack, colour_image_dirs, tmp_path):
+    """The sweep's process is killed (SIGKILL) while its second trial trains; `--resume` with its run folder keeps
+    the finished trial, re-attaches to the one still training on its worker and trains only the last."""
+    space = {"learning_rate": {"kind": "log_uniform", "low": 0.001, "high": 0.1}, "weight_decay": None}
+    command = helpers.pipeline_command(
+        *colour_image_dirs,
+        "colours-resumed",
+        tmp_path,
+        *("--epochs", "3", "--batch-size", "4", "--device", "cpu"),
+        *("--trials", "3", "--parallel", "1", "--sampler", "random", "--pruner", "none"),
+        *("--search-space", json.dumps(space)),
+        module="flows.sweep",
+    )
+    first = subprocess.Popen(
+        command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not ((runs := trial_runs(stack, tmp_path / "runs")) and len(runs) == 2 and runs[1].state.is_running()):
+            assert first.poll() is None and time.monotonic() < deadline, [(r.name, r.state) for r in runs]
+            time.sleep(1)
+    finally:
+        first.kill()  # SIGKILL: no cleanup of any kind
+        first.wait()
+    (run_dir,) = run_folders(tmp_path / "runs")
+
+    resumed = subprocess.run(
+        [*command, "--resume", str(run_dir)],
+        env=stack.env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
+
+    trials = read_registration(tmp_path / "registry", "colours-resumed", 1).params["sweep"]["trials"]
+    assert [(t["number"], t["state"]) for t in trials] == [(0, "complete"), (1, "complete"), (2, "complete")]
+    runs = trial_runs(stack, run_dir)
+    assert [r.parameters["trial"] for r in runs] == [0, 1, 2], "the running trial was re-attached, not trained again"
+    assert all(r.state.is_completed() for r in runs), [(r.name, r.state) for r in runs]
+    assert not processes_of(run_dir), "a training process was left running"
