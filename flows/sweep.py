@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.states import Completed
 
 from flows import run_folder
@@ -142,6 +142,8 @@ def sweep_pipeline(
     best = study.best()
     if best is None:
         raise RuntimeError(f"no trial of the sweep completed: {[(r.number, r.state) for r in study.records()]}")
+    importances = study.importances()
+    publish_pictures(study, local_run / "sweep", importances)
     best_spec, best_training = apply_params(search_space, best.params, spec, training)
     output_dir = join(run_dir, "trials", f"trial-{best.number:03d}", "model")
     mirror = mirror_of(output_dir)
@@ -160,6 +162,7 @@ def sweep_pipeline(
                 "settings": sweep.model_dump(),
                 "search_space": search_space.model_dump(mode="json"),
                 "best_trial": best.number,
+                "importance": importances,
                 "trials": [r.model_dump() for r in study.records()],
             },
         },
@@ -177,6 +180,23 @@ def sweep_pipeline(
         registration=registered.registration,
     )
     return Completed(message=f"best of {sweep.trials} trials: trial {best.number}; {result.headline()}", data=result)
+
+
+def publish_pictures(study: SweepStudy, folder: Path, importances: dict[str, float]) -> None:
+    """The ``sweep-pictures`` artifact: each parameter's importance, the optimisation history and the parallel
+    coordinates of the trials."""
+    from tasks.plots import png_markdown
+
+    ranked = "".join(f"| {name} | {value:.3f} |\n" for name, value in importances.items())
+    pictures = "\n\n".join(png_markdown(path, path.stem.replace("_", " ")) for path in study.pictures(folder))
+    create_markdown_artifact(
+        key="sweep-pictures",
+        markdown="### Sweep\n\n"
+        + (f"Parameter importance (Optuna):\n\n| parameter | importance |\n|---|---|\n{ranked}\n" if ranked else "")
+        + pictures
+        + "\n",
+        description=f"{len(study.records())} trials: importance, optimisation history, parallel coordinates",
+    )
 
 
 def check_sweep_inputs(arguments: dict[str, Any]) -> None:

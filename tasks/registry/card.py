@@ -59,6 +59,26 @@ def _transformations(model: dict | None) -> str:
     return ImageTransformations.model_validate(model.get("transformations") or {}).describe().replace("|", "/")
 
 
+def _sweep(record: dict | None) -> str:
+    """A swept version's trials: the best, then every trial's state, figure and parameters; the importances."""
+    if not record:
+        return ""
+    metric = record["settings"]["metric"]
+
+    def trial(t: dict) -> str:
+        values = ", ".join(f"{k}={figure(v)}" for k, v in t["params"].items())
+        value = f" {figure(t['value'])}" if t["value"] is not None else ""
+        return f"#{t['number']} {t['state']}{value} ({t['epochs']} epochs; {values})"
+
+    counted = [t for t in record["trials"] if t["state"] != "abandoned"]
+    ranked = ", ".join(f"{name} {value:.2f}" for name, value in record.get("importance", {}).items())
+    return (
+        f"best of {len(counted)} trials by {metric}: trial {record['best_trial']}; "
+        + "; ".join(trial(t) for t in counted)
+        + (f"; importance: {ranked}" if ranked else "")
+    ).replace("|", "/")
+
+
 def _status(view: VersionView) -> str:
     """The version's state in a few words: archived, awaiting approval, or the approval's decision and reviewer."""
     words = ["archived"] if view.archived else []
@@ -91,6 +111,7 @@ def _details(view: VersionView) -> list[str]:
         "datasets (content hash)": "; ".join(_dataset(role, d) for role, d in r.datasets.items()),
         "transformations": _transformations(r.params.get("model")),
         "pretrained weights": _weights(r.params.get("pretrained_weights")),
+        "sweep": _sweep(r.params.get("sweep")),
         "tags": ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())),
         "approval": _approval(view.approval),
     }

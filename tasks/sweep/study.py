@@ -169,6 +169,50 @@ class SweepStudy:
     def records(self) -> list[TrialRecord]:
         return [self.record(t.number) for t in self.study.get_trials(deepcopy=False)]
 
+    def importances(self) -> dict[str, float]:
+        """Each searched parameter's importance to the figure (Optuna's default evaluator, over the completed
+        trials); empty while fewer than two completed or the parameters did not vary."""
+        import optuna
+        from optuna.trial import TrialState
+
+        if len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < 2:
+            return {}
+        try:
+            return {name: float(value) for name, value in optuna.importance.get_param_importances(self.study).items()}
+        except (RuntimeError, ValueError):  # e.g. every completed trial had the same values
+            return {}
+
+    def pictures(self, folder: Path) -> list[Path]:
+        """The optimisation history and the parallel-coordinate plot of the completed trials, as PNGs in
+        ``folder`` (Optuna's matplotlib plots); none while no trial completed."""
+        import warnings
+
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from optuna.visualization import matplotlib as plots
+
+        if self.best() is None:
+            return []
+        folder.mkdir(parents=True, exist_ok=True)
+        drawn = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+            for name, plot in (
+                ("optimisation_history", plots.plot_optimization_history),
+                ("parallel_coordinate", plots.plot_parallel_coordinate),
+            ):
+                axes = plot(self.study)
+                figure = (axes[0] if hasattr(axes, "__len__") else axes).get_figure()
+                figure.set_size_inches(8, 4.5)
+                figure.tight_layout()
+                path = folder / f"{name}.png"
+                figure.savefig(path, dpi=100)
+                plt.close(figure)
+                drawn.append(path)
+        return drawn
+
     def best(self) -> TrialRecord | None:
         from optuna.trial import TrialState
 

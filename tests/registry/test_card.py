@@ -64,3 +64,24 @@ def test_the_model_card_follows_registrations_and_alias_moves(
     assert details.index("**Version 2**") < details.index("**Version 1**")
     assert details.count(f"- datasets (content hash): train `{hashes[0]}` (24 images); validation `{hashes[1]}`") == 2
     assert "`production` → 1" in cards[0].data and "production → 2" not in cards[1].description
+
+
+def test_a_swept_versions_card_line_gives_the_best_and_every_counted_trial():
+    from tasks.registry.card import _sweep
+
+    record = {
+        "settings": {"metric": "top1"},
+        "best_trial": 1,
+        "importance": {"learning_rate": 0.8, "batch_size": 0.2},
+        "trials": [
+            {"number": 0, "state": "complete", "value": 0.5, "epochs": 3, "params": {"learning_rate": 0.001}},
+            {"number": 1, "state": "complete", "value": 0.9, "epochs": 3, "params": {"learning_rate": 0.01}},
+            {"number": 2, "state": "abandoned", "value": None, "epochs": 1, "params": {"learning_rate": 0.1}},
+            {"number": 3, "state": "pruned", "value": None, "epochs": 1, "params": {"learning_rate": 0.1}},
+        ],
+    }
+    line = _sweep(record)
+    assert line.startswith("best of 3 trials by top1: trial 1; #0 complete 0.5 (3 epochs; learning_rate=0.001)")
+    assert "#3 pruned (1 epochs; learning_rate=0.1)" in line and "#2" not in line
+    assert line.endswith("importance: learning_rate 0.80, batch_size 0.20")
+    assert _sweep(None) == ""

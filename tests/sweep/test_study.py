@@ -77,3 +77,16 @@ def test_settings_that_cannot_run_are_refused():
         SweepSettings(metric="f1")
     assert SweepSettings(metric="val_loss").objective == "minimize"
     assert issubclass(PipelineInputError, ValueError)
+
+
+def test_importances_and_pictures_of_the_completed_trials(tmp_path):
+    sweep = study(tmp_path / "study", trials=5, parallel=1, sampler="random", pruner="none")
+    assert sweep.importances() == {} and sweep.pictures(tmp_path / "none") == []
+    for _ in range(5):
+        trial = sweep.ask()
+        sweep.report(trial.number, 1, 0.5)
+        sweep.tell(trial.number, "complete", trial.params["batch_size"] / 64)
+    assert set(sweep.importances()) == {"learning_rate", "weight_decay", "batch_size"}
+    pictures = sweep.pictures(tmp_path / "pictures")
+    assert [p.name for p in pictures] == ["optimisation_history.png", "parallel_coordinate.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in pictures)
