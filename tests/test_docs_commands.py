@@ -128,6 +128,12 @@ make worker""": "long-running: the server and the worker keep running; tests/dep
     """. .venv/bin/activate
 export PREFECT_API_URL=http://127.0.0.1:4200/api
 prefect deployment run train-pipeline/retrain-digits --param training='{"epochs": 10}' --watch""": SERVER,
+    """. .venv/bin/activate
+export PREFECT_API_URL=http://127.0.0.1:4200/api
+image-classifier sweep --train-data photos --validation-fraction 0.2 --epochs 6 --trials 16 --parallel 2 \\
+    --search-space '{"learning_rate": {"kind": "log_uniform", "low": 0.001, "high": 0.1},
+                     "batch_size": {"kind": "choice", "values": [16, 32, 64]}}'""": "your own photos/, a server with "
+    "the deployments and gpu workers, and ImageNet weights; tests/flows/test_sweep.py runs sweeps through such a stack",
     # docs/development.md
     """make test-fast
 make test PYTEST_ARGS="-k convert -x"
