@@ -71,7 +71,8 @@ def test_the_flows_import_without_torch_so_a_mistake_is_answered_at_once():
         [
             sys.executable,
             "-c",
-            f"import sys, flows.pipeline, flows.score, flows.train_node; print(sorted({heavy} & set(sys.modules)))",
+            f"import sys, flows.pipeline, flows.score, flows.train_node, flows.sweep, flows.sweep_trial; "
+            f"print(sorted({heavy} & set(sys.modules)))",
         ],
         capture_output=True,
         text=True,
