@@ -50,6 +50,20 @@ class PipelineResult(BaseModel):
     evaluation: Evaluation
     registration: Registration
 
+    @classmethod
+    def of(cls, registered: Any, evaluation: Evaluation, run_dir: str, size: int | None, keep: Keep) -> PipelineResult:
+        """The result of a run that registered ``registered`` (what ``evaluate_and_register`` returns)."""
+        return cls(
+            model_name=registered.registration.name,
+            version=registered.registration.version,
+            location=registered.location,
+            run_dir=run_dir,
+            run_size_bytes=size,
+            keep=keep,
+            evaluation=evaluation,
+            registration=registered.registration,
+        )
+
     @property
     def top1(self) -> float:
         return self.registration.metrics["best_top1"]
@@ -166,16 +180,7 @@ def train_pipeline(
         export_onnx=export_onnx,
         training_run_id=takeover.training_run_id if takeover else None,
     )
-    result = PipelineResult(
-        model_name=registered.registration.name,
-        version=registered.registration.version,
-        location=registered.location,
-        run_dir=run_dir,
-        run_size_bytes=size,
-        keep=keep,
-        evaluation=evaluation,
-        registration=registered.registration,
-    )
+    result = PipelineResult.of(registered, evaluation, run_dir, size, keep)
     # Prefect keeps a returned state as the run's final one, message included, and hands the caller its data:
     # `train_pipeline(...)` still returns the PipelineResult.
     return Completed(message=result.headline(), data=result)

@@ -169,16 +169,7 @@ def sweep_pipeline(
         promotion=promotion,
         keep=keep,
     )
-    result = PipelineResult(
-        model_name=registered.registration.name,
-        version=registered.registration.version,
-        location=registered.location,
-        run_dir=run_dir,
-        run_size_bytes=size,
-        keep=keep,
-        evaluation=evaluation,
-        registration=registered.registration,
-    )
+    result = PipelineResult.of(registered, evaluation, run_dir, size, keep)
     return Completed(message=f"best of {sweep.trials} trials: trial {best.number}; {result.headline()}", data=result)
 
 

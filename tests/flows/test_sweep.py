@@ -35,6 +35,17 @@ def trial_runs(stack, output_under):
     return sorted(mine, key=lambda r: r.parameters["trial"])
 
 
+def sweep_command(colour_image_dirs, work, name: str, space: dict, *flags: str) -> list[str]:
+    """`python -m flows.sweep` on the colour images, from scratch on the CPU, batches of 4, over ``space``."""
+    return helpers.pipeline_command(
+        *colour_image_dirs,
+        name,
+        work,
+        *("--batch-size", "4", "--device", "cpu", "--search-space", json.dumps(space), *flags),
+        module="flows.sweep",
+    )
+
+
 def most_at_once(runs) -> int:
     """The most runs that were running at one moment (from their start and end times)."""
     events = sorted([(r.start_time, 1) for r in runs] + [(r.end_time, -1) for r in runs], key=lambda e: (e[0], e[1]))
@@ -49,14 +60,12 @@ def test_a_sweep_trains_its_trials_two_at_a_time_over_the_pool_and_registers_the
     stack, colour_image_dirs, tmp_path
 ):
     space = {"learning_rate": {"kind": "log_uniform", "low": 0.001, "high": 0.1}, "weight_decay": None}
-    command = helpers.pipeline_command(
-        *colour_image_dirs,
-        "colours-sweep",
+    command = sweep_command(
+        colour_image_dirs,
         tmp_path,
-        *("--epochs", "2", "--batch-size", "4", "--device", "cpu"),
-        *("--trials", "4", "--parallel", "2", "--sampler", "random", "--pruner", "none"),
-        *("--search-space", json.dumps(space)),
-        module="flows.sweep",
+        "colours-sweep",
+        space,
+        *("--epochs", "2", "--trials", "4", "--parallel", "2", "--sampler", "random", "--pruner", "none"),
     )
     done = subprocess.run(command, env=stack.env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
     output = done.stdout + done.stderr
@@ -83,15 +92,13 @@ def test_a_poor_trial_is_pruned_cancelled_through_the_api_and_its_processes_gone
     """Median pruning, one trial at a time: two trials learn, the third (a learning rate far too small) is worse
     than their median after an epoch, so the sweep cancels its flow run and marks it pruned."""
     space = {"learning_rate": {"kind": "choice", "values": [0.01, 1e-7]}, "weight_decay": None}
-    command = helpers.pipeline_command(
-        *colour_image_dirs,
-        "colours-pruned",
+    command = sweep_command(
+        colour_image_dirs,
         tmp_path,
-        *("--epochs", "6", "--patience", "10", "--batch-size", "4", "--device", "cpu"),
-        # Seed 6 draws 0.01, 0.01, then 1e-7 (random sampling is seeded).
-        *("--trials", "3", "--parallel", "1", "--sampler", "random", "--seed", "6", "--pruner", "median"),
-        *("--search-space", json.dumps(space)),
-        module="flows.sweep",
+        "colours-pruned",
+        space,
+        *("--epochs", "6", "--patience", "10", "--trials", "3", "--parallel", "1", "--pruner", "median"),
+        *("--sampler", "random", "--seed", "6"),  # seed 6 draws 0.01, 0.01, then 1e-7
     )
     done = subprocess.run(command, env=stack.env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
     output = done.stdout + done.stderr
@@ -111,14 +118,12 @@ def test_a_sweep_killed_part_way_is_resumed_to_exactly_its_trials(stack, colour_
     """The sweep's process is killed (SIGKILL) while its second trial trains; `--resume` with its run folder keeps
     the finished trial, re-attaches to the one still training on its worker and trains only the last."""
     space = {"learning_rate": {"kind": "log_uniform", "low": 0.001, "high": 0.1}, "weight_decay": None}
-    command = helpers.pipeline_command(
-        *colour_image_dirs,
-        "colours-resumed",
+    command = sweep_command(
+        colour_image_dirs,
         tmp_path,
-        *("--epochs", "3", "--batch-size", "4", "--device", "cpu"),
-        *("--trials", "3", "--parallel", "1", "--sampler", "random", "--pruner", "none"),
-        *("--search-space", json.dumps(space)),
-        module="flows.sweep",
+        "colours-resumed",
+        space,
+        *("--epochs", "3", "--trials", "3", "--parallel", "1", "--sampler", "random", "--pruner", "none"),
     )
     first = subprocess.Popen(
         command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
