@@ -29,11 +29,11 @@ from tasks.model import resolve_pretrained_weights, untrained_model_directory, w
 from tasks.near_duplicates import DEFAULT_DISTANCE
 from tasks.registry import PromotionPolicy
 from tasks.runs import Keep
-from tasks.s3 import is_s3_uri
+from tasks.s3 import is_s3_uri, read_s3_object
 from tasks.sweep import SearchSpace, SweepSettings, SweepStudy, TrialRecord, apply_params
 from tasks.sweep.space import check_search_space
 from tasks.sweep.study import STUDY_FILE
-from tasks.work_dir_on_s3 import join, local_folder, mirror_of, store
+from tasks.work_dir_on_s3 import fetch_folder, join, local_folder, mirror_of, store
 
 
 def trial_rows(records: list[TrialRecord], metric: str) -> list[dict[str, Any]]:
@@ -110,7 +110,10 @@ def sweep_pipeline(
     )
     stored_train = store(train_dir, join(run_dir, "data", "train"))
     stored_validation = store(validation_dir, join(run_dir, "data", "validation"))
-    study = SweepStudy(local_run / "sweep", sweep, search_space)
+    study_dir, stored_study = local_run / "sweep", join(run_dir, "sweep")
+    if is_s3_uri(run_dir) and not (study_dir / STUDY_FILE).is_file():
+        fetch_folder(stored_study)  # a sweep resumed on another host: the study as last stored
+    study = SweepStudy(study_dir, sweep, search_space)
 
     def make_trial(trial: TrialRecord) -> tuple[TrainingFolders, TrainingParams]:
         trial_spec, params = apply_params(search_space, trial.params, spec, training)
@@ -126,6 +129,7 @@ def sweep_pipeline(
         return folders, params
 
     def publish() -> None:
+        store(str(study_dir), stored_study)  # on S3: the study beside the run's other files, after every change
         records = study.records()
         settled = sum(r.state in ("complete", "pruned", "failed") for r in records)
         best = study.best()
@@ -143,7 +147,8 @@ def sweep_pipeline(
     if best is None:
         raise RuntimeError(f"no trial of the sweep completed: {[(r.number, r.state) for r in study.records()]}")
     importances = study.importances()
-    publish_pictures(study, local_run / "sweep", importances)
+    publish_pictures(study, study_dir, importances)
+    store(str(study_dir), stored_study)
     best_spec, best_training = apply_params(search_space, best.params, spec, training)
     output_dir = join(run_dir, "trials", f"trial-{best.number:03d}", "model")
     mirror = mirror_of(output_dir)
@@ -190,11 +195,18 @@ def publish_pictures(study: SweepStudy, folder: Path, importances: dict[str, flo
     )
 
 
+def study_stored(run_dir: str) -> bool:
+    """Whether ``run_dir`` (a folder or an S3 URI) holds a sweep's study."""
+    if is_s3_uri(run_dir):
+        return read_s3_object(join(run_dir, "sweep", STUDY_FILE)) is not None
+    return (Path(run_dir) / "sweep" / STUDY_FILE).is_file()
+
+
 def check_sweep_inputs(arguments: dict[str, Any]) -> None:
     """train_pipeline's checks, the search space's (one line naming the field), and a sweep to resume."""
     check_search_space(arguments["search_space"])
     check_inputs(arguments)
-    if (resume := arguments["resume"]) is not None and not (local_folder(resume) / "sweep" / STUDY_FILE).is_file():
+    if (resume := arguments["resume"]) is not None and not study_stored(resume):
         raise PipelineInputError(
             f"resume {resume!r} is not a sweep's run folder: it holds no sweep/{STUDY_FILE}; give the folder a "
             "sweep printed when it started (under its work_dir, named sweep-…)"

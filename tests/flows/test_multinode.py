@@ -29,6 +29,7 @@ from tests.flows.nodes_stack import (
     nodes_stack,
     pipeline_command,
     run_pipeline,
+    s3_work_bucket,
     start_host,
     stop_and_fail,
 )
@@ -120,14 +121,8 @@ def stack(tmp_path_factory, prefect_home, s3_endpoint):
 @pytest.fixture(scope="module")
 def s3_work(stack):
     """A bucket on the stack's S3 server for work_dir and registry, this process's S3 settings pointing at it."""
-    from tasks.s3 import s3_client
-
-    with pytest.MonkeyPatch.context() as patch:
-        for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
-            patch.setenv(key, stack.env[key])
-        bucket = f"work-{uuid4().hex[:12]}"
-        s3_client().create_bucket(Bucket=bucket)
-        yield f"s3://{bucket}"
+    with s3_work_bucket(stack) as bucket:
+        yield bucket
 
 
 # Enough epochs for top-1 to settle (measured here: with batches of 4 the BatchNorm statistics make the first

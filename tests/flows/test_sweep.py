@@ -10,9 +10,11 @@ import pytest
 
 from deployments.local import PROJECT_ROOT
 from tasks.registry import read_registration
+from tasks.s3 import list_s3_names, read_s3_object
+from tasks.sweep.study import STUDY_FILE
 from tests import helpers
-from tests.flows.nodes_stack import nodes_stack, run_folders
-from tests.helpers import processes_of
+from tests.flows.nodes_stack import HOSTS, host_env, nodes_stack, run_folders, s3_work_bucket
+from tests.helpers import processes_of, training_processes
 
 pytestmark = pytest.mark.integration
 
@@ -21,6 +23,13 @@ pytestmark = pytest.mark.integration
 def stack(tmp_path_factory, prefect_home, s3_endpoint):
     with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def s3_work(stack):
+    """A bucket on the stack's S3 server for work_dir and registry, this process's S3 settings pointing at it."""
+    with s3_work_bucket(stack) as bucket:
+        yield bucket
 
 
 def trial_runs(stack, output_under):
@@ -114,33 +123,40 @@ def test_a_poor_trial_is_pruned_cancelled_through_the_api_and_its_processes_gone
     assert not processes_of(run_dir), "a pruned trial's training process was left running"
 
 
-def test_a_sweep_killed_part_way_is_resumed_to_exactly_its_trials(stack, colour_image_dirs, tmp_path):
-    """The sweep's process is killed (SIGKILL) while its second trial trains; `--resume` with its run folder keeps
-    the finished trial, re-attaches to the one still training on its worker and trains only the last."""
+def test_a_sweep_on_s3_killed_part_way_is_resumed_on_another_host_to_exactly_its_trials(
+    stack, s3_work, colour_image_dirs, tmp_path
+):
+    """Work dir and registry on S3. The sweep's process is killed (SIGKILL) while its second trial trains;
+    `--resume` with its run folder, from a host with an empty cache (the study comes back from S3), keeps the
+    finished trial, re-attaches to the one still training on its worker and trains only the last."""
     space = {"learning_rate": {"kind": "log_uniform", "low": 0.001, "high": 0.1}, "weight_decay": None}
     command = sweep_command(
         colour_image_dirs,
-        tmp_path,
+        s3_work,
         "colours-resumed",
         space,
         *("--epochs", "3", "--trials", "3", "--parallel", "1", "--sampler", "random", "--pruner", "none"),
     )
     first = subprocess.Popen(
-        command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        command,
+        env={**stack.env, **host_env(tmp_path / "first-host")},
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 600
-        while not ((runs := trial_runs(stack, tmp_path / "runs")) and len(runs) == 2 and runs[1].state.is_running()):
+        while not ((runs := trial_runs(stack, f"{s3_work}/runs")) and len(runs) == 2 and runs[1].state.is_running()):
             assert first.poll() is None and time.monotonic() < deadline, [(r.name, r.state) for r in runs]
             time.sleep(1)
     finally:
         first.kill()  # SIGKILL: no cleanup of any kind
         first.wait()
-    (run_dir,) = run_folders(tmp_path / "runs")
+    (run_dir,) = {f"{s3_work}/runs/{name.split('/')[0]}" for name in list_s3_names(f"{s3_work}/runs")}
 
     resumed = subprocess.run(
-        [*command, "--resume", str(run_dir)],
-        env=stack.env,
+        [*command, "--resume", run_dir],
+        env={**stack.env, **host_env(tmp_path / "second-host")},
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
@@ -149,9 +165,10 @@ def test_a_sweep_killed_part_way_is_resumed_to_exactly_its_trials(stack, colour_
     output = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
 
-    trials = read_registration(tmp_path / "registry", "colours-resumed", 1).params["sweep"]["trials"]
+    trials = read_registration(f"{s3_work}/registry", "colours-resumed", 1).params["sweep"]["trials"]
     assert [(t["number"], t["state"]) for t in trials] == [(0, "complete"), (1, "complete"), (2, "complete")]
     runs = trial_runs(stack, run_dir)
     assert [r.parameters["trial"] for r in runs] == [0, 1, 2], "the running trial was re-attached, not trained again"
     assert all(r.state.is_completed() for r in runs), [(r.name, r.state) for r in runs]
-    assert not processes_of(run_dir), "a training process was left running"
+    assert read_s3_object(f"{run_dir}/sweep/{STUDY_FILE}"), "the study is stored beside the run's files"
+    assert not any(training_processes(stack.folders[host]) for host in HOSTS), "a training process was left running"
