@@ -24,7 +24,7 @@ from flows.pipeline import PipelineResult, check_inputs, evaluate_and_register, 
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.convert import ConversionLimits
-from tasks.errors import PipelineInputError
+from tasks.errors import PipelineInputError, SweepFailedError
 from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE
 from tasks.registry import PromotionPolicy
@@ -145,7 +145,11 @@ def sweep_pipeline(
     run_trials(study, make_trial, on_change=publish)
     best = study.best()
     if best is None:
-        raise RuntimeError(f"no trial of the sweep completed: {[(r.number, r.state) for r in study.records()]}")
+        ended = ", ".join(f"trial {r.number} {r.state}" for r in study.records())
+        raise SweepFailedError(
+            f"no trial of the sweep completed ({ended}): each trial's flow run (the sweep artifact lists them) says "
+            "why; narrow the search space (a learning rate too high diverges) or give the trials more epochs"
+        )
     importances = study.importances()
     publish_pictures(study, study_dir, importances)
     store(str(study_dir), stored_study)

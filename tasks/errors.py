@@ -118,6 +118,11 @@ class TrainingDivergedError(TrainingFailedError, PipelineInputError):
     """The loss became NaN or infinite: the same parameters would diverge again, so it is not retried."""
 
 
+class SweepFailedError(PipelineInputError):
+    """No trial of a sweep completed (each failed or was pruned): the search space's choices are the likely
+    cause, so it is one line, not retried."""
+
+
 class InvalidTransformationsError(PipelineInputError):
     """The image transformations cannot run at the training size (e.g. a random crop larger than the padded image)."""
 
