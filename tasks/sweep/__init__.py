@@ -1,7 +1,8 @@
 """Hyperparameter sweeps: a typed search space over ModelSpec / TrainingParams fields (``space``) and the Optuna
 study that asks for trials and is told their figures, kept in a journal file in the sweep's run folder so that a
-sweep resumes where it stopped (``study``). No torch, no Prefect: the sweep flow launches each trial as a
-training through the existing launch path and reports what it saw here."""
+sweep resumes where it stopped (``study``): neither imports torch or Prefect. ``trials`` is the Prefect part: each
+trial a run of the ``sweep-trial`` deployment on the pool, its epochs reported to the study, pruned ones
+cancelled (imported by the sweep flow, not by this package)."""
 
 from tasks.sweep.space import Choice, IntRange, LogUniform, SearchSpace, Uniform, apply_params
 from tasks.sweep.study import SweepSettings, SweepStudy, TrialRecord
