@@ -135,6 +135,11 @@ class IndexWriter:
         return digest.hexdigest()
 
     def close(self) -> None:
-        """Close the raw files (``finish`` does; a caller stopping without finishing removes the scratch folder)."""
+        """Close the raw files (``finish`` does; a caller stopping without finishing removes the scratch folder).
+        Rows still buffered that the storage cannot take are dropped, not raised: the scratch is only this
+        attempt's (a later one starts it afresh), and the caller is already stopping on the storage's fault."""
         for handle in self._raw.values():
-            handle.close()
+            try:
+                handle.close()
+            except OSError:
+                pass
