@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.states import Completed
 
 from flows import run_folder
@@ -34,21 +33,6 @@ from tasks.sweep import SearchSpace, SweepSettings, SweepStudy, TrialRecord, app
 from tasks.sweep.space import check_search_space
 from tasks.sweep.study import STUDY_FILE
 from tasks.work_dir_on_s3 import fetch_folder, join, local_folder, mirror_of, store
-
-
-def trial_rows(records: list[TrialRecord], metric: str) -> list[dict[str, Any]]:
-    """The sweep's table: a row per trial."""
-    return [
-        {
-            "trial": r.number,
-            "state": r.state,
-            metric: None if r.value is None else round(r.value, 4),
-            "epochs": r.epochs,
-            **{name: (f"{value:.3g}" if isinstance(value, float) else value) for name, value in r.params.items()},
-            "flow run": r.flow_run_id,
-        }
-        for r in records
-    ]
 
 
 @flow(name="sweep-pipeline", log_prints=True)
@@ -128,19 +112,11 @@ def sweep_pipeline(
         )
         return folders, params
 
+    from tasks.sweep.trials import publish_pictures, publish_table, run_trials
+
     def publish() -> None:
         store(str(study_dir), stored_study)  # on S3: the study beside the run's other files, after every change
-        records = study.records()
-        settled = sum(r.state in ("complete", "pruned", "failed") for r in records)
-        best = study.best()
-        create_table_artifact(
-            key="sweep",
-            table=trial_rows(records, sweep.metric),
-            description=f"{settled} of {sweep.trials} trials settled"
-            + (f"; best so far: trial {best.number}, {sweep.metric} {best.value:.4g}" if best else ""),
-        )
-
-    from tasks.sweep.trials import run_trials
+        publish_table(study)
 
     run_trials(study, make_trial, on_change=publish)
     best = study.best()
@@ -180,23 +156,6 @@ def sweep_pipeline(
     )
     result = PipelineResult.of(registered, evaluation, run_dir, size, keep)
     return Completed(message=f"best of {sweep.trials} trials: trial {best.number}; {result.headline()}", data=result)
-
-
-def publish_pictures(study: SweepStudy, folder: Path, importances: dict[str, float]) -> None:
-    """The ``sweep-pictures`` artifact: each parameter's importance, the optimisation history and the parallel
-    coordinates of the trials."""
-    from tasks.plots import png_markdown
-
-    ranked = "".join(f"| {name} | {value:.3f} |\n" for name, value in importances.items())
-    pictures = "\n\n".join(png_markdown(path, path.stem.replace("_", " ")) for path in study.pictures(folder))
-    create_markdown_artifact(
-        key="sweep-pictures",
-        markdown="### Sweep\n\n"
-        + (f"Parameter importance (Optuna):\n\n| parameter | importance |\n|---|---|\n{ranked}\n" if ranked else "")
-        + pictures
-        + "\n",
-        description=f"{len(study.records())} trials: importance, optimisation history, parallel coordinates",
-    )
 
 
 def study_stored(run_dir: str) -> bool:

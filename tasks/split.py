@@ -115,7 +115,7 @@ def plan_split(
         raise NotLabeledDatasetError(
             f"{where} is not labeled: splitting keeps every class on both sides, so it needs class folders or a labels file"
         )
-    groups = groups or Groups(directory.index, near_duplicate_distance)
+    groups = groups if groups is not None else Groups(directory.index, near_duplicate_distance)
     group_class = directory.index.label[groups.first_image]
     by_class = [np.flatnonzero(group_class == c) for c in range(len(manifest.classes))]
     if too_small := {c: len(g) for c, g in zip(manifest.classes, by_class) if len(g) < 2}:
@@ -202,13 +202,15 @@ def split_image_directory(
     fraction: float,
     seed: int = 1,
     near_duplicate_distance: int = DEFAULT_DISTANCE,
+    groups: Groups | None = None,
 ) -> tuple[ImageDirectory, ImageDirectory]:
-    """Split ``source`` into two ImageDirectories: ``fraction`` of each class's distinct images in the first."""
+    """Split ``source`` into two ImageDirectories: ``fraction`` of each class's distinct images in the first
+    (``groups``: the source's, when the caller has them already)."""
     source = source if isinstance(source, ImageDirectory) else ImageDirectory(source)
     outputs = Path(first_output).resolve(), Path(second_output).resolve()
     _check_locations(source.root.resolve(), outputs)
     manifest = source.manifest
-    groups = Groups(source.index, near_duplicate_distance)
+    groups = groups if groups is not None else Groups(source.index, near_duplicate_distance)
     sides = plan_split(source, fraction, seed, str(source.root), near_duplicate_distance, groups)
     records = [
         SplitRecord(
@@ -258,12 +260,14 @@ def group_warnings(groups: Groups, classes: list[str]) -> list[str]:
     return warnings
 
 
-def split_markdown(source: ImageDirectory, first: ImageDirectory, second: ImageDirectory) -> str:
+def split_markdown(
+    source: ImageDirectory, first: ImageDirectory, second: ImageDirectory, groups: Groups | None = None
+) -> str:
     """The ``split`` artifact: settings, images per class on each side, identical and near-duplicate images kept
-    together."""
+    together (``groups``: the source's as the split made them, when the caller has them)."""
     record, names = first.manifest.split, (first.root.name, second.root.name)
     distance = record.near_duplicate_distance if record.near_duplicate_distance is not None else -1
-    groups = Groups(source.index, distance)
+    groups = groups if groups is not None else Groups(source.index, distance)
     shared, near = groups.shared(), groups.near_duplicate()
     rows = "".join(
         f"| {c} | {source.manifest.counts[c]} | {first.manifest.counts[c]} | {second.manifest.counts[c]} |\n"
@@ -318,12 +322,13 @@ def split(
     """``split_image_directory``; artifact ``split``: images per class on each side, identical and near-duplicate
     images, settings."""
     source_dir = ImageDirectory(source)
+    groups = Groups(source_dir.index, near_duplicate_distance)  # once: the near-duplicate lookup is the costly part
     first, second = split_image_directory(
-        source_dir, first_output, second_output, fraction, seed, near_duplicate_distance
+        source_dir, first_output, second_output, fraction, seed, near_duplicate_distance, groups
     )
     create_markdown_artifact(
         key="split",
-        markdown=split_markdown(source_dir, first, second),
+        markdown=split_markdown(source_dir, first, second, groups),
         description=f"{len(first)} + {len(second)} images split from {source}",
     )
     for warning in first.manifest.warnings:

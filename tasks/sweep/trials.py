@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tasks.contracts.model_directory import TrainingMetrics
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
@@ -48,12 +49,57 @@ class Watched:
 
 # --- Prefect ------------------------------------------------------------------------------------
 from prefect import get_run_logger  # noqa: E402
+from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.deployments import run_deployment  # noqa: E402
 from prefect.exceptions import ObjectNotFound  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
 from tasks.multinode import cancel_unfinished  # noqa: E402
+
+
+def trial_rows(records: list[TrialRecord], metric: str) -> list[dict[str, Any]]:
+    """The sweep's table: a row per trial."""
+    return [
+        {
+            "trial": r.number,
+            "state": r.state,
+            metric: None if r.value is None else round(r.value, 4),
+            "epochs": r.epochs,
+            **{name: (f"{value:.3g}" if isinstance(value, float) else value) for name, value in r.params.items()},
+            "flow run": r.flow_run_id,
+        }
+        for r in records
+    ]
+
+
+def publish_table(study: SweepStudy) -> None:
+    """The ``sweep`` artifact: a row per trial, and how many are settled; a new version at every change."""
+    settings, records, best = study.settings, study.records(), study.best()
+    settled = sum(r.state in ("complete", "pruned", "failed") for r in records)
+    create_table_artifact(
+        key="sweep",
+        table=trial_rows(records, settings.metric),
+        description=f"{settled} of {settings.trials} trials settled"
+        + (f"; best so far: trial {best.number}, {settings.metric} {best.value:.4g}" if best else ""),
+    )
+
+
+def publish_pictures(study: SweepStudy, folder: Path, importances: dict[str, float]) -> None:
+    """The ``sweep-pictures`` artifact: each parameter's importance, the optimisation history and the parallel
+    coordinates of the trials."""
+    from tasks.plots import png_markdown
+
+    ranked = "".join(f"| {name} | {value:.3f} |\n" for name, value in importances.items())
+    pictures = "\n\n".join(png_markdown(path, path.stem.replace("_", " ")) for path in study.pictures(folder))
+    create_markdown_artifact(
+        key="sweep-pictures",
+        markdown="### Sweep\n\n"
+        + (f"Parameter importance (Optuna):\n\n| parameter | importance |\n|---|---|\n{ranked}\n" if ranked else "")
+        + pictures
+        + "\n",
+        description=f"{len(study.records())} trials: importance, optimisation history, parallel coordinates",
+    )
 
 
 def submit_trial(trial: TrialRecord, folders: TrainingFolders, params: TrainingParams, deployment: str):

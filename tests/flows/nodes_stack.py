@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from uuid import uuid4
 
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.contracts.model_directory import ModelDirectory
@@ -41,21 +40,6 @@ def nodes_stack(tmp_path_factory, prefect_home, s3_endpoint) -> Iterator[Prefect
             running.folders[host] = tmp_path_factory.mktemp(host)
             start_host(running, host)
         yield running
-
-
-@contextmanager
-def s3_work_bucket(stack) -> Iterator[str]:
-    """A new bucket on the stack's S3 server (its URI), this process's S3 settings pointing at the server."""
-    import pytest
-
-    from tasks.s3 import s3_client
-
-    with pytest.MonkeyPatch.context() as patch:
-        for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
-            patch.setenv(key, stack.env[key])
-        bucket = f"work-{uuid4().hex[:12]}"
-        s3_client().create_bucket(Bucket=bucket)
-        yield f"s3://{bucket}"
 
 
 def start_host(stack, host: str) -> None:

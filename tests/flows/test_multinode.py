@@ -29,7 +29,6 @@ from tests.flows.nodes_stack import (
     nodes_stack,
     pipeline_command,
     run_pipeline,
-    s3_work_bucket,
     start_host,
     stop_and_fail,
 )
@@ -116,13 +115,6 @@ def test_node_0_publishes_its_address_towards_the_prefect_server_unless_told_ano
 def stack(tmp_path_factory, prefect_home, s3_endpoint):
     with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def s3_work(stack):
-    """A bucket on the stack's S3 server for work_dir and registry, this process's S3 settings pointing at it."""
-    with s3_work_bucket(stack) as bucket:
-        yield bucket
 
 
 # Enough epochs for top-1 to settle (measured here: with batches of 4 the BatchNorm statistics make the first

@@ -13,7 +13,7 @@ from tasks.registry import read_registration
 from tasks.s3 import list_s3_names, read_s3_object
 from tasks.sweep.study import STUDY_FILE
 from tests import helpers
-from tests.flows.nodes_stack import HOSTS, host_env, nodes_stack, run_folders, s3_work_bucket
+from tests.flows.nodes_stack import HOSTS, host_env, nodes_stack, run_folders
 from tests.helpers import processes_of, training_processes
 
 pytestmark = pytest.mark.integration
@@ -23,13 +23,6 @@ pytestmark = pytest.mark.integration
 def stack(tmp_path_factory, prefect_home, s3_endpoint):
     with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def s3_work(stack):
-    """A bucket on the stack's S3 server for work_dir and registry, this process's S3 settings pointing at it."""
-    with s3_work_bucket(stack) as bucket:
-        yield bucket
 
 
 def trial_runs(stack, output_under):
