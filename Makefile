@@ -30,10 +30,19 @@ SECRET_VARIABLES := PREFECT_SERVER_API_AUTH_STRING PREFECT_API_AUTH_STRING PREFE
 	PREFECT_API_DATABASE_CONNECTION_URL AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN
 $(foreach variable,$(SECRET_VARIABLES),$(if $(filter command line,$(origin $(variable))),$(error $(variable) \
 	given to make shows in `ps` to every user of this host: export it or put it in a 0600 file (docs/operations.md))))
-SERVER_SECRETS = $(BIN)/python -m deployments.auth server --host $(HOST) --
+# The server's database: DB=postgresql uses ~/.config/image-classifier/database-url, else the cluster that
+# `make postgres` made (POSTGRES_DIR, on POSTGRES_HOST:POSTGRES_PORT); DB=sqlite forces SQLite. See docs/operations.md.
+DB ?=
+POSTGRES_DIR ?=
+POSTGRES_HOST ?= 127.0.0.1
+POSTGRES_PORT ?= 5433
+POSTGRES_OPTIONS = $(if $(POSTGRES_DIR),--dir $(POSTGRES_DIR))
+SERVER_SECRETS = $(BIN)/python -m deployments.auth server --host $(HOST) $(if $(DB),--db $(DB)) \
+	$(if $(POSTGRES_DIR),--postgres-dir $(POSTGRES_DIR)) --
 WITH_AUTH = $(BIN)/python -m deployments.auth client --
 
-.PHONY: run test test-fast lint browser screenshots bench data server worker deploy serve clean torch-check
+.PHONY: run test test-fast lint browser postgres-programs postgres postgres-stop screenshots bench data server worker \
+	deploy serve clean torch-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,7 +70,7 @@ run: $(VENV)/.installed
 # TEST_WORKERS processes at once, each file whole in one of them (--dist loadfile: its module fixtures start once),
 # the longest files first (tests/conftest.py LONGEST_FILES); one Prefect server and one S3 endpoint serve them all.
 TEST_WORKERS ?= 3
-test: $(VENV)/.installed browser lint
+test: $(VENV)/.installed browser postgres-programs lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The fast loop while editing: the tests that start no server, torchrun or subprocess (under a minute).
@@ -81,6 +90,19 @@ screenshots: $(VENV)/.installed browser
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+
+# PostgreSQL's server programs, for `make postgres` and the tests' cluster; installed here (apt, as root) when missing.
+postgres-programs:
+	@command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || \
+		(apt-get update -qq && apt-get install -y -qq postgresql)
+
+# A PostgreSQL cluster of the project's own for the server (deployments/postgres.py): made on first use with a
+# generated password (0600 file), listening on POSTGRES_HOST only; `make server DB=postgresql` then uses it.
+postgres: $(VENV)/.installed postgres-programs
+	@$(BIN)/python -m deployments.postgres start --host $(POSTGRES_HOST) --port $(POSTGRES_PORT) $(POSTGRES_OPTIONS)
+
+postgres-stop: $(VENV)/.installed
+	@$(BIN)/python -m deployments.postgres stop $(POSTGRES_OPTIONS)
 
 # Every benchmark side by side on this machine: a table, and bench/results/<date>-<host>.json.
 bench: $(VENV)/.installed

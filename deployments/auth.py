@@ -13,7 +13,9 @@ there, else from files only their owner may read (mode 0600) in ``${XDG_CONFIG_H
   (or behind a proxy: ``PREFECT_UI_API_URL`` not on loopback) creates it with a random password on first use
   and prints its path; ``INSECURE=1`` starts an open API instead, with a warning. On loopback the server stays
   open, as Prefect starts it.
-- ``database-url``: ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` with its password (PostgreSQL), for ``server``.
+- ``database-url``: ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` with its password (PostgreSQL), for ``server``;
+  with ``--db postgresql`` and no such file, the one ``make postgres`` wrote (deployments/postgres.py). A
+  PostgreSQL URL is checked before the server starts: one line if it cannot be reached or refuses the password.
 
 A file that its group or others may read is refused with one line: the secret in it may already be known.
 Imports nothing but the standard library, so that it adds little to each command's start.
@@ -86,12 +88,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def server_environment(host: str, environ: dict[str, str], insecure: bool) -> tuple[dict[str, str], str | None]:
-    """The server's environment with its secrets, and what to tell the user (None: nothing)."""
+def server_environment(
+    host: str, environ: dict[str, str], insecure: bool, db: str = "", postgres_dir: Path | None = None
+) -> tuple[dict[str, str], str | None]:
+    """The server's environment with its secrets, and what to tell the user (None: nothing). ``db``: "" (a URL
+    from the environment or ``database-url`` if there is one, else SQLite), "sqlite", or "postgresql" (that URL, else
+    the one ``make postgres`` wrote in ``postgres_dir``)."""
     env = dict(environ)
     folder = config_dir()
-    if not any(env.get(name) for name in DATABASE_URLS):
+    if db == "sqlite":
+        for name in DATABASE_URLS:
+            env.pop(name, None)
+    elif not any(env.get(name) for name in DATABASE_URLS):
         database_url = read_secret(folder / DATABASE_FILE)
+        if database_url is None and db == "postgresql":
+            from deployments.postgres import Cluster, default_dir
+
+            local = Cluster(postgres_dir or default_dir()).url_file
+            database_url = read_secret(local)
+            if database_url is None:
+                raise SecretFileError(
+                    f"DB=postgresql, but no database URL: neither {folder / DATABASE_FILE} nor {local} exists "
+                    "(run `make postgres` first, or write the URL of your PostgreSQL there)"
+                )
         if database_url:
             env[DATABASE_URLS[0]] = database_url
     # Behind a proxy the server listens on loopback, but its UI's API address says it is reached from elsewhere.
@@ -151,15 +170,25 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("role", choices=("server", "client"))
     parser.add_argument("--host", default="127.0.0.1", help="the address the server listens on")
+    parser.add_argument("--db", choices=("", "sqlite", "postgresql"), default="", help="the server's database")
+    parser.add_argument("--postgres-dir", type=Path, default=None, help="the folder of `make postgres`'s cluster")
     args = parser.parse_args(options)
     if not command:
         parser.error("give the command to run after --")
     try:
         if args.role == "server":
             insecure = os.environ.get("INSECURE", "") not in ("", "0")
-            env, told = server_environment(args.host, dict(os.environ), insecure)
+            env, told = server_environment(args.host, dict(os.environ), insecure, args.db, args.postgres_dir)
             if told:
                 print(told, file=sys.stderr, flush=True)
+            database_url = next((env[name] for name in DATABASE_URLS if env.get(name)), None)
+            if database_url:  # one line now, rather than a traceback from the server's start
+                from deployments.postgres import PostgresError, check_database
+
+                try:
+                    print(check_database(database_url), file=sys.stderr, flush=True)
+                except PostgresError as error:
+                    raise SystemExit(f"error: {error}") from None
         else:
             env = client_environment(dict(os.environ))
     except (SecretFileError, OSError) as error:

@@ -267,6 +267,52 @@ def drain_prefect_workers() -> None:
 
 
 @pytest.fixture(scope="session")
+def postgres_template(shared_server) -> str:
+    """The URL of a database with Prefect's migrations applied, in a real PostgreSQL cluster on loopback, one for
+    the run (deployments/postgres.py ``serve --temporary``: its folder is removed when the run ends)."""
+    import tempfile
+
+    from deployments.postgres import create_database
+
+    def start(folder: Path) -> tuple[str, subprocess.Popen]:
+        # Not under pytest's folders: as root, the cluster runs as the postgres user, who cannot reach them.
+        data = tempfile.mkdtemp(prefix="image-classifier-test-pg-")
+        command = [sys.executable, "-m", "deployments.postgres", "serve", "--temporary", "--dir", data]
+        server = subprocess.Popen(
+            [*command, "--port", str(free_port())],
+            cwd=PROJECT_ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        url = server.stdout.readline().strip()  # printed once it accepts connections
+        if not url:
+            raise RuntimeError(f"PostgreSQL did not start (exit {server.wait()}): see {data}/postgres.log")
+        template = create_database(url, "prefect_template")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT_SERVER_DATABASE"))}
+        subprocess.run(
+            [sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"],
+            env={**env, "PREFECT_SERVER_DATABASE_CONNECTION_URL": template, "PREFECT_HOME": str(folder)},
+            capture_output=True,
+            check=True,
+        )
+        return template, server
+
+    return shared_server("postgres", start)
+
+
+@pytest.fixture(scope="session")
+def postgres_database(postgres_template) -> Callable[[str], str]:
+    """``postgres_database(name)``: the URL of a new database, a copy of ``postgres_template`` (migrated: a server
+    starts on it at once), for one Prefect server of the deployment, fan-out and lost-host tests."""
+    import uuid
+
+    from deployments.postgres import create_database
+
+    return lambda name: create_database(postgres_template, f"{name}_{uuid.uuid4().hex[:8]}", "prefect_template")
+
+
+@pytest.fixture(scope="session")
 def s3_endpoint(shared_server) -> str:
     """A real HTTP S3 endpoint on loopback, one for the run: moto's server mode in its own process
     (``tests.s3_server``). Tests make buckets of their own (``s3_bucket``)."""

@@ -38,14 +38,16 @@ TEST_WITHIN = timedelta(seconds=2 * TEST_HEARTBEAT)
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, prefect_home, s3_endpoint):
+def stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database):
     """A server, `make deploy`'s pools, deployments and automations, one worker (limit 1) with a cache of its own
     (another host's); every process reaches the loopback S3 endpoint."""
     settings = {
         "OMP_NUM_THREADS": "1",
         **s3_settings(s3_endpoint),
     }
-    with PrefectStack(home=prefect_home("prefect-home"), settings=settings) as running:
+    with PrefectStack(
+        home=prefect_home("prefect-home"), database_url=postgres_database("zombie"), settings=settings
+    ) as running:
         running.deploy()
         running.caches = {host: tmp_path_factory.mktemp(f"{host}-cache") for host in ("host-a", "host-b")}
         running.worker = running.start_worker(

@@ -24,8 +24,8 @@ def host_env(folder) -> dict[str, str]:
 
 
 @contextmanager
-def nodes_stack(tmp_path_factory, prefect_home, s3_endpoint) -> Iterator[PrefectStack]:
-    """A server, the pools and deployments as `make deploy` makes them, and one worker per "host" (limit 1), each
+def nodes_stack(tmp_path_factory, prefect_home, s3_endpoint, database_url: str) -> Iterator[PrefectStack]:
+    """A server (on PostgreSQL: ``database_url``), the pools and deployments as `make deploy` makes them, and one worker per "host" (limit 1), each
     in a folder of its own with a cache of its own; the moto server stands for S3."""
     # Two "hosts" share this machine's cores: one compute thread per training process.
     settings = {
@@ -33,7 +33,7 @@ def nodes_stack(tmp_path_factory, prefect_home, s3_endpoint) -> Iterator[Prefect
         "OMP_NUM_THREADS": "1",
         **s3_settings(s3_endpoint),
     }
-    with PrefectStack(home=prefect_home("prefect-home"), settings=settings) as running:
+    with PrefectStack(home=prefect_home("prefect-home"), database_url=database_url, settings=settings) as running:
         running.deploy()
         running.workers, running.folders = {}, {}
         for host in HOSTS:

@@ -112,8 +112,8 @@ def test_node_0_publishes_its_address_towards_the_prefect_server_unless_told_ano
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, prefect_home, s3_endpoint):
-    with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint) as running:
+def stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database):
+    with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database("multinode")) as running:
         yield running
 
 

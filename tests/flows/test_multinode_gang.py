@@ -3,6 +3,7 @@ cancels every node, too few workers fail the gang within its join timeout, elast
 take in a node that comes late; nothing is left running."""
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -23,8 +24,8 @@ from tests.helpers import processes_of
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, prefect_home, s3_endpoint):
-    with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint) as running:
+def stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database):
+    with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database("gang")) as running:
         yield running
 
 
@@ -63,8 +64,11 @@ def test_too_few_workers_fail_the_gang_within_its_join_timeout_and_leave_nothing
     )
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    # A setup error: the command line's one "error: …" line, not a traceback.
-    assert "error: only 1 of 2 training nodes started within 20 s (join_timeout_s)" in output, output[-5000:]
+    # A setup error: the command line's one "error: …" line, not a traceback. Node 0 has usually started by then;
+    # on a loaded machine host-a's worker may still be submitting it (CI once: "only 0 of 2", node 0 Submitting).
+    assert re.search(r"error: only [01] of 2 training nodes started within 20 s \(join_timeout_s\)", output), output[
+        -5000:
+    ]
     assert "Traceback" not in output, output[-5000:]
     assert "work pool 'gpu'" in output and "host-a" in output and "Every node run was cancelled; none trained" in output
     # Conversion and the flow's start take some seconds; cancelling the node that started, a few more.

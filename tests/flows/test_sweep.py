@@ -20,8 +20,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, prefect_home, s3_endpoint):
-    with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint) as running:
+def stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database):
+    with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database("sweep")) as running:
         yield running
 
 

@@ -1,0 +1,352 @@
+"""What the Prefect server's database holds under load: N short flow runs through the `default` pool, spread over
+1, 2 and 4 process workers, side by side on SQLite and on PostgreSQL, with the server restarted in the middle of
+the 4-worker round; then a pg_dump / pg_restore of the PostgreSQL database, checked row for row.
+
+    python -m bench.load                      # 100 runs per round, 1/2/4 workers, both databases (~20 min, 2 cores)
+    python -m bench.load --runs 20 --workers 1 4 --databases postgresql
+
+Each run is the `load-probe` flow below: three tasks, a log line each, and an artifact: what a short flow run
+writes to the database (its states, task runs, logs, events, an artifact), without a training's or a scoring's
+CPU, which on a small machine would measure torch rather than the database. Each worker is a real
+`prefect worker start --pool default` (a process worker: every run is a new Python process), taking at most
+``--limit`` runs at once.
+
+For each database and worker count it reports: runs created (the API acknowledged), completed, failed, crashed,
+and lost (created but not in a final state when the round's deadline passed); database errors ("database is
+locked", SQLAlchemy's and asyncpg's errors) in the server's and the workers' logs; the latency of `/api/health`
+and of a flow-run read (p50/p95, sampled every 0.25 s while the runs go on; requests that found the server down
+during the restart are counted, not timed); and the server's CPU-seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from datetime import date
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from bench.harness import PROJECT_ROOT
+from deployments.local import PrefectStack, free_port
+
+# What a database error looks like in a server's or worker's log (SQLite's lock, SQLAlchemy's and asyncpg's errors).
+DATABASE_ERRORS = ("database is locked", "sqlalchemy.exc.", "OperationalError", "DBAPIError", "asyncpg.exceptions")
+DEPLOYMENT = "load-probe/load"
+FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+@task
+def probe_step(index: int, step: int) -> int:
+    get_run_logger().info("run %d step %d", index, step)
+    return index + step
+
+
+@flow(name="load-probe", persist_result=False)
+def probe_flow(index: int = 0) -> int:
+    total = sum(probe_step(index, step) for step in range(3))
+    create_markdown_artifact(f"load probe {index}: {total}", key="load-probe")
+    return total
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU-seconds of ``pid`` and every live process under it, plus the children it has reaped."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pending = [pid]
+    first = True
+    while pending:
+        current = pending.pop()
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            # utime, stime, cutime, cstime are fields 14-17 (counted from 1; two precede the split).
+            total += (int(fields[11]) + int(fields[12])) / ticks
+            if first:
+                total += (int(fields[13]) + int(fields[14])) / ticks
+            for children in Path(f"/proc/{current}/task").glob("*/children"):
+                pending += [int(child) for child in children.read_text().split()]
+        first = False
+    return total
+
+
+class Sampler(threading.Thread):
+    """Times GET /api/health and a flow-run read every ``every`` seconds until stopped."""
+
+    def __init__(self, api_url: str, every: float = 0.25):
+        super().__init__(daemon=True)
+        self.api_url, self.every = api_url, every
+        self.run_id: str | None = None
+        self.health: list[float] = []
+        self.read: list[float] = []
+        self.unanswered = 0
+        self.stopped = threading.Event()
+
+    def _time(self, url: str, into: list[float]) -> None:
+        start = time.perf_counter()
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                response.read()
+        except OSError:
+            self.unanswered += 1
+            return
+        into.append(time.perf_counter() - start)
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every):
+            self._time(f"{self.api_url}/health", self.health)
+            if self.run_id:
+                self._time(f"{self.api_url}/flow_runs/{self.run_id}", self.read)
+
+
+def percentile(values: list[float], q: int) -> float | None:
+    if len(values) < 2:
+        return values[0] * 1000 if values else None
+    return statistics.quantiles(values, n=100)[q - 1] * 1000
+
+
+def deploy_probe(stack: PrefectStack) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    stack.cli("work-pool", "create", "default", "--type", "process")
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("load-probe")
+        deployment_id = client.create_deployment(
+            flow_id=flow_id,
+            name="load",
+            work_pool_name="default",
+            entrypoint="bench/load.py:probe_flow",
+            pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(PROJECT_ROOT)}}],
+        )
+    return str(deployment_id)
+
+
+def create_runs(stack: PrefectStack, deployment_id: str, runs: int) -> list[str]:
+    """Create ``runs`` flow runs of the probe (the API retried a few times each); the ids it acknowledged."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    ids = []
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        for index in range(runs):
+            with contextlib.suppress(Exception):
+                ids.append(str(client.create_flow_run_from_deployment(deployment_id, parameters={"index": index}).id))
+    return ids
+
+
+def read_states(stack: PrefectStack, ids: list[str]) -> dict[str, str]:
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(i) for i in ids])), limit=len(ids) + 1
+        )
+    return {str(run.id): run.state_type.value if run.state_type else "NONE" for run in runs}
+
+
+def database_errors(logs: list[Path]) -> tuple[int, str | None]:
+    """How many database errors ``logs`` hold, and the first line that shows one."""
+    lines = [line for path in logs if path.is_file() for line in path.read_text(errors="replace").splitlines()]
+    found = [line for line in lines if any(pattern in line for pattern in DATABASE_ERRORS)]
+    return sum(line.count(pattern) for line in found for pattern in DATABASE_ERRORS), (
+        found[0][:300] if found else None
+    )
+
+
+def one_round(home: Path, database_url: str | None, workers: int, runs: int, limit: int, restart: bool) -> dict:
+    settings = {"OMP_NUM_THREADS": "1", "PREFECT_LOGGING_LEVEL": "INFO"}
+    deadline_s = 120 + runs * 6
+    stack = PrefectStack(home=home, database_url=database_url, settings=settings).start(timeout=300)
+    server_cpu = 0.0
+    try:
+        deployment_id = deploy_probe(stack)
+        for index in range(workers):
+            stack.start_worker("default", f"worker-{index}", limit=limit)
+        sampler = Sampler(stack.api_url)
+        sampler.start()
+        started = time.monotonic()
+        ids = create_runs(stack, deployment_id, runs)
+        sampler.run_id = ids[0] if ids else None
+        restarted_after = None
+        while time.monotonic() - started < deadline_s:
+            with contextlib.suppress(Exception):
+                states = read_states(stack, ids)
+                done = sum(state in FINAL for state in states.values())
+                if done == len(ids):
+                    break
+                if restart and restarted_after is None and done >= len(ids) // 2:
+                    server = stack.processes[0]
+                    server_cpu += cpu_seconds(server.pid)
+                    down = time.monotonic()
+                    stack.stop_process(server)
+                    stack.start(timeout=300)
+                    stack.processes.insert(0, stack.processes.pop())  # the server first: stopped last
+                    restarted_after = (done, time.monotonic() - down)
+            time.sleep(1)
+        elapsed = time.monotonic() - started
+        sampler.stopped.set()
+        sampler.join()
+        states = read_states(stack, ids)
+        server_cpu += cpu_seconds(stack.processes[0].pid)
+    finally:
+        stack.stop()
+    counts = {state.lower(): sum(s == state for s in states.values()) for state in FINAL}
+    server_errors = database_errors([stack.logs / "server.log"])
+    worker_errors = database_errors(sorted(stack.logs.glob("worker-*.log")))
+    return {
+        "workers": workers,
+        "runs": runs,
+        "created": len(ids),
+        **counts,
+        "lost": len(ids) - sum(counts.values()),
+        "server_db_errors": server_errors[0],
+        "worker_db_errors": worker_errors[0],
+        "first_db_error": server_errors[1] or worker_errors[1],
+        "health_p50_ms": percentile(sampler.health, 50),
+        "health_p95_ms": percentile(sampler.health, 95),
+        "read_p50_ms": percentile(sampler.read, 50),
+        "read_p95_ms": percentile(sampler.read, 95),
+        "unanswered": sampler.unanswered,
+        "server_cpu_s": round(server_cpu, 1),
+        "seconds": round(elapsed, 1),
+        "restart": None
+        if restarted_after is None
+        else {"after_runs": restarted_after[0], "down_s": round(restarted_after[1], 1)},
+    }
+
+
+def plain(url: str) -> tuple[str, dict[str, str]]:
+    """A libpq URL (no driver, no password) and the environment holding the password, for pg_dump / pg_restore."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    return (
+        f"postgresql://{parsed.username}@{parsed.host}:{parsed.port}/{parsed.database}",
+        {**os.environ, "PGPASSWORD": parsed.password or ""},
+    )
+
+
+def dump_and_restore(url: str, folder: Path) -> dict:
+    """pg_dump the database at ``url`` (custom format), pg_restore it into a new one, and compare row counts."""
+    import asyncio
+
+    from deployments.postgres import connection, create_database, programs
+
+    source, env = plain(url)
+    dump = folder / "prefect.dump"
+    start = time.monotonic()
+    subprocess.run([str(programs() / "pg_dump"), "--format=custom", "--file", str(dump), source], env=env, check=True)
+    dumped = time.monotonic() - start
+    restored_url = create_database(url, "restored")
+    target, _ = plain(restored_url)
+    start = time.monotonic()
+    subprocess.run([str(programs() / "pg_restore"), "--no-owner", "--dbname", target, str(dump)], env=env, check=True)
+    restore_s = time.monotonic() - start
+
+    async def counts(database_url: str) -> dict[str, int]:
+        async with connection(database_url) as conn:
+            return {
+                t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in ("flow_run", "task_run", "log", "artifact")
+            }
+
+    before, after = asyncio.run(counts(url)), asyncio.run(counts(restored_url))
+    return {
+        "dump_mb": round(dump.stat().st_size / 1e6, 2),
+        "dump_s": round(dumped, 1),
+        "restore_s": round(restore_s, 1),
+        "rows": before,
+        "equal": before == after,
+    }
+
+
+def measure(runs: int, worker_counts: list[int], databases: list[str], limit: int) -> dict:
+    from deployments.postgres import Cluster, create_database
+
+    results: dict = {"runs": runs, "limit": limit, "rounds": {}}
+    scratch = Path(tempfile.mkdtemp(prefix="bench-load-"))
+    cluster_dir = Path(tempfile.mkdtemp(prefix="bench-load-pg-"))  # reachable by the postgres user when root
+    postgres = None
+    try:
+        if "postgresql" in databases:
+            postgres = Cluster(cluster_dir).serve(port=free_port())
+        for database in databases:
+            for workers in worker_counts:
+                restart = workers == max(worker_counts)
+                url = None
+                if database == "postgresql":
+                    url = create_database(Cluster(cluster_dir).url(), f"load_{workers}")
+                name = f"{database}-{workers}"
+                print(
+                    f"{name}: {runs} runs over {workers} worker(s){' with a restart' if restart else ''} ...",
+                    flush=True,
+                )
+                outcome = one_round(scratch / name, url, workers, runs, limit, restart)
+                print(json.dumps(outcome), flush=True)
+                results["rounds"][name] = outcome
+                if database == "postgresql" and workers == max(worker_counts):
+                    results["backup"] = dump_and_restore(url, scratch)
+                    print("pg_dump / pg_restore:", json.dumps(results["backup"]), flush=True)
+    finally:
+        if postgres is not None:
+            postgres.send_signal(signal.SIGINT)
+            postgres.wait(timeout=60)
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return results
+
+
+def milliseconds(r: dict, what: str) -> str:
+    p50, p95 = r[f"{what}_p50_ms"], r[f"{what}_p95_ms"]
+    return f"{p50:.0f} / {p95:.0f}" if p50 is not None and p95 is not None else "-"
+
+
+def table(results: dict) -> str:
+    header = (
+        "| database | workers | created | completed | failed | crashed | lost | DB errors (server/workers) "
+        "| health p50/p95 ms | run read p50/p95 ms | server CPU-s | restart |\n|" + "---|" * 12
+    )
+    rows = []
+    for name, r in results["rounds"].items():
+        database = name.rsplit("-", 1)[0]
+
+        restart = f"after {r['restart']['after_runs']} runs, {r['restart']['down_s']} s down" if r["restart"] else ""
+        rows.append(
+            f"| {database} | {r['workers']} | {r['created']} | {r['completed']} | {r['failed']} | {r['crashed']} "
+            f"| {r['lost']} | {r['server_db_errors']} / {r['worker_db_errors']} | {milliseconds(r, 'health')} | {milliseconds(r, 'read')} | {r['server_cpu_s']} | {restart} |"
+        )
+    return "\n".join([header, *rows])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=100, help="flow runs per round")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="process workers per round")
+    parser.add_argument("--databases", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"])
+    parser.add_argument("--limit", type=int, default=2, help="runs one worker takes at once")
+    args = parser.parse_args()
+    results = measure(args.runs, args.workers, args.databases, args.limit)
+    print(table(results))
+    if "backup" in results:
+        print(f"pg_dump / pg_restore: {json.dumps(results['backup'])}")
+    out = PROJECT_ROOT / "bench" / "results" / f"{date.today()}-load.json"
+    out.write_text(json.dumps(results, indent=1))
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
