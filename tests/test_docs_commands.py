@@ -162,6 +162,13 @@ export PREFECT_API_URL=http://prefect.example.org:4200/api
 python -m deployments.auth client -- prefect deployment run train-pipeline/retrain-digits --watch
 python -m deployments.auth client -- image-classifier train --processes-per-node 2""": "a server on the network "
     "with basic auth (make server HOST=0.0.0.0): tests/deployments/test_auth.py runs the same wrapper",
+    """make postgres
+make server DB=postgresql
+make postgres-stop""": "long-running (the server keeps running), and a cluster in the user's own folder on a fixed "
+    "port; tests/deployments/test_deployments.py runs these three on a cluster and port of its own",
+    """PGPASSWORD="$(cat ~/.local/share/image-classifier/postgres/password)" \\
+    pg_dump --format=custom --file prefect.dump postgresql://prefect@127.0.0.1:5433/prefect""": "needs make "
+    "postgres's cluster running with a server's runs in it; bench/load.py runs pg_dump and pg_restore on one",
     """make server PREFECT_UI_API_URL=https://prefect.example.org/api
 make worker PREFECT_SERVER_URL=https://prefect.example.org/api""": "a TLS proxy at prefect.example.org and a GPU "
     "host: long-running",

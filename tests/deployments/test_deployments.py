@@ -9,12 +9,13 @@ import sys
 import time
 import urllib.request
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 import yaml
 from prefect.flows import load_flow_from_entrypoint
 
-from deployments.local import PROJECT_ROOT, PrefectStack
+from deployments.local import PROJECT_ROOT, PrefectStack, free_port
 from tasks.registry import list_versions, read_registration
 from tests.browser import chromium, click_text, wait_for_text
 
@@ -57,18 +58,35 @@ def make(stack, target: str, **variables: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(prefect_home, postgres_database):
-    """`make server` on a free port (its scheduler looking every second), `make deploy`, two `make worker`s on
-    `gpu`, and `make serve`."""
-    settings = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1"}
+def stack(prefect_home, tmp_path_factory):
+    """As a team sets it up: `make postgres` (a cluster of its own, on a free port), `make server DB=postgresql` on a
+    free port (its scheduler looking every second), `make deploy`, two `make worker`s on `gpu`, and `make serve`."""
+    import shutil
+    import tempfile
+
+    settings = {
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",
+        "IMAGE_CLASSIFIER_CONFIG": str(tmp_path_factory.mktemp("config")),  # no database-url of this machine's
+    }
+    # Not under pytest's folders: as root, the cluster runs as the postgres user, who cannot reach them.
+    cluster = Path(tempfile.mkdtemp(prefix="image-classifier-test-make-pg-"))
+    postgres = {"POSTGRES_DIR": str(cluster), "POSTGRES_PORT": str(free_port())}
     home = prefect_home("prefect-home")
-    database = postgres_database("deployments")
-    with PrefectStack(home=home, database_url=database, settings=settings, make_server=True) as running:
-        make(running, "deploy")
-        for name in WORKERS:
-            running.make(name, "worker", POOL="gpu", WORKER_NAME=name)
-        running.make("serve", "serve")
-        yield running
+    running = PrefectStack(
+        home=home, settings=settings, make_server=True, server_variables={"DB": "postgresql", **postgres}
+    )
+    running.postgres = postgres
+    try:
+        make(running, "postgres", **postgres)
+        with running:
+            make(running, "deploy")
+            for name in WORKERS:
+                running.make(name, "worker", POOL="gpu", WORKER_NAME=name)
+            running.make("serve", "serve")
+            yield running
+    finally:
+        make(running, "postgres-stop", **postgres)
+        shutil.rmtree(cluster, ignore_errors=True)
 
 
 def worker_that_ran(stack, run) -> list[str]:
@@ -345,6 +363,64 @@ def test_a_schedule_switched_on_makes_runs_and_stays_on_through_a_redeploy(stack
 
         make(stack, "deploy")
         assert client.read_deployment_by_name("train-pipeline/retrain-digits").schedules[0].active
+
+
+def test_make_postgres_keeps_its_password_private_and_listens_on_loopback(stack):
+    """`make postgres`'s cluster: the password and the server's URL in 0600 files, listening on loopback only;
+    `make server DB=postgresql` runs on it (the server reports PostgreSQL, with pg_trgm and Prefect's tables)."""
+    from deployments.postgres import Cluster, connection
+
+    cluster = Cluster(stack.postgres["POSTGRES_DIR"])
+    for secret in (cluster.password_file, cluster.url_file):
+        assert secret.stat().st_mode & 0o777 == 0o600, secret
+
+    async def read() -> tuple:
+        async with connection(cluster.url()) as conn:
+            return (
+                await conn.fetchval("SHOW listen_addresses"),
+                await conn.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm'"),
+                await conn.fetchval("SELECT count(*) FROM flow_run"),
+            )
+
+    listening, trigram, runs = asyncio.run(read())
+    assert (listening, trigram) == ("127.0.0.1", 1) and runs >= 1
+    assert "database: PostgreSQL 15" in (stack.logs / "server.log").read_text()
+
+
+@pytest.mark.parametrize("fault", ["wrong password", "nothing listening"])
+def test_make_server_on_a_database_it_cannot_use_says_so_in_one_line_before_starting(stack, tmp_path, fault):
+    from deployments.postgres import Cluster, with_database
+
+    url = Cluster(stack.postgres["POSTGRES_DIR"]).url()
+    if fault == "wrong password":
+        url = url.replace(url.split(":")[2].split("@")[0], "not-the-password")
+        expected = "refused user 'prefect': wrong password (check the database URL)"
+    else:
+        url = with_database(url, "prefect").replace(f":{stack.postgres['POSTGRES_PORT']}/", f":{free_port()}/")
+        expected = "(is it running? make postgres starts one)"
+    (tmp_path / "database-url").write_text(url + "\n")
+    (tmp_path / "database-url").chmod(0o600)
+    env = {**stack.env, "IMAGE_CLASSIFIER_CONFIG": str(tmp_path)}
+    env.pop("PREFECT_API_URL")
+    server = stack.make(f"server-{fault}", "server", env=env, DB="postgresql", PORT=str(free_port()))
+    assert server.wait(timeout=60) != 0
+    output = (stack.logs / f"server-{fault}.log").read_text()
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and expected in errors[0] and "Traceback" not in output, output
+
+
+def test_make_run_against_the_postgresql_server_completes(stack, tmp_path):
+    """The issue's path on a fresh clone: `make postgres && make server DB=postgresql`, `make deploy`, `make worker`
+    (the stack), then `make run` against it (one epoch, one process: the same flow as the default's five on two)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    work = f"--epochs 1 --processes-per-node 1 --model-name digits-pg --work-dir {tmp_path / 'runs'} --registry {tmp_path / 'registry'}"
+    run = stack.make("make-run", "run", RUN_ARGS=work)
+    assert run.wait(timeout=900) == 0, (stack.logs / "make-run.log").read_text()[-3000:]
+    record = read_registration(tmp_path / "registry", "digits-pg", 1)
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        assert client.read_flow_run(record.flow_run_id).state.is_completed()
 
 
 def test_make_server_on_another_port_gives_the_ui_its_api_address(stack):
