@@ -147,6 +147,9 @@ class Cluster:
                 "initdb", "--pgdata", str(self.data), "--username", USER, "--pwfile", pwfile,
                 "--auth", "scram-sha-256", "--encoding", "UTF8", "--locale", "C", "--no-instructions",
             )  # fmt: skip
+        except PostgresError:
+            shutil.rmtree(self.data, ignore_errors=True)  # a half-made cluster would stop the next try
+            raise
         finally:
             os.unlink(pwfile)
         with open(self.data / "postgresql.conf", "a", encoding="utf-8") as conf:
@@ -364,9 +367,10 @@ def main(argv: list[str] | None = None) -> None:
         cluster = Cluster(args.dir or default_dir())
         if args.command == "start":
             cluster.start(args.host, args.port)
-            host, port = cluster.address
+            listening = json.loads(cluster.address_file.read_text(encoding="utf-8"))
             print(
-                f"PostgreSQL on {args.host}:{port}, data in {cluster.data}; the server's URL is in {cluster.url_file}"
+                f"PostgreSQL on {listening['host']}:{listening['port']}, data in {cluster.data}; "
+                f"the server's URL is in {cluster.url_file}"
             )
             print("Start the Prefect server on it with: make server DB=postgresql")
         elif args.command == "stop":
