@@ -12,7 +12,7 @@ the running ones.
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from prefect import flow
@@ -118,7 +118,8 @@ def sweep_pipeline(
         store(str(study_dir), stored_study)  # on S3: the study beside the run's other files, after every change
         publish_table(study)
 
-    run_trials(study, make_trial, on_change=publish)
+    # The sweep's own work queue, named after its run folder: a resumed or retried sweep finds the same one.
+    run_trials(study, make_trial, queue=PurePosixPath(run_dir.rstrip("/")).name, on_change=publish)
     best = study.best()
     if best is None:
         ended = ", ".join(f"trial {r.number} {r.state}" for r in study.records())

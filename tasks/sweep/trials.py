@@ -8,6 +8,7 @@ and abandons (re-queues) the ones whose flow run is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -52,7 +53,7 @@ from prefect import get_run_logger  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.deployments import run_deployment  # noqa: E402
-from prefect.exceptions import ObjectNotFound  # noqa: E402
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
 from tasks.multinode import cancel_unfinished  # noqa: E402
@@ -102,7 +103,7 @@ def publish_pictures(study: SweepStudy, folder: Path, importances: dict[str, flo
     )
 
 
-def submit_trial(trial: TrialRecord, folders: TrainingFolders, params: TrainingParams, deployment: str):
+def submit_trial(trial: TrialRecord, folders: TrainingFolders, params: TrainingParams, deployment: str, queue: str):
     return run_deployment(
         deployment,
         parameters={
@@ -112,30 +113,48 @@ def submit_trial(trial: TrialRecord, folders: TrainingFolders, params: TrainingP
         },
         timeout=0,
         flow_run_name=f"{flow_run.get_name() or 'sweep'}-trial-{trial.number}",
+        work_queue_name=queue,
     )
+
+
+def trial_queue(client, pool: str, name: str, parallel: int):
+    """The sweep's own work queue in the trials' pool, limited to ``parallel`` runs Pending or Running at once:
+    Prefect holds the cap (through a resumed or retried sweep too), whatever the sweep submits. The pool's workers
+    take runs from every queue of it."""
+    try:
+        return client.create_work_queue(name=name, work_pool_name=pool, concurrency_limit=parallel)
+    except ObjectAlreadyExists:  # a sweep resumed or retried: the same queue, its limit as now asked
+        queue = client.read_work_queue_by_name(name, work_pool_name=pool)
+        client.update_work_queue(queue.id, concurrency_limit=parallel)
+        return queue
 
 
 def run_trials(
     study: SweepStudy,
     make_trial: Callable[[TrialRecord], tuple[TrainingFolders, TrainingParams]],
     *,
+    queue: str,
     on_change: Callable[[], None] = lambda: None,
     poll_seconds: float = 2.0,
     deployment: str = TRIAL_DEPLOYMENT,
 ) -> None:
-    """Train the study's trials through ``deployment``, ``parallel`` at a time, until ``trials`` are settled;
-    ``make_trial`` gives a trial's folders and parameters; ``on_change`` runs whenever a trial starts or ends."""
+    """Train the study's trials through ``deployment``, ``parallel`` at a time (the work queue ``queue``'s limit),
+    until ``trials`` are settled; ``make_trial`` gives a trial's folders and parameters; ``on_change`` runs whenever
+    a trial starts or ends. The flow asks for a trial when one ends (a sampler learns from the results) and looks
+    at the running ones every ``poll_seconds`` (their epochs reach the pruner)."""
     log = get_run_logger().log
     settings = study.settings
     watched: dict[int, Watched] = {}
     with get_client(sync_client=True) as client:
         try:
-            client.read_deployment_by_name(deployment)
+            pool = client.read_deployment_by_name(deployment).work_pool_name
         except ObjectNotFound:
             raise PipelineInputError(
                 f"a sweep trains each trial through the {deployment!r} deployment, which this Prefect server does "
                 "not have: deploy deployments/prefect.yaml (make deploy)"
             ) from None
+        work_queue = trial_queue(client, pool, queue, settings.parallel)
+        log(logging.INFO, f"trials go to work queue {queue!r} of pool {pool!r}: at most {settings.parallel} at once")
         for trial in study.running():  # a sweep opened again: its trials from before
             if trial.flow_run_id is None:
                 study.abandon(trial.number)
@@ -152,7 +171,7 @@ def run_trials(
             while True:
                 while len(watched) < settings.parallel and (trial := study.ask()) is not None:
                     folders, params = make_trial(trial)
-                    run = submit_trial(trial, folders, params, deployment)
+                    run = submit_trial(trial, folders, params, deployment, queue)
                     study.attach(trial.number, str(run.id))
                     watched[trial.number] = Watched(trial.number, str(run.id), folders.output_dir)
                     log(logging.INFO, f"trial {trial.number}: flow run {run.name!r} submitted, {trial.params}")
@@ -170,6 +189,8 @@ def run_trials(
                 cancel_unfinished(client, runs, "cancelled with its sweep")
                 for number in watched:  # trained again when the sweep is retried or resumed
                     study.abandon(number)
+            with contextlib.suppress(ObjectNotFound):  # made again by a retried or resumed sweep
+                client.delete_work_queue_by_id(work_queue.id)
 
 
 def _look(client, study: SweepStudy, trial: Watched, log) -> bool:

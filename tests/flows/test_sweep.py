@@ -97,6 +97,14 @@ def test_a_sweep_trains_its_trials_two_at_a_time_over_the_pool_and_registers_the
     assert {str(r.id) for r in runs} == {t["flow_run_id"] for t in trials}
     assert most_at_once(runs) == 2, [(r.name, r.start_time, r.end_time) for r in runs]
     assert not processes_of(run_dir), "a training process was left running"
+    # Two at a time is the sweep's own work queue's limit (Prefect's, not only the flow's); gone once it is done.
+    assert {r.work_queue_name for r in runs} == {run_dir.name}
+    assert f"trials go to work queue '{run_dir.name}' of pool 'gpu': at most 2 at once" in output, output[-3000:]
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        assert run_dir.name not in {q.name for q in client.read_work_queues(work_pool_name="gpu")}
 
 
 def test_a_poor_trial_is_pruned_cancelled_through_the_api_and_its_processes_gone(stack, colour_image_dirs, tmp_path):
