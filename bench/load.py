@@ -1,9 +1,9 @@
-"""What the Prefect server's database holds under load: N short flow runs through the `default` pool, spread over
-1, 2 and 4 process workers, side by side on SQLite and on PostgreSQL, with the server restarted in the middle of
-the 4-worker round; then a pg_dump / pg_restore of the PostgreSQL database, checked row for row.
+"""What the Prefect server's database holds under load: short flow runs through the `default` pool, spread over 1, 2
+and 4 process workers (100 runs over 4 workers, 40 over fewer), side by side on SQLite and on PostgreSQL, with the
+server restarted in the middle of the 4-worker round; then a pg_dump / pg_restore of the PostgreSQL database, checked row for row.
 
-    python -m bench.load                      # 100 runs per round, 1/2/4 workers, both databases (~20 min, 2 cores)
-    python -m bench.load --runs 20 --workers 1 4 --databases postgresql
+    python -m bench.load                      # 40/40/100 runs over 1/2/4 workers, both databases (~40 min, 2 cores)
+    python -m bench.load --runs 20 --fewer 10 --workers 1 4 --databases postgresql
 
 Each run is the `load-probe` flow below: three tasks, a log line each, and an artifact: what a short flow run
 writes to the database (its states, task runs, logs, events, an artifact), without a training's or a scoring's
@@ -274,7 +274,7 @@ def dump_and_restore(url: str, folder: Path) -> dict:
     }
 
 
-def measure(runs: int, worker_counts: list[int], databases: list[str], limit: int) -> dict:
+def measure(runs: int, worker_counts: list[int], databases: list[str], limit: int, fewer: int) -> dict:
     from deployments.postgres import Cluster, create_database
 
     results: dict = {"runs": runs, "limit": limit, "rounds": {}}
@@ -287,15 +287,16 @@ def measure(runs: int, worker_counts: list[int], databases: list[str], limit: in
         for database in databases:
             for workers in worker_counts:
                 restart = workers == max(worker_counts)
+                count = runs if restart else min(fewer, runs)  # the full load where it counts: the most workers
                 url = None
                 if database == "postgresql":
                     url = create_database(Cluster(cluster_dir).url(), f"load_{workers}")
                 name = f"{database}-{workers}"
                 print(
-                    f"{name}: {runs} runs over {workers} worker(s){' with a restart' if restart else ''} ...",
+                    f"{name}: {count} runs over {workers} worker(s){' with a restart' if restart else ''} ...",
                     flush=True,
                 )
-                outcome = one_round(scratch / name, url, workers, runs, limit, restart)
+                outcome = one_round(scratch / name, url, workers, count, limit, restart)
                 print(json.dumps(outcome), flush=True)
                 results["rounds"][name] = outcome
                 if database == "postgresql" and workers == max(worker_counts):
@@ -334,12 +335,13 @@ def table(results: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=100, help="flow runs per round")
+    parser.add_argument("--runs", type=int, default=100, help="flow runs in the round with the most workers")
+    parser.add_argument("--fewer", type=int, default=40, help="flow runs in the other rounds")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="process workers per round")
     parser.add_argument("--databases", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"])
     parser.add_argument("--limit", type=int, default=2, help="runs one worker takes at once")
     args = parser.parse_args()
-    results = measure(args.runs, args.workers, args.databases, args.limit)
+    results = measure(args.runs, args.workers, args.databases, args.limit, args.fewer)
     print(table(results))
     if "backup" in results:
         print(f"pg_dump / pg_restore: {json.dumps(results['backup'])}")
