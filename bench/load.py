@@ -132,17 +132,36 @@ def deploy_probe(stack: PrefectStack) -> str:
     return str(deployment_id)
 
 
-def create_runs(stack: PrefectStack, deployment_id: str, runs: int) -> list[str]:
-    """Create ``runs`` flow runs of the probe (the API retried a few times each); the ids it acknowledged."""
+def create_runs(stack: PrefectStack, deployment_id: str, runs: int, ids: list[str], errors: list[str]) -> None:
+    """Create ``runs`` flow runs of the probe (Prefect's client retries each call a few times), appending the ids
+    the API acknowledged to ``ids`` and why a run could not be created to ``errors``."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    ids = []
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         for index in range(runs):
-            with contextlib.suppress(Exception):
+            try:
                 ids.append(str(client.create_flow_run_from_deployment(deployment_id, parameters={"index": index}).id))
-    return ids
+            except Exception as error:  # counted, and the round goes on: what the load did is the measurement
+                errors.append(f"{type(error).__name__}: {error}"[:200])
+
+
+def final_messages(stack: PrefectStack, ids: list[str]) -> dict[str, int]:
+    """How many of ``ids`` ended Crashed or Failed with each state message."""
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(i) for i in ids])), limit=len(ids) + 1
+        )
+    messages = [
+        f"{r.state.name}: {(r.state.message or '')[:160]}" for r in runs if r.state.is_crashed() or r.state.is_failed()
+    ]
+    return {message: messages.count(message) for message in set(messages)}
 
 
 def read_states(stack: PrefectStack, ids: list[str]) -> dict[str, str]:
@@ -178,19 +197,25 @@ def one_round(home: Path, database_url: str | None, workers: int, runs: int, lim
         sampler = Sampler(stack.api_url)
         sampler.start()
         started = time.monotonic()
-        ids = create_runs(stack, deployment_id, runs)
+        # Created from a thread while the round is watched: the restart comes once half the runs are final.
+        ids: list[str] = []
+        create_errors: list[str] = []
+        creating = threading.Thread(target=create_runs, args=(stack, deployment_id, runs, ids, create_errors))
+        creating.start()
+        while not ids and creating.is_alive():
+            time.sleep(0.1)
         sampler.run_id = ids[0] if ids else None
         restarted_after = None
         done, progressed = 0, time.monotonic()
         while time.monotonic() - progressed < stall_s:
             with contextlib.suppress(Exception):
-                states = read_states(stack, ids)
+                states = read_states(stack, list(ids))  # a copy: the creating thread appends
                 now_done = sum(state in FINAL for state in states.values())
                 if now_done > done:
                     done, progressed = now_done, time.monotonic()
-                if done == len(ids):
+                if done == len(ids) and not creating.is_alive():
                     break
-                if restart and restarted_after is None and done >= len(ids) // 2:
+                if restart and restarted_after is None and done >= runs // 2:
                     server = stack.processes[0]
                     server_cpu += cpu_seconds(server.pid)
                     down = time.monotonic()
@@ -202,7 +227,9 @@ def one_round(home: Path, database_url: str | None, workers: int, runs: int, lim
         elapsed = time.monotonic() - started
         sampler.stopped.set()
         sampler.join()
+        creating.join()
         states = read_states(stack, ids)
+        messages = final_messages(stack, ids)
         server_cpu += cpu_seconds(stack.processes[0].pid)
     finally:
         stack.stop()
@@ -217,6 +244,8 @@ def one_round(home: Path, database_url: str | None, workers: int, runs: int, lim
         **counts,
         "lost": len(ids) - sum(counts.values()),
         "lost_states": {state: unfinished.count(state) for state in set(unfinished)},
+        "crashed_or_failed": messages,
+        "not_created": {error: create_errors.count(error) for error in set(create_errors)},
         "server_db_errors": server_errors[0],
         "worker_db_errors": worker_errors[0],
         "first_db_error": server_errors[1] or worker_errors[1],
