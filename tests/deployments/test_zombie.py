@@ -232,11 +232,17 @@ def test_a_training_whose_host_is_lost_is_set_crashed_and_resumed_on_another_hos
         "registry": f"s3://{s3_bucket}/registry",
         "work_dir": f"s3://{s3_bucket}/runs",  # no filesystem shared between the hosts
     }
-    # The run's own job variables replace the deployment's env: the deployment's, with the test's heartbeat.
-    env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", HEARTBEAT_SETTING: str(TEST_HEARTBEAT)}
+    from prefect.client.schemas.actions import DeploymentUpdate
+
     with client_for(stack) as client:
         deployment = client.read_deployment_by_name(DEPLOYMENT)
-        run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters, job_variables={"env": env})
+        # Every run of the deployment beats at the test's pace, the re-run too (the automation starts it with the
+        # deployment's job variables): at the deployed 60 s against the test's 60 s wait, a re-run's next beat
+        # raced the automation, which once set it Crashed and ran it a third time (a CI run on PostgreSQL).
+        variables = dict(deployment.job_variables or {})
+        variables["env"] = {**variables.get("env", {}), HEARTBEAT_SETTING: str(TEST_HEARTBEAT)}
+        client.update_deployment(deployment.id, DeploymentUpdate(job_variables=variables))
+        run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
     deadline = time.monotonic() + 300
     while not client_for_state(stack, run.id).is_running():
         assert time.monotonic() < deadline and stack.worker.poll() is None, stack.log_text()[-3000:]
