@@ -146,8 +146,8 @@ def create_runs(stack: PrefectStack, deployment_id: str, runs: int, ids: list[st
                 errors.append(f"{type(error).__name__}: {error}"[:200])
 
 
-def final_messages(stack: PrefectStack, ids: list[str]) -> dict[str, int]:
-    """How many of ``ids`` ended Crashed or Failed with each state message."""
+def read_runs(stack: PrefectStack, ids: list[str]) -> list:
+    """The flow runs ``ids`` as the server has them now."""
     import uuid
 
     from prefect.client.orchestration import get_client
@@ -155,27 +155,21 @@ def final_messages(stack: PrefectStack, ids: list[str]) -> dict[str, int]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(
+        return client.read_flow_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(i) for i in ids])), limit=len(ids) + 1
         )
+
+
+def states_of(runs: list) -> dict[str, str]:
+    return {str(run.id): run.state_type.value if run.state_type else "NONE" for run in runs}
+
+
+def final_messages(runs: list) -> dict[str, int]:
+    """How many of ``runs`` ended Crashed or Failed with each state message."""
     messages = [
         f"{r.state.name}: {(r.state.message or '')[:160]}" for r in runs if r.state.is_crashed() or r.state.is_failed()
     ]
     return {message: messages.count(message) for message in set(messages)}
-
-
-def read_states(stack: PrefectStack, ids: list[str]) -> dict[str, str]:
-    import uuid
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(i) for i in ids])), limit=len(ids) + 1
-        )
-    return {str(run.id): run.state_type.value if run.state_type else "NONE" for run in runs}
 
 
 def database_errors(logs: list[Path]) -> tuple[int, str | None]:
@@ -209,7 +203,7 @@ def one_round(home: Path, database_url: str | None, workers: int, runs: int, lim
         done, progressed = 0, time.monotonic()
         while time.monotonic() - progressed < stall_s:
             with contextlib.suppress(Exception):
-                states = read_states(stack, list(ids))  # a copy: the creating thread appends
+                states = states_of(read_runs(stack, list(ids)))  # a copy: the creating thread appends
                 now_done = sum(state in FINAL for state in states.values())
                 if now_done > done:
                     done, progressed = now_done, time.monotonic()
@@ -228,8 +222,9 @@ def one_round(home: Path, database_url: str | None, workers: int, runs: int, lim
         sampler.stopped.set()
         sampler.join()
         creating.join()
-        states = read_states(stack, ids)
-        messages = final_messages(stack, ids)
+        runs_now = read_runs(stack, ids)
+        states = states_of(runs_now)
+        messages = final_messages(runs_now)
         server_cpu += cpu_seconds(stack.processes[0].pid)
     finally:
         stack.stop()

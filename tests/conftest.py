@@ -197,6 +197,19 @@ def digits_image_dirs(built_once, digits_subset) -> tuple[Path, Path]:
     )
 
 
+def migrate(home: Path, database_url: str | None = None) -> None:
+    """``prefect server database upgrade``: every migration applied to the SQLite database of ``home``, or to
+    ``database_url`` (none of this process's API or database settings reach it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT_SERVER_DATABASE"))}
+    database = {"PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url} if database_url else {}
+    subprocess.run(
+        [sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"],
+        env={**env, **database, "PREFECT_HOME": str(home)},
+        capture_output=True,
+        check=True,
+    )
+
+
 @pytest.fixture(scope="session")
 def prefect_database(built_once) -> Path:
     """A Prefect database with every migration applied (``prefect server database upgrade``), made once: a server
@@ -204,13 +217,7 @@ def prefect_database(built_once) -> Path:
 
     def build(folder: Path) -> Path:
         folder.mkdir(parents=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT_SERVER_DATABASE"))}
-        subprocess.run(
-            [sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"],
-            env={**env, "PREFECT_HOME": str(folder)},
-            capture_output=True,
-            check=True,
-        )
+        migrate(folder)
         return folder / "prefect.db"
 
     return built_once("prefect-database", build)
@@ -289,13 +296,7 @@ def postgres_template(shared_server) -> str:
         if not url:
             raise RuntimeError(f"PostgreSQL did not start (exit {server.wait()}): see {data}/postgres.log")
         template = create_database(url, "prefect_template")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT_SERVER_DATABASE"))}
-        subprocess.run(
-            [sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"],
-            env={**env, "PREFECT_SERVER_DATABASE_CONNECTION_URL": template, "PREFECT_HOME": str(folder)},
-            capture_output=True,
-            check=True,
-        )
+        migrate(folder, template)
         return template, server
 
     return shared_server("postgres", start)
