@@ -12,8 +12,8 @@ need it) and writes the server's URL to ``DIR/database-url`` (0600), which ``mak
 Prefect applies its migrations when the server starts. PostgreSQL refuses to run as root: as root, its programs
 run as the ``postgres`` user that Debian's package creates, and the default folder is one that user can reach.
 
-``serve`` runs a cluster in the foreground until SIGTERM (the tests' and benchmarks' cluster); ``--temporary``
-removes its folder afterwards.
+``serve`` runs a cluster in the foreground until SIGTERM (the tests' cluster); ``--temporary`` runs it without
+syncing to disk, with little WAL kept, and removes its folder afterwards.
 """
 
 from __future__ import annotations
@@ -155,13 +155,18 @@ class Cluster:
         with open(self.data / "postgresql.conf", "a", encoding="utf-8") as conf:
             conf.write("\ninclude_if_exists = 'image-classifier.conf'\n")
 
-    def configure(self, host: str, port: int, max_connections: int = 200) -> None:
-        """Where it listens (TCP only), read at its next start."""
-        (self.data / "image-classifier.conf").write_text(
-            f"listen_addresses = '{host}'\nport = {port}\nunix_socket_directories = ''\n"
-            f"max_connections = {max_connections}\n",
-            encoding="utf-8",
-        )
+    def configure(self, host: str, port: int, max_connections: int = 200, throwaway: bool = False) -> None:
+        """Where it listens (TCP only), read at its next start. A ``throwaway`` cluster (removed when it stops: the
+        tests' and benchmarks') neither syncs to disk nor keeps more than a little WAL: a crash may lose it whole,
+        and the disk it takes stays small while the tests copy databases all run long."""
+        settings = f"listen_addresses = '{host}'\nport = {port}\nunix_socket_directories = ''\n"
+        settings += f"max_connections = {max_connections}\n"
+        if throwaway:
+            settings += (
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                "wal_level = minimal\nmax_wal_senders = 0\nmin_wal_size = 32MB\nmax_wal_size = 64MB\n"
+            )
+        (self.data / "image-classifier.conf").write_text(settings, encoding="utf-8")
         self.address_file.write_text(json.dumps({"host": host, "port": port}), encoding="utf-8")
 
     @property
@@ -197,10 +202,10 @@ class Cluster:
         self.prepare()
         return self.url()
 
-    def serve(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> subprocess.Popen:
+    def serve(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, throwaway: bool = False) -> subprocess.Popen:
         """Make and start the cluster in the foreground (the caller stops it); returns the postgres process."""
         self.init()
-        self.configure(host, port)
+        self.configure(host, port, throwaway=throwaway)
         log = open(self.log, "ab")
         process = subprocess.Popen(
             [str(programs() / "postgres"), "-D", str(self.data)],
@@ -353,7 +358,9 @@ def main(argv: list[str] | None = None) -> None:
             command.add_argument("--host", default="127.0.0.1", help="the address it listens on (default loopback)")
             command.add_argument("--port", type=int, default=DEFAULT_PORT)
         if name == "serve":
-            command.add_argument("--temporary", action="store_true", help="remove the folder when stopped")
+            command.add_argument(
+                "--temporary", action="store_true", help="no fsync, little WAL; remove the folder when stopped"
+            )
     commands.add_parser("check", help="check the database URL that `make server` would use")
     args = parser.parse_args(argv)
     try:
@@ -389,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def serve(cluster: Cluster, host: str, port: int, temporary: bool) -> None:
     """Run until SIGTERM or SIGINT, then stop the cluster (fast shutdown) and, if temporary, remove its folder."""
-    process = cluster.serve(host, port)
+    process = cluster.serve(host, port, throwaway=temporary)
     print(cluster.url(), flush=True)
 
     def stop(*_) -> None:

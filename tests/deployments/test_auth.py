@@ -235,7 +235,7 @@ def test_a_deployment_run_through_the_secured_server_leaves_no_secret_anywhere(
 
 
 @pytest.mark.integration
-def test_the_ui_asks_for_the_credentials_and_works_once_given(secured):
+def test_the_ui_asks_for_the_credentials_and_works_once_given(secured, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions
@@ -243,7 +243,7 @@ def test_the_ui_asks_for_the_credentials_and_works_once_given(secured):
 
     from tests.browser import chromium, wait_for_text
 
-    driver = chromium()
+    driver = chromium(tmp_path / "chromium")
     try:
         driver.get(f"{secured.url}/deployments")
         field = WebDriverWait(driver, 60).until(

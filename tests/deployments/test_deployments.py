@@ -311,12 +311,12 @@ def test_parameter_descriptions_read_as_plain_text_in_the_ui_form(stack):
     assert {"fine_tuning", "backbone_lr_factor"} <= set(definitions["TrainingParams"]["properties"])
 
 
-def test_the_ui_shows_the_deployment_and_the_finished_run_with_its_artifacts(stack, finished_run):
+def test_the_ui_shows_the_deployment_and_the_finished_run_with_its_artifacts(stack, finished_run, tmp_path):
     """Headless Chromium against the same server; screenshots land in build/ui-check/ for a person to look at."""
     run, _, _ = finished_run
     shots = PROJECT_ROOT / "build" / "ui-check"
     shots.mkdir(parents=True, exist_ok=True)
-    driver = chromium()
+    driver = chromium(tmp_path / "chromium")
     try:
         driver.get(f"{stack.url}/runs/flow-run/{run.id}")
         wait_for_text(driver, [run.name, "Completed", "train-pipeline", "retrain-digits", "gpu"])
@@ -407,20 +407,6 @@ def test_make_server_on_a_database_it_cannot_use_says_so_in_one_line_before_star
     output = (stack.logs / f"server-{fault}.log").read_text()
     errors = [line for line in output.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and expected in errors[0] and "Traceback" not in output, output
-
-
-def test_make_run_against_the_postgresql_server_completes(stack, tmp_path):
-    """The issue's path on a fresh clone: `make postgres && make server DB=postgresql`, `make deploy`, `make worker`
-    (the stack), then `make run` against it (one epoch, one process: the same flow as the default's five on two)."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    work = f"--epochs 1 --processes-per-node 1 --model-name digits-pg --work-dir {tmp_path / 'runs'} --registry {tmp_path / 'registry'}"
-    run = stack.make("make-run", "run", RUN_ARGS=work)
-    assert run.wait(timeout=900) == 0, (stack.logs / "make-run.log").read_text()[-3000:]
-    record = read_registration(tmp_path / "registry", "digits-pg", 1)
-    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
-        assert client.read_flow_run(record.flow_run_id).state.is_completed()
 
 
 def test_make_server_on_another_port_gives_the_ui_its_api_address(stack):

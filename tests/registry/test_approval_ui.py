@@ -54,7 +54,7 @@ def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(sta
         text=True,
     )
     SHOTS.mkdir(parents=True, exist_ok=True)
-    driver = chromium()
+    driver = chromium(tmp_path / "chromium")
     try:
         run_id = paused_run_id(stack, pipeline)
         driver.get(f"{stack.url}/runs/flow-run/{run_id}")
