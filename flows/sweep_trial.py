@@ -1,6 +1,7 @@
 """One trial of a hyperparameter sweep: the ``sweep-trial`` deployment (deployments/prefect.yaml, work pool ``gpu``).
 
-The sweep (flows/sweep.py) submits one run per trial; not meant to be run by hand.
+The sweep (flows/sweep.py) submits one run per trial, and runs a trial again, with ``replaces_run``, when its run
+crashed (its host or worker lost); not meant to be run by hand.
 """
 
 from __future__ import annotations
@@ -8,11 +9,14 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.lost_runs import take_over_lost_trial
 from tasks.train import train
 
 
 @flow(name="sweep-trial", log_prints=True)
-def sweep_trial_flow(folders: TrainingFolders, params: TrainingParams, trial: int) -> str:
+def sweep_trial_flow(
+    folders: TrainingFolders, params: TrainingParams, trial: int, replaces_run: str | None = None
+) -> str:
     """Train one trial's model on this host through the train stage (its progress, curves and retries).
 
     Args:
@@ -20,5 +24,8 @@ def sweep_trial_flow(folders: TrainingFolders, params: TrainingParams, trial: in
             the ModelDirectory it writes.
         params: This trial's training parameters (the sweep's, with the trial's values put in).
         trial: The trial's number in the sweep's study.
+        replaces_run: Set by the sweep when it runs a crashed trial again: the lost run's id; this run resumes from its checkpoint in the same folder where that folder is reachable.
     """
+    if replaces_run:
+        take_over_lost_trial(replaces_run, folders.output_dir)
     return train(folders, params)

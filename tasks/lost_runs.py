@@ -13,6 +13,9 @@ The new run, before anything else (``take_over_lost_run``):
   from the lost run's checkpoint (after which epoch) or starts over, and why: the folder is reachable when
   ``work_dir`` is on S3 or a folder every host shares; on the lost host's own disk it is not;
 - leaves artifact ``replaced-by`` on the lost run's page, linking to itself.
+
+A sweep's trial (flows/sweep_trial.py) is run again by its sweep instead (tasks/sweep/trials.py), into the same
+folder, and takes over with ``take_over_lost_trial``: the same limit, first line and artifacts.
 """
 
 from __future__ import annotations
@@ -116,12 +119,27 @@ def replaced_chain(replaces_run: str) -> list[LostRun]:
 
 
 def take_over_lost_run(replaces_run: str, work_dir: str) -> Takeover:
-    """Called first by a run whose ``replaces_run`` is set (see the module's docstring): its Takeover, told in the
-    first log line, artifact ``replaced-run`` here and ``replaced-by`` on the lost run."""
-    from prefect import get_run_logger
-    from prefect.artifacts import create_markdown_artifact
-    from prefect.runtime import flow_run
+    """Called first by a training run whose ``replaces_run`` is set (see the module's docstring): its Takeover of
+    the first run's folder under ``work_dir``, told in the first log line, artifact ``replaced-run`` here and
+    ``replaced-by`` on the lost run."""
+    chain = rerun_chain(replaces_run)
+    first = chain[-1]
+    run_dir = run_folder_location(work_dir, f"{first.name}-{first.id[:8]}")
+    takeover = _take_over(chain, run_dir, join(run_dir, "model"), f"work_dir {work_dir!r}")
+    mark_run(run_dir, "train", first.id)
+    return takeover
 
+
+def take_over_lost_trial(replaces_run: str, output_dir: str) -> Takeover:
+    """The same for a sweep's trial run again by its sweep (tasks/sweep/trials.py): it trains into the lost run's
+    ``output_dir``, in the trial's folder of the sweep's run folder, and resumes from its checkpoint there."""
+    chain = rerun_chain(replaces_run)
+    parent = output_dir.rstrip("/").rsplit("/", 1)[0]
+    return _take_over(chain, parent, output_dir, "the sweep's work_dir")
+
+
+def rerun_chain(replaces_run: str) -> list[LostRun]:
+    """``replaced_chain``, refused with RerunLimitError once the training has been run again MAX_RERUNS times."""
     chain = replaced_chain(replaces_run)
     if len(chain) > MAX_RERUNS:
         runs = ", ".join(f"{run.name} ({run.state})" for run in chain)
@@ -129,18 +147,25 @@ def take_over_lost_run(replaces_run: str, work_dir: str) -> Takeover:
             f"not run again: this training already ran {len(chain)} times and lost its host each time ({runs}); "
             f"the limit is {MAX_RERUNS} re-runs. Check the GPU hosts, then start it anew"
         )
-    first = chain[-1]
-    run_dir = run_folder_location(work_dir, f"{first.name}-{first.id[:8]}")
+    return chain
+
+
+def _take_over(chain: list[LostRun], run_dir: str, model_dir: str, work_dir: str) -> Takeover:
+    """Where the training in ``model_dir`` stands (``run_dir``: the folder holding it, on this host or not, under
+    ``work_dir``: what the message calls it), told in the first log line and the two artifacts."""
+    from prefect import get_run_logger
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.runtime import flow_run
+
     reachable = is_s3_uri(run_dir) or Path(run_dir).is_dir()
-    stored = epochs_stored(join(run_dir, "model")) if reachable else None
+    stored = epochs_stored(model_dir) if reachable else None
     if not reachable:
         why = (
-            f"the lost run's folder {run_dir} is not on this host (work_dir {work_dir!r} was on the lost host's "
-            "own disk; on S3 or a folder every host shares, a re-run resumes from the checkpoint)"
+            f"the lost run's folder {run_dir} is not on this host ({work_dir} was on the lost host's own disk; on "
+            "S3 or a folder every host shares, a re-run resumes from the checkpoint)"
         )
     else:
         why = "" if stored is not None else f"the lost run had completed no epoch in {run_dir}"
-    mark_run(run_dir, "train", first.id)
     takeover = Takeover(lost=chain, run_dir=run_dir, epochs_stored=stored, why_over=why)
     get_run_logger().info(takeover.headline())
     create_markdown_artifact(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -139,6 +140,34 @@ def processes_of(output: Path) -> list[int]:
         if entry.name.isdigit() and str(output).encode() in argv and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process descended from it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError):
+            continue
+        if not entry.name.isdigit():
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, pending = [], [root]
+    while pending:
+        pid = pending.pop()
+        tree.append(pid)
+        pending += children.get(pid, [])
+    return tree
+
+
+def lose(pids) -> None:
+    """``pids`` stop at once, as on a host that loses power: each stopped first, so that none sees another die and
+    cleans up, then killed."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
 
 
 def training_processes(folder: Path) -> dict[int, list[str]]:

@@ -12,7 +12,7 @@ from prefect.states import Crashed
 
 from tasks.contracts.model_directory import EpochMetrics, TrainingMetrics
 from tasks.errors import RerunLimitError, UnknownRunError
-from tasks.lost_runs import MAX_RERUNS, Takeover, take_over_lost_run
+from tasks.lost_runs import MAX_RERUNS, Takeover, take_over_lost_run, take_over_lost_trial
 
 pytestmark = pytest.mark.integration
 
@@ -20,6 +20,11 @@ pytestmark = pytest.mark.integration
 @flow(name="train-pipeline")
 def replacing(replaces_run: str, work_dir: str) -> Takeover:
     return take_over_lost_run(replaces_run, work_dir)
+
+
+@flow(name="sweep-trial")
+def replacing_trial(replaces_run: str, output_dir: str) -> Takeover:
+    return take_over_lost_trial(replaces_run, output_dir)
 
 
 def lost_runs(count: int) -> list:
@@ -79,6 +84,25 @@ def test_in_a_shared_folder_it_resumes_after_the_stored_epochs_of_the_first_runs
     assert [run.id for run in takeover.lost] == [str(second.id), str(first.id)]
     assert (takeover.run_dir, takeover.epochs_stored, takeover.training_run_id) == (str(folder), 2, str(first.id))
     assert "re-run 2 of at most 2; resuming from its last checkpoint (epoch 2 or later) in" in takeover.headline()
+
+
+def test_a_sweep_trial_run_again_resumes_in_its_own_folder_and_marks_no_run_folder(prefect_server, tmp_path):
+    """A trial's folder is the sweep's (trials/trial-NNN/model): the takeover reads its epochs there and writes
+    nothing of a training run's (no run.json)."""
+    first, second = lost_runs(2)
+    output_dir = tmp_path / "sweep-x" / "trials" / "trial-002" / "model"
+    figures = {"lr": 0.1, "train_images_per_s": 9.0, "train_loss": 1.0, "train_error": 0.5, "val_loss": 1.0}
+    metrics = TrainingMetrics(world_size=1, epochs=[EpochMetrics(epoch=1, top1=0.5, top5=1.0, seconds=1.0, **figures)])
+    output_dir.mkdir(parents=True)
+    (output_dir / "metrics.json").write_text(metrics.model_dump_json())
+
+    takeover = replacing_trial(str(second.id), str(output_dir))
+    assert (takeover.run_dir, takeover.epochs_stored) == (str(output_dir.parent), 1)
+    assert "re-run 2 of at most 2; resuming from its last checkpoint (epoch 1 or later) in" in takeover.headline()
+    assert sorted(p.name for p in output_dir.parent.iterdir()) == ["model"]
+    assert takeover.headline() in artifacts_of(second.id)["replaced-by"]
+    with pytest.raises(RerunLimitError, match="the limit is 2 re-runs"):
+        replacing_trial(str(lost_runs(MAX_RERUNS + 1)[-1].id), str(output_dir))
 
 
 def test_a_training_run_again_as_often_as_allowed_is_not_run_once_more(prefect_server, tmp_path):

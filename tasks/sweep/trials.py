@@ -117,6 +117,20 @@ def submit_trial(trial: TrialRecord, folders: TrainingFolders, params: TrainingP
     )
 
 
+def rerun_trial(crashed, deployment: str, queue: str):
+    """A crashed trial's flow run (its host or worker lost) submitted again through the sweep's queue (its cap
+    holds), with the crashed run's parameters and ``replaces_run``: it resumes from the checkpoint in the same
+    folder (flows/sweep_trial.py), and stops at once past MAX_RERUNS re-runs (tasks/lost_runs.py)."""
+    base, _, before = crashed.name.partition("-rerun-")
+    return run_deployment(
+        deployment,
+        parameters={**crashed.parameters, "replaces_run": str(crashed.id)},
+        timeout=0,
+        flow_run_name=f"{base}-rerun-{int(before or 0) + 1}",
+        work_queue_name=queue,
+    )
+
+
 def trial_queue(client, pool: str, name: str, parallel: int):
     """The sweep's own work queue in the trials' pool, limited to ``parallel`` runs Pending or Running at once:
     Prefect holds the cap (through a resumed or retried sweep too), whatever the sweep submits. The pool's workers
@@ -180,7 +194,7 @@ def run_trials(
                     return
                 time.sleep(poll_seconds)
                 for number, trial in list(watched.items()):
-                    if _look(client, study, trial, log):
+                    if _look(client, study, trial, log, rerun=lambda run: rerun_trial(run, deployment, queue)):
                         del watched[number]
                         on_change()
         finally:
@@ -193,9 +207,9 @@ def run_trials(
                 client.delete_work_queue_by_id(work_queue.id)
 
 
-def _look(client, study: SweepStudy, trial: Watched, log) -> bool:
-    """One look at a running trial: its new epochs reported (and a pruned trial cancelled), its end settled.
-    True once the trial is settled."""
+def _look(client, study: SweepStudy, trial: Watched, log, rerun) -> bool:
+    """One look at a running trial: its new epochs reported (and a pruned trial cancelled), a crashed run run
+    again (``rerun``), its end settled. True once the trial is settled."""
     settings = study.settings
     run = client.read_flow_run(trial.flow_run_id)
     metrics = trial.metrics()
@@ -212,6 +226,16 @@ def _look(client, study: SweepStudy, trial: Watched, log) -> bool:
             study.tell(trial.number, "pruned")
             return True
     if not run.state.is_final():
+        return False
+    if run.state.is_crashed():  # its host or worker lost (the lost-host automation's Crashed, or the worker's)
+        again = rerun(run)
+        log(
+            logging.WARNING,
+            f"trial {trial.number}: flow run {run.name!r} crashed ({run.state.message or 'no message'}); "
+            f"run again as {again.name!r}",
+        )
+        trial.flow_run_id = str(again.id)
+        study.attach(trial.number, trial.flow_run_id)
         return False
     figure = trial_figure(metrics, settings.metric, settings.objective)
     if run.state.is_completed() and figure is not None:

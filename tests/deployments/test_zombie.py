@@ -5,14 +5,11 @@ would be: the run is set Crashed, run again on B, resumes from A's checkpoint an
 
 import asyncio
 import http.server
-import os
 import re
-import signal
 import threading
 import time
 from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import yaml
@@ -27,7 +24,7 @@ from deployments.automations import (
 )
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.work_dir_on_s3 import CACHE_VARIABLE
-from tests.helpers import s3_settings, training_processes
+from tests.helpers import lose, process_tree, s3_settings, training_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -140,25 +137,6 @@ def test_every_deployment_beats_and_make_deploy_makes_one_automation_for_them(st
     assert [(a.type, a.source) for a in rerun.actions] == [("run-deployment", "inferred")]
 
 
-def process_tree(root: int) -> list[int]:
-    """``root`` and every process descended from it."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError):
-            continue
-        if not entry.name.isdigit():
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    tree, pending = [], [root]
-    while pending:
-        pid = pending.pop()
-        tree.append(pid)
-        pending += children.get(pid, [])
-    return tree
-
-
 def client_for_state(stack, flow_run_id):
     with client_for(stack) as client:
         return client.read_flow_run(flow_run_id).state
@@ -260,10 +238,7 @@ def test_a_training_whose_host_is_lost_is_set_crashed_and_resumed_on_another_hos
     host_a_files = stack.caches["host-a"]
     tree = set(process_tree(stack.worker.pid)) | set(training_processes(host_a_files))
     assert stack.worker.pid in tree and training_processes(host_a_files), tree
-    for pid in tree:
-        os.kill(pid, signal.SIGSTOP)
-    for pid in tree:
-        os.kill(pid, signal.SIGKILL)
+    lose(tree)
     lost = time.monotonic()
 
     # Crashed once no heartbeat came for TEST_WITHIN after the last one: at most that long after the loss, plus

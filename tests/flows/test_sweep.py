@@ -9,12 +9,13 @@ import time
 import pytest
 
 from deployments.local import PROJECT_ROOT
+from tasks.lost_runs import epochs_stored
 from tasks.registry import read_registration
 from tasks.s3 import list_s3_names, read_s3_object
 from tasks.sweep.study import STUDY_FILE
 from tests import helpers
 from tests.flows.nodes_stack import HOSTS, host_env, nodes_stack, run_folders
-from tests.helpers import processes_of, training_processes
+from tests.helpers import lose, process_tree, processes_of, training_processes
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +45,17 @@ def states_of(stack, run) -> list:
 
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         return client.read_flow_run_states(run.id)
+
+
+def log_of(stack, run) -> str:
+    """A flow run's log lines, as the UI shows them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+    return "\n".join(entry.message for entry in logs)
 
 
 def sweep_command(colour_image_dirs, work, name: str, space: dict, *flags: str) -> list[str]:
@@ -139,7 +151,9 @@ def test_a_sweep_on_s3_killed_part_way_is_resumed_on_another_host_to_exactly_its
 ):
     """Work dir and registry on S3. The sweep's process is killed (SIGKILL) while its second trial trains;
     `--resume` with its run folder, from a host with an empty cache (the study comes back from S3), keeps the
-    finished trial, re-attaches to the one still training on its worker and trains only the last."""
+    finished trial, re-attaches to the one still training on its worker and trains only the last. That last trial's
+    host is lost after its first epoch: its run crashes, and the sweep runs it again, through its own queue, to
+    resume from the checkpoint on S3."""
     space = {"learning_rate": {"kind": "log_uniform", "low": 0.001, "high": 0.1}, "weight_decay": None}
     command = sweep_command(
         colour_image_dirs,
@@ -165,21 +179,43 @@ def test_a_sweep_on_s3_killed_part_way_is_resumed_on_another_host_to_exactly_its
         first.wait()
     (run_dir,) = {f"{s3_work}/runs/{name.split('/')[0]}" for name in list_s3_names(f"{s3_work}/runs")}
 
-    resumed = subprocess.run(
+    resumed = subprocess.Popen(
         [*command, "--resume", run_dir],
         env={**stack.env, **host_env(tmp_path / "second-host")},
         cwd=PROJECT_ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=900,
     )
-    output = resumed.stdout + resumed.stderr
+    try:
+        # The last trial's host is lost once the trial has stored an epoch: its flow run's process and the
+        # training it started stop at once; the worker, as a pool's other host would, reports the run Crashed.
+        deadline = time.monotonic() + 600
+        while not (
+            len(runs := trial_runs(stack, run_dir)) == 3
+            and runs[2].state.is_running()
+            and (epochs_stored(f"{run_dir}/trials/trial-002/model") or 0) >= 1
+        ):
+            assert resumed.poll() is None and time.monotonic() < deadline, [(r.name, r.state) for r in runs]
+            time.sleep(0.5)
+        lost = runs[2]
+        lose(process_tree(int(lost.infrastructure_pid.rsplit(":", 1)[-1])))
+        output, _ = resumed.communicate(timeout=900)
+    finally:
+        resumed.kill()
     assert resumed.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
 
     trials = read_registration(f"{s3_work}/registry", "colours-resumed", 1).params["sweep"]["trials"]
     assert [(t["number"], t["state"]) for t in trials] == [(0, "complete"), (1, "complete"), (2, "complete")]
     runs = trial_runs(stack, run_dir)
-    assert [r.parameters["trial"] for r in runs] == [0, 1, 2], "the running trial was re-attached, not trained again"
-    assert all(r.state.is_completed() for r in runs), [(r.name, r.state) for r in runs]
+    assert [r.parameters["trial"] for r in runs] == [0, 1, 2, 2], "the running trial was re-attached, not trained again"
+    assert [r.state.type.value for r in runs] == ["COMPLETED", "COMPLETED", "CRASHED", "COMPLETED"], runs
+    rerun = runs[3]
+    assert rerun.parameters["replaces_run"] == str(lost.id) == str(runs[2].id) and trials[2]["flow_run_id"] == str(
+        rerun.id
+    )
+    assert rerun.work_queue_name == lost.work_queue_name, "run again through the sweep's own queue (its cap)"
+    assert f"trial 2: flow run {lost.name!r} crashed" in output and f"run again as '{lost.name}-rerun-1'" in output
+    assert "resuming from its last checkpoint (epoch 1 or later)" in log_of(stack, rerun), log_of(stack, rerun)
     assert read_s3_object(f"{run_dir}/sweep/{STUDY_FILE}"), "the study is stored beside the run's files"
     assert not any(training_processes(stack.folders[host]) for host in HOSTS), "a training process was left running"
