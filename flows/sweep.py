@@ -12,6 +12,7 @@ the running ones.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -128,12 +129,14 @@ def sweep_pipeline(
             "why; narrow the search space (a learning rate too high diverges) or give the trials more epochs"
         )
     importances = study.importances()
-    publish_pictures(study, study_dir, importances)
+    pictures = publish_pictures(study, study_dir, importances)
     store(str(study_dir), stored_study)
     best_spec, best_training = apply_params(search_space, best.params, spec, training)
     output_dir = join(run_dir, "trials", f"trial-{best.number:03d}", "model")
     mirror = mirror_of(output_dir)
     model_dir = mirror.download_all() if mirror else output_dir
+    for picture in pictures:  # registered with the model: its card shows them
+        shutil.copyfile(picture, Path(model_dir) / f"sweep_{picture.name}")
     registered, evaluation, size = evaluate_and_register(
         str(model_dir),
         train_dir,

@@ -44,8 +44,15 @@ LOGS_DIR = "logs"
 CHECKPOINT_FILE = "checkpoints/last.pt"
 TRAINING_CURVES_FILE = "training_curves.png"
 ONNX_FILE = "model.onnx"
-# Files a registered version carries (logs and checkpoints stay with the training run), and ONNX_FILE when present.
+# A swept model's pictures of its sweep (flows/sweep.py), which its model card shows.
+SWEEP_PICTURES = {
+    "sweep_optimisation_history.png": "optimisation history",
+    "sweep_parallel_coordinate.png": "parallel coordinates",
+}
+# Files a registered version carries (logs and checkpoints stay with the training run), and OPTIONAL_FILES when
+# present.
 MODEL_FILES = (WEIGHTS_FILE, SPEC_FILE, CLASSES_FILE, METRICS_FILE, TRAINING_LOG_FILE)
+OPTIONAL_FILES = (ONNX_FILE, *SWEEP_PICTURES)
 
 # Every name of the family table, grouped by family: a Literal, so the Prefect form offers them as a choice.
 Architecture = Literal[ARCHITECTURES]  # type: ignore[valid-type]

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tasks.contracts.image_directory import SplitRecord
-from tasks.contracts.model_directory import MODEL_FILES, ONNX_FILE
+from tasks.contracts.model_directory import MODEL_FILES, OPTIONAL_FILES
 from tasks.errors import CorruptRegistryRecordError, InvalidModelNameError
 
 CLAIM_FILE = "claim.json"
@@ -39,7 +39,7 @@ REGISTRATION_FILE = "registration.json"
 STATUS_FILE = "status.json"
 ALIASES_FOLDER = "aliases"
 # The only file names a version may hold: a record naming any other is refused before it becomes a path.
-REGISTERED_FILES = frozenset({*MODEL_FILES, ONNX_FILE})
+REGISTERED_FILES = frozenset({*MODEL_FILES, *OPTIONAL_FILES})
 # Always matched whole (re.fullmatch): "$" would also accept a trailing newline.
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
 _ALIAS = re.compile(r"[a-z][a-z0-9_-]{0,62}")

@@ -5,6 +5,7 @@ no Prefect."""
 
 from __future__ import annotations
 
+import base64
 import re
 
 from tasks.contracts.registry_layout import Approval, DatasetLineage, Promotion, Registration
@@ -103,8 +104,15 @@ def _row(view: VersionView, figures: list[str], ui_url: str | None) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _details(view: VersionView) -> list[str]:
-    """Everything else about a version, one line each, below the table."""
+def _pictures(pictures: dict[str, bytes]) -> list[str]:
+    """PNGs inline (the Prefect UI shows a markdown artifact's data URIs; no file server needed)."""
+    return [
+        f"![{alt}](data:image/png;base64,{base64.b64encode(data).decode('ascii')})" for alt, data in pictures.items()
+    ]
+
+
+def _details(view: VersionView, pictures: dict[str, bytes]) -> list[str]:
+    """Everything else about a version, one line each, below the table; then its pictures."""
     r = view.registration
     items = {
         "registered": f"{r.created_at:%Y-%m-%d %H:%M} UTC",
@@ -115,12 +123,20 @@ def _details(view: VersionView) -> list[str]:
         "tags": ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())),
         "approval": _approval(view.approval),
     }
-    return [f"**Version {r.version}**", "", *(f"- {k}: {v}" for k, v in items.items() if v), ""]
+    shown = [line for picture in _pictures(pictures) for line in (picture, "")]
+    return [f"**Version {r.version}**", "", *(f"- {k}: {v}" for k, v in items.items() if v), "", *shown]
 
 
-def model_card_markdown(name: str, location: str, views: list[VersionView], ui_url: str | None) -> tuple[str, str]:
+def model_card_markdown(
+    name: str,
+    location: str,
+    views: list[VersionView],
+    ui_url: str | None,
+    pictures: dict[int, dict[str, bytes]] | None = None,
+) -> tuple[str, str]:
     """(markdown, one-line description) of the card: a table of the key figures, one row per version, newest
-    first, then each version's details (data, transformations, weights, tags, approval)."""
+    first, then each version's details (data, transformations, weights, tags, approval) and ``pictures`` (by
+    version: PNGs by caption, e.g. a swept version's sweep)."""
     figures = [f for f in KEY_FIGURES if any(f in v.registration.metrics for v in views)]
     aliases = sorted((a, v.registration.version) for v in views for a in v.aliases)
     alias_line = ", ".join(f"`{a}` → {version}" for a, version in aliases) or "none"
@@ -136,7 +152,7 @@ def model_card_markdown(name: str, location: str, views: list[VersionView], ui_u
         "",
         "#### Details",
         "",
-        *(line for v in reversed(views) for line in _details(v)),
+        *(line for v in reversed(views) for line in _details(v, (pictures or {}).get(v.registration.version, {}))),
         f"Fetch one: `python -m tasks.registry --registry {location} show {name}/<version>`",
     ]
     description = f"{name}: {len(views)} version{'s' * (len(views) != 1)}; aliases: {alias_line.replace('`', '')}"

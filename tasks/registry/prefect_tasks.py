@@ -29,8 +29,8 @@ from prefect.states import Running
 from pydantic import BaseModel, Field
 
 from tasks.console import quiet_console
-from tasks.contracts.model_directory import ModelDirectory
-from tasks.contracts.registry_layout import Approval
+from tasks.contracts.model_directory import SWEEP_PICTURES, ModelDirectory
+from tasks.contracts.registry_layout import Approval, version_key
 from tasks.registry import (
     Promotion,
     PromotionPolicy,
@@ -64,12 +64,25 @@ def publish_model_card(registry: str, name: str) -> str:
     """Create the next version of artifact ``model-card-<name>`` (in a flow or task run, or on its own);
     returns its key."""
     settings = get_current_settings()
+    backend, views = open_backend(registry), model_versions(registry, name)
     markdown, description = model_card_markdown(
-        name, open_backend(registry).location, model_versions(registry, name), settings.ui_url
+        name, backend.location, views, settings.ui_url, sweep_pictures(backend, name, views)
     )
     key = model_card_key(name)
     create_markdown_artifact(key=key, markdown=markdown, description=description)
     return key
+
+
+def sweep_pictures(backend, name: str, views) -> dict[int, dict[str, bytes]]:
+    """The newest swept version's pictures of its sweep, as its files hold them (older versions keep theirs; the
+    card shows one set, so that it stays small)."""
+    for view in reversed(views):
+        stored = [file for file in SWEEP_PICTURES if file in view.registration.files]
+        if stored:
+            version = view.registration.version
+            found = {SWEEP_PICTURES[f]: backend.read(version_key(name, version, f)) for f in stored}
+            return {version: {alt: data for alt, data in found.items() if data is not None}}
+    return {}
 
 
 def publish_promotion(decision: Promotion) -> None:

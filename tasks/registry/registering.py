@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tasks.contracts.model_directory import MODEL_FILES, ONNX_FILE, ModelDirectory
+from tasks.contracts.model_directory import MODEL_FILES, OPTIONAL_FILES, ModelDirectory
 from tasks.contracts.registry_layout import (
     CLAIM_FILE,
     REGISTRATION_FILE,
@@ -36,7 +36,7 @@ from tasks.s3 import is_s3_uri
 
 def _hash_model_files(model_dir: ModelDirectory) -> dict[str, str]:
     """sha256 of each file a version carries; refuses (before any version is claimed) a folder missing one."""
-    names = [*MODEL_FILES, *([ONNX_FILE] if (model_dir.root / ONNX_FILE).is_file() else [])]
+    names = [*MODEL_FILES, *(name for name in OPTIONAL_FILES if (model_dir.root / name).is_file())]
     hashes, problems = {}, []
     for file_name in names:
         try:

@@ -86,13 +86,14 @@ def publish_table(study: SweepStudy) -> None:
     )
 
 
-def publish_pictures(study: SweepStudy, folder: Path, importances: dict[str, float]) -> None:
+def publish_pictures(study: SweepStudy, folder: Path, importances: dict[str, float]) -> list[Path]:
     """The ``sweep-pictures`` artifact: each parameter's importance, the optimisation history and the parallel
-    coordinates of the trials."""
+    coordinates of the trials; the pictures' files (in ``folder``)."""
     from tasks.plots import png_markdown
 
     ranked = "".join(f"| {name} | {value:.3f} |\n" for name, value in importances.items())
-    pictures = "\n\n".join(png_markdown(path, path.stem.replace("_", " ")) for path in study.pictures(folder))
+    drawn = study.pictures(folder)
+    pictures = "\n\n".join(png_markdown(path, path.stem.replace("_", " ")) for path in drawn)
     create_markdown_artifact(
         key="sweep-pictures",
         markdown="### Sweep\n\n"
@@ -101,6 +102,7 @@ def publish_pictures(study: SweepStudy, folder: Path, importances: dict[str, flo
         + "\n",
         description=f"{len(study.records())} trials: importance, optimisation history, parallel coordinates",
     )
+    return drawn
 
 
 def submit_trial(trial: TrialRecord, folders: TrainingFolders, params: TrainingParams, deployment: str, queue: str):

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from deployments.local import PROJECT_ROOT
+from tasks.contracts.model_directory import SWEEP_PICTURES
 from tasks.lost_runs import epochs_stored
 from tasks.registry import read_registration
 from tasks.s3 import list_s3_names, read_s3_object
@@ -113,10 +114,20 @@ def test_a_sweep_trains_its_trials_two_at_a_time_over_the_pool_and_registers_the
     assert {r.work_queue_name for r in runs} == {run_dir.name}
     assert f"trials go to work queue '{run_dir.name}' of pool 'gpu': at most 2 at once" in output, output[-3000:]
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         assert run_dir.name not in {q.name for q in client.read_work_queues(work_pool_name="gpu")}
+        # The version carries the sweep's pictures, and its model card shows them with the trials.
+        assert set(SWEEP_PICTURES) <= set(registration.files)
+        cards = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["model-card-colours-sweep"]))
+        )
+    card = max(cards, key=lambda a: a.created)
+    assert f"best of 4 trials by top1: trial {best['number']}" in card.data
+    for caption in SWEEP_PICTURES.values():
+        assert f"![{caption}](data:image/png;base64," in card.data
 
 
 def test_a_poor_trial_is_pruned_cancelled_through_the_api_and_its_processes_gone(stack, colour_image_dirs, tmp_path):
