@@ -3,7 +3,7 @@ ASHA pruning, the same trials, epochs and search space, one after the other on o
 workers on the `gpu` pool (two "hosts" on this machine's cores), 2 trials at a time.
 
     python -m bench.sweep                      # 16 trials of up to 6 epochs each: about an hour on 2 cores
-    python -m bench.sweep --trials 8 --epochs 4
+    python -m bench.sweep --trials 8 --epochs 4 --prune-after 1
 
 For each: the best trial's validation top-1, the epochs trained in all (the compute), the wall time, the trials
 pruned, and the overhead per trial (its flow run's start to its rank's first "training ..." line) against a plain
@@ -31,7 +31,7 @@ SPACE = {
     "batch_size": {"kind": "choice", "values": [16, 32, 64]},
     "weight_decay": {"kind": "log_uniform", "low": 1e-6, "high": 1e-2},
 }
-CONFIGS = {"random, no pruning": ("random", "none"), "TPE, ASHA": ("tpe", "asha")}
+CONFIGS = {"random, no pruning": ("random", "none"), "TPE, ASHA": ("tpe", "asha")}  # pruned from --prune-after
 
 
 def sweep(stack: PrefectStack, data: Path, work: Path, name: str, sampler: str, pruner: str, args) -> dict:
@@ -47,6 +47,7 @@ def sweep(stack: PrefectStack, data: Path, work: Path, name: str, sampler: str, 
         *("--epochs", str(args.epochs), "--patience", str(args.epochs), "--processes-per-node", "1"),
         *("--device", "cpu", "--trials", str(args.trials), "--parallel", "2", "--seed", str(args.seed)),
         *("--sampler", sampler, "--pruner", pruner, "--search-space", json.dumps(SPACE)),
+        *("--prune-after", str(args.prune_after)),
     ]
     started = time.monotonic()
     subprocess.run(command, env=stack.env, cwd=PROJECT_ROOT, check=True, capture_output=True, timeout=6 * 3600)
@@ -75,6 +76,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--prune-after", type=int, default=2, help="epochs before a trial may be pruned")
     args = parser.parse_args()
     from tasks.datasets import export_digits
 
@@ -93,7 +95,10 @@ def main() -> None:
                     stack, scratch / "data", scratch / f"sweep-{n}", f"sweep-{n}", sampler, pruner, args
                 )
                 print(label, results[label], flush=True)
-    print(f"\n{args.trials} trials of up to {args.epochs} epochs, 2 at a time, digits, seed {args.seed}")
+    print(
+        f"\n{args.trials} trials of up to {args.epochs} epochs, 2 at a time, digits, seed {args.seed}, "
+        f"pruned from epoch {args.prune_after}"
+    )
     keys = list(next(iter(results.values())))
     print("| | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))
     for label, figures in results.items():

@@ -35,6 +35,12 @@ class SweepSettings(BaseModel):
     pruner: Literal["none", "median", "asha"] = Field(
         "asha", description="stop poor trials early: median stopping, or asynchronous successive halving"
     )
+    prune_after: int = Field(
+        1,
+        ge=1,
+        description="epochs every trial trains before the pruner may stop it (ASHA's first rung, the median "
+        "pruner's warm-up): on data learned in an epoch or two, the first epoch's figure says little",
+    )
     metric: Literal["top1", "top5", "val_loss"] = Field(
         "top1", description="the validation figure a trial is judged by"
     )
@@ -74,9 +80,9 @@ def _pruner(settings: SweepSettings):
     import optuna
 
     if settings.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=settings.parallel, n_warmup_steps=1)
+        return optuna.pruners.MedianPruner(n_startup_trials=settings.parallel, n_warmup_steps=settings.prune_after)
     if settings.pruner == "asha":
-        return optuna.pruners.SuccessiveHalvingPruner()
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=settings.prune_after)
     return optuna.pruners.NopPruner()
 
 

@@ -41,6 +41,7 @@ class Watched:
     number: int
     flow_run_id: str
     output_dir: str
+    epochs: int  # the most it trains: past its last epoch, pruning saves nothing
     reported: int = 0
 
     def metrics(self) -> TrainingMetrics | None:
@@ -180,8 +181,8 @@ def run_trials(
             except ObjectNotFound:
                 study.abandon(trial.number)
                 continue
-            folders = run.parameters["folders"]
-            watched[trial.number] = Watched(trial.number, trial.flow_run_id, folders["output_dir"], trial.epochs)
+            output_dir, epochs = run.parameters["folders"]["output_dir"], run.parameters["params"]["epochs"]
+            watched[trial.number] = Watched(trial.number, trial.flow_run_id, output_dir, epochs, trial.epochs)
             log(logging.INFO, f"trial {trial.number}: re-attached to flow run {run.name!r} ({run.state.name})")
         try:
             while True:
@@ -189,7 +190,7 @@ def run_trials(
                     folders, params = make_trial(trial)
                     run = submit_trial(trial, folders, params, deployment, queue)
                     study.attach(trial.number, str(run.id))
-                    watched[trial.number] = Watched(trial.number, str(run.id), folders.output_dir)
+                    watched[trial.number] = Watched(trial.number, str(run.id), folders.output_dir, params.epochs)
                     log(logging.INFO, f"trial {trial.number}: flow run {run.name!r} submitted, {trial.params}")
                     on_change()
                 if not watched:
@@ -218,7 +219,7 @@ def _look(client, study: SweepStudy, trial: Watched, log, rerun) -> bool:
     for epoch in (metrics.epochs if metrics else [])[trial.reported :]:
         trial.reported += 1
         prune = study.report(trial.number, epoch.epoch, getattr(epoch, settings.metric))
-        if prune and not run.state.is_final():
+        if prune and epoch.epoch < trial.epochs and not run.state.is_final():
             log(
                 logging.INFO,
                 f"trial {trial.number}: pruned after epoch {epoch.epoch} ({settings.metric} "

@@ -70,11 +70,26 @@ def test_a_poor_trial_is_pruned_while_good_ones_go_on(tmp_path, pruner):
     assert pruned_at <= 2 and sweep.record(poor.number).state == "pruned"
 
 
+@pytest.mark.parametrize("pruner", ["median", "asha"])
+def test_no_trial_is_pruned_before_prune_after_epochs(tmp_path, pruner):
+    sweep = study(tmp_path, trials=6, parallel=2, pruner=pruner, sampler="random", prune_after=3)
+    for _ in range(4):
+        trial = sweep.ask()
+        for epoch in range(1, 7):
+            sweep.report(trial.number, epoch, 0.5 + 0.08 * epoch)
+        sweep.tell(trial.number, "complete", 0.98)
+    poor = sweep.ask()
+    pruned_at = next(epoch for epoch in range(1, 7) if sweep.report(poor.number, epoch, 0.1))
+    assert pruned_at == 3
+
+
 def test_settings_that_cannot_run_are_refused():
     with pytest.raises(ValueError, match="parallel 5 is more than trials 4"):
         SweepSettings(trials=4, parallel=5)
     with pytest.raises(ValueError, match="Input should be 'top1', 'top5' or 'val_loss'"):
         SweepSettings(metric="f1")
+    with pytest.raises(ValueError, match="prune_after\n  Input should be greater than or equal to 1"):
+        SweepSettings(prune_after=0)
     assert SweepSettings(metric="val_loss").objective == "minimize"
     assert issubclass(PipelineInputError, ValueError)
 
