@@ -409,6 +409,26 @@ def test_make_server_on_a_database_it_cannot_use_says_so_in_one_line_before_star
     assert len(errors) == 1 and expected in errors[0] and "Traceback" not in output, output
 
 
+def test_make_run_against_the_postgresql_server_completes(stack, colour_image_dirs, tmp_path):
+    """The issue's path on a fresh clone: `make postgres && make server DB=postgresql`, `make deploy`, `make worker`
+    (the stack), then `make run` against it: the same target, command line and flow as on the digits, here on the
+    small colour images (one epoch, one process) so that it costs seconds."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    train, validation = colour_image_dirs
+    work = (
+        f"--train-data {train} --validation-data {validation} --no-pretrained --batch-size 4 --epochs 1 "
+        f"--processes-per-node 1 --model-name colours-pg --work-dir {tmp_path / 'runs'} "
+        f"--registry {tmp_path / 'registry'}"
+    )
+    run = stack.make("make-run", "run", RUN_ARGS=work)
+    assert run.wait(timeout=900) == 0, (stack.logs / "make-run.log").read_text()[-3000:]
+    record = read_registration(tmp_path / "registry", "colours-pg", 1)
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        assert client.read_flow_run(record.flow_run_id).state.is_completed()
+
+
 def test_make_server_on_another_port_gives_the_ui_its_api_address(stack):
     """The UI asks /ui-settings where its API is; on a port other than 4200 it must not be told 127.0.0.1:4200."""
     with urllib.request.urlopen(f"{stack.url}/ui-settings", timeout=10) as answer:
