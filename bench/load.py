@@ -54,9 +54,11 @@ def probe_step(index: int, step: int) -> int:
 
 
 @flow(name="load-probe", persist_result=False)
-def probe_flow(index: int = 0) -> int:
+def probe_flow(index: int = 0, hold_seconds: float = 0.0) -> int:
+    """Three task runs, their log lines and an artifact; then ``hold_seconds`` of waiting (a test's runs overlap)."""
     total = sum(probe_step(index, step) for step in range(3))
     create_markdown_artifact(f"load probe {index}: {total}", key="load-probe")
+    time.sleep(hold_seconds)
     return total
 
 
@@ -115,17 +117,19 @@ def percentile(values: list[float], q: int) -> float | None:
     return statistics.quantiles(values, n=100)[q - 1] * 1000
 
 
-def deploy_probe(stack: PrefectStack) -> str:
+def deploy_probe(stack: PrefectStack, pool: str = "default") -> str:
+    """The probe flow as deployment ``load-probe/load`` of ``pool`` (made first when it is ``default``)."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    stack.cli("work-pool", "create", "default", "--type", "process")
+    if pool == "default":
+        stack.cli("work-pool", "create", "default", "--type", "process")
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         flow_id = client.create_flow_from_name("load-probe")
         deployment_id = client.create_deployment(
             flow_id=flow_id,
             name="load",
-            work_pool_name="default",
+            work_pool_name=pool,
             entrypoint="bench/load.py:probe_flow",
             pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(PROJECT_ROOT)}}],
         )
