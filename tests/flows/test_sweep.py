@@ -28,7 +28,8 @@ def stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database):
 
 
 def trial_runs(stack, output_under):
-    """The runs of the sweep-trial deployment whose model folder is under ``output_under``, by trial number."""
+    """The runs of the sweep-trial deployment whose model folder is under ``output_under``, by trial number (a
+    trial run again: its runs in the order they were made)."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -36,7 +37,7 @@ def trial_runs(stack, output_under):
         deployment = client.read_deployment_by_name("sweep-trial/sweep-trial")
         runs = [r for r in client.read_flow_runs() if r.deployment_id == deployment.id]
     mine = [r for r in runs if r.parameters["folders"]["output_dir"].startswith(str(output_under))]
-    return sorted(mine, key=lambda r: r.parameters["trial"])
+    return sorted(mine, key=lambda r: (r.parameters["trial"], r.created))
 
 
 def states_of(stack, run) -> list:
