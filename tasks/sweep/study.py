@@ -36,7 +36,7 @@ class SweepSettings(BaseModel):
         "asha", description="stop poor trials early: median stopping, or asynchronous successive halving"
     )
     prune_after: int = Field(
-        1,
+        2,
         ge=1,
         description="epochs every trial trains before the pruner may stop it (ASHA's first rung, the median "
         "pruner's warm-up): on data learned in an epoch or two, the first epoch's figure says little",
