@@ -118,12 +118,10 @@ def percentile(values: list[float], q: int) -> float | None:
 
 
 def deploy_probe(stack: PrefectStack, pool: str = "default") -> str:
-    """The probe flow as deployment ``load-probe/load`` of ``pool`` (made first when it is ``default``)."""
+    """The probe flow as deployment ``load-probe/load`` of ``pool`` (an existing pool)."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    if pool == "default":
-        stack.cli("work-pool", "create", "default", "--type", "process")
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         flow_id = client.create_flow_from_name("load-probe")
         deployment_id = client.create_deployment(
@@ -189,6 +187,7 @@ def one_round(home: Path, database_url: str | None, workers: int, runs: int, lim
     stack = PrefectStack(home=home, database_url=database_url, settings=settings).start(timeout=300)
     server_cpu = 0.0
     try:
+        stack.cli("work-pool", "create", "default", "--type", "process")
         deployment_id = deploy_probe(stack)
         for index in range(workers):
             stack.start_worker("default", f"worker-{index}", limit=limit)

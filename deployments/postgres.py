@@ -156,9 +156,9 @@ class Cluster:
             conf.write("\ninclude_if_exists = 'image-classifier.conf'\n")
 
     def configure(self, host: str, port: int, max_connections: int = 200, throwaway: bool = False) -> None:
-        """Where it listens (TCP only), read at its next start. A ``throwaway`` cluster (removed when it stops: the
-        tests' and benchmarks') neither syncs to disk nor keeps more than a little WAL: a crash may lose it whole,
-        and the disk it takes stays small while the tests copy databases all run long."""
+        """Where it listens (TCP only), read at its next start. A ``throwaway`` cluster (``serve --temporary``, the
+        tests': removed when it stops) neither syncs to disk nor keeps more than a little WAL: a crash may lose it
+        whole, and the disk it takes stays small while the tests copy databases all run long."""
         settings = f"listen_addresses = '{host}'\nport = {port}\nunix_socket_directories = ''\n"
         settings += f"max_connections = {max_connections}\n"
         if throwaway:

@@ -170,6 +170,16 @@ def lose(pids) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def flow_run_log(api_url: str, flow_run_id) -> str:
+    """A flow run's log lines, as the UI shows them."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return "\n".join(entry.message for entry in logs)
+
+
 def training_processes(folder: Path) -> dict[int, list[str]]:
     """The living training processes (the launcher's wrapper, torchrun, the workers) writing below ``folder``: their
     command lines, by pid."""

@@ -24,7 +24,7 @@ from deployments.automations import (
 )
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.work_dir_on_s3 import CACHE_VARIABLE
-from tests.helpers import lose, process_tree, s3_settings, training_processes
+from tests.helpers import flow_run_log, lose, process_tree, s3_settings, training_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -182,14 +182,13 @@ def flow_runs_of(stack) -> list:
 
 
 def logs_and_artifacts(stack, run_id) -> tuple[str, dict[str, str]]:
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with client_for(stack) as client:
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
         )
-    return "\n".join(log.message for log in logs), {a.key: a.data for a in artifacts}
+    return flow_run_log(stack.api_url, run_id), {a.key: a.data for a in artifacts}
 
 
 def test_a_training_whose_host_is_lost_is_set_crashed_and_resumed_on_another_host(

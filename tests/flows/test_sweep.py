@@ -16,7 +16,7 @@ from tasks.s3 import list_s3_names, read_s3_object
 from tasks.sweep.study import STUDY_FILE
 from tests import helpers
 from tests.flows.nodes_stack import HOSTS, host_env, nodes_stack, run_folders
-from tests.helpers import lose, process_tree, processes_of, training_processes
+from tests.helpers import flow_run_log, lose, process_tree, processes_of, training_processes
 
 pytestmark = pytest.mark.integration
 
@@ -47,17 +47,6 @@ def states_of(stack, run) -> list:
 
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         return client.read_flow_run_states(run.id)
-
-
-def log_of(stack, run) -> str:
-    """A flow run's log lines, as the UI shows them."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
-    return "\n".join(entry.message for entry in logs)
 
 
 def sweep_command(colour_image_dirs, work, name: str, space: dict, *flags: str) -> list[str]:
@@ -228,6 +217,6 @@ def test_a_sweep_on_s3_killed_part_way_is_resumed_on_another_host_to_exactly_its
     )
     assert rerun.work_queue_name == lost.work_queue_name, "run again through the sweep's own queue (its cap)"
     assert f"trial 2: flow run {lost.name!r} crashed" in output and f"run again as '{lost.name}-rerun-1'" in output
-    assert "resuming from its last checkpoint (epoch 1 or later)" in log_of(stack, rerun), log_of(stack, rerun)
+    assert "resuming from its last checkpoint (epoch 1 or later)" in flow_run_log(stack.api_url, rerun.id)
     assert read_s3_object(f"{run_dir}/sweep/{STUDY_FILE}"), "the study is stored beside the run's files"
     assert not any(training_processes(stack.folders[host]) for host in HOSTS), "a training process was left running"
