@@ -35,6 +35,7 @@ from deployments.automations import (
 from deployments.local import PROJECT_ROOT
 from tasks.lost_runs import MAX_RERUNS
 from tasks.multinode import NODE_DEPLOYMENT
+from tasks.score_shards.parts import SHARD_DEPLOYMENTS
 from tasks.sweep.trials import TRIAL_DEPLOYMENT
 
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
@@ -151,12 +152,13 @@ def next_steps(config: dict, names: list[str]) -> str:
     train stage starts, and a worker command without the project's settings (``make worker`` has them)."""
     api_url = os.environ.get("PREFECT_API_URL", "")
     pools = [entry["work_pool"]["name"] for entry in config["deployments"]]
-    by_hand = next(name for name in names if name not in (NODE_DEPLOYMENT, TRIAL_DEPLOYMENT))
+    submitted = (NODE_DEPLOYMENT, TRIAL_DEPLOYMENT, *SHARD_DEPLOYMENTS.values())
+    by_hand = next(name for name in names if name not in submitted)
     lines = [f"Deployed {len(names)} deployments to {api_url or 'the Prefect API'}:"]
     lines += [f"  {name}  (work pool {pool})" for name, pool in zip(names, pools)]
     lines += [
-        f"{NODE_DEPLOYMENT} runs are started by the train stage of a multi-node training, and {TRIAL_DEPLOYMENT} "
-        "runs by a sweep, never by hand.",
+        f"{NODE_DEPLOYMENT} runs are started by the train stage of a multi-node training, {TRIAL_DEPLOYMENT} "
+        f"runs by a sweep, and {' and '.join(SHARD_DEPLOYMENTS.values())} runs by a sharded scoring, never by hand.",
         "Next:",
         f"  on each host that runs flows: make worker POOL=<{'|'.join(sorted(set(pools)))}>",
         f"  start a run: the Run button in the UI{' at ' + api_url.removesuffix('/api') if api_url else ''}, or",

@@ -20,6 +20,7 @@ from tasks.convert import ConversionLimits, convert
 from tasks.evaluate import Evaluation, evaluate
 from tasks.preflight import check_scoring_inputs
 from tasks.registry.prefect_tasks import resolve_model
+from tasks.score_shards.parts import DEFAULT_TIMEOUT_S, ShardPool, check_sharding
 from tasks.work_dir_on_s3 import join, local_folder
 
 
@@ -47,6 +48,10 @@ def score_pipeline(
     labeled: bool | None = None,
     conversion: ConversionLimits = ConversionLimits(),
     top_k: int = 0,
+    shards: int = 1,
+    shard_pool: ShardPool = "gpu",
+    max_failed_images: int = 0,
+    shard_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> ScoreResult:
     """Score images with a trained model into a table of Azure's columns; evaluate it when the images are labeled.
 
@@ -64,7 +69,12 @@ def score_pipeline(
             false: scored without labels whatever the folders.
         conversion: Limits on what converting the images may unpack and decode (archive size, pixels per image, memory).
         top_k: Also list each image's k most probable labels and their probabilities (columns Top 1 Label, Top 1 Probability, ...); 0: none.
+        shards: 1: scored here, in this flow's process. More: the images' index cut into this many ranges, each scored by a run of the score-shard deployment on the shard_pool, the parts merged into one table (docs/scoring.md).
+        shard_pool: The work pool the shards run on: gpu, or default (CPU hosts).
+        max_failed_images: With shards: how many images may fail to read or decode and stay as rows with an 'error' column and no scores; one more fails the run, naming them.
+        shard_timeout_s: With shards: a shard running longer than this is cancelled and run again (at most twice).
     """
+    check_sharding(shards, max_failed_images, shard_timeout_s)
     check_scoring_inputs(images, model, registry)  # in seconds: the images exist, the model resolves
     run_dir = run_folder(work_dir, prefix="score-")
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
@@ -72,9 +82,27 @@ def score_pipeline(
     image_dir = convert(
         images, str(here / "images"), "score", labeled=labeled, single_class="unlabeled", limits=conversion
     )
-    from tasks.score import score  # here, not with the module: torch, which only scoring needs
+    output = output_csv or join(run_dir, "scores.csv")
+    if shards > 1:
+        from tasks.score_shards.fanout import score_in_shards
 
-    scored = score(model_dir, image_dir, output_csv or join(run_dir, "scores.csv"), runtime, batch_size, top_k)
+        scored = score_in_shards(
+            model_dir,
+            image_dir,
+            run_dir,
+            output,
+            shards=shards,
+            pool=shard_pool,
+            runtime=runtime,
+            batch_size=batch_size,
+            top_k=top_k,
+            max_failed_images=max_failed_images,
+            timeout_s=shard_timeout_s,
+        )
+    else:
+        from tasks.score import score  # here, not with the module: torch, which only scoring needs
+
+        scored = score(model_dir, image_dir, output, runtime, batch_size, top_k)
     evaluation = evaluate(scored.table, str(here / "confusion_matrix.png")) if scored.labeled else None
     result = ScoreResult(model_dir=model_dir, scores=scored.table, images=scored.images, evaluation=evaluation)
     return Completed(message=result.headline(), data=result)  # callers get the ScoreResult, the UI the message
@@ -92,6 +120,12 @@ def compare_models(left: str, right: str, registry: str = "registry") -> list[di
     return compare(left, right, registry)
 
 
+def check_arguments(arguments: dict) -> None:
+    """The command line's checks, before a server is started: the sharding, the images, the model."""
+    check_sharding(arguments["shards"], arguments["max_failed_images"], arguments["shard_timeout_s"])
+    check_scoring_inputs(arguments["images"], arguments["model"], arguments["registry"])
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m flows.score") -> int:
     """Command line. A user's mistake (no such images, no such model: the models that exist are listed) is one line
     on stderr and exit status 2, in seconds; the run's full log goes to <work-dir>/logs/score-<time>-<pid>.log."""
@@ -101,7 +135,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m flows.score") -> 
         score_pipeline,
         argv,
         prog=prog,
-        check=lambda arguments: check_scoring_inputs(arguments["images"], arguments["model"], arguments["registry"]),
+        check=check_arguments,
         log_name="score",
         flags={"output_csv": "--output"},
     )

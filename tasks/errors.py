@@ -123,6 +123,15 @@ class SweepFailedError(PipelineInputError):
     cause, so it is one line, not retried."""
 
 
+class FailedImagesError(PipelineInputError):
+    """A sharded scoring could not read or decode more images than ``max_failed_images`` allows: the images are
+    the cause, so it is one line naming them, not retried."""
+
+
+class ShardFailedError(RuntimeError):
+    """A shard of a sharded scoring failed (its own retries spent) or was run again as often as allowed."""
+
+
 class InvalidTransformationsError(PipelineInputError):
     """The image transformations cannot run at the training size (e.g. a random crop larger than the padded image)."""
 

@@ -9,7 +9,14 @@ import pandas as pd
 from pydantic import BaseModel
 from sklearn import metrics as skm
 
-from tasks.contracts.scores_table import LABEL_COLUMN, SCORED_LABELS, probability_column, read_scores, scored_classes
+from tasks.contracts.scores_table import (
+    ERROR_COLUMN,
+    LABEL_COLUMN,
+    SCORED_LABELS,
+    probability_column,
+    read_scores,
+    scored_classes,
+)
 from tasks.errors import NotLabeledDatasetError
 
 
@@ -54,6 +61,8 @@ class Evaluation(BaseModel):
 def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
     if LABEL_COLUMN not in scores.columns:
         raise NotLabeledDatasetError("the scores table has no 'label' column: evaluation needs labeled images")
+    if ERROR_COLUMN in scores.columns:  # images a sharded scoring could not read have no scores to judge
+        scores = scores[scores[ERROR_COLUMN].isna()].reset_index(drop=True)
     classes = scored_classes(scores)
     truth, predicted = scores[LABEL_COLUMN].astype(str), scores[SCORED_LABELS].astype(str)
     precision, recall, f1, support = skm.precision_recall_fscore_support(

@@ -302,3 +302,31 @@ def run_nodes(
             if forced:
                 log(logging.WARNING, f"node runs set Cancelled through the API, no worker having ended them: {forced}")
             Variable.unset(key)
+
+
+def run_again(crashed, deployment: str, queue: str):
+    """A crashed flow run of ``deployment`` (its host or worker lost) submitted again through ``queue`` (its cap
+    holds), with the crashed run's parameters and ``replaces_run`` (a sweep's trial resumes from its checkpoint
+    in the same folder: flows/sweep_trial.py), named ``<name>-rerun-N``."""
+    base, _, before = crashed.name.partition("-rerun-")
+    return run_deployment(
+        deployment,
+        parameters={**crashed.parameters, "replaces_run": str(crashed.id)},
+        timeout=0,
+        flow_run_name=f"{base}-rerun-{int(before or 0) + 1}",
+        work_queue_name=queue,
+    )
+
+
+def own_work_queue(client, pool: str, name: str, limit: int | None):
+    """A fan-out's own work queue in ``pool`` (a sweep's, a sharded scoring's), limited to ``limit`` runs Pending or
+    Running at once (None: no limit): Prefect holds the cap (through a resumed or retried fan-out too), whatever
+    is submitted. The pool's workers take runs from every queue of it."""
+    from prefect.exceptions import ObjectAlreadyExists
+
+    try:
+        return client.create_work_queue(name=name, work_pool_name=pool, concurrency_limit=limit)
+    except ObjectAlreadyExists:  # resumed or retried: the same queue, its limit as now asked
+        queue = client.read_work_queue_by_name(name, work_pool_name=pool)
+        client.update_work_queue(queue.id, concurrency_limit=limit)
+        return queue

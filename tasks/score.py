@@ -11,7 +11,9 @@ alone took batches of 64 from 45 to 83 images/s.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Literal, TypedDict, Unpack
@@ -19,7 +21,8 @@ from typing import Literal, TypedDict, Unpack
 import numpy as np
 import pandas as pd
 import torch
-from torch.utils.data import DataLoader
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
 
 from tasks.allocator import keep_freed_memory
 from tasks.contracts.image_directory import ImageDirectory
@@ -30,6 +33,7 @@ from tasks.contracts.scores_table import (
     LABEL_COLUMN,
     SCORED_LABELS,
     Runtime,
+    ScoresSummary,
     probability_column,
     top_k_columns,
     write_score_chunks,
@@ -56,6 +60,36 @@ class ScoringOptions(TypedDict, total=False):
 
 
 Probabilities = Callable[[], np.ndarray]  # a batch's probabilities, once they are on the host
+
+
+@dataclasses.dataclass
+class Span:
+    """The index rows a scoring covers (``start`` to ``stop``), and the images of them it could not read or
+    decode: index row -> why (filled as it scores)."""
+
+    start: int
+    stop: int
+    failed: dict[int, str] = dataclasses.field(default_factory=dict)
+    first_at: float | None = None  # when its first batch's probabilities came back (Unix time)
+
+
+class TolerantImageFiles(Dataset):
+    """``files`` (a span's images), where an image that cannot be read or decoded comes as a black image and its
+    error is noted in ``span.failed``: its row gets no scores, the rest of its batch is scored."""
+
+    def __init__(self, files: ImageFiles, span: Span) -> None:
+        self.files, self.span = files, span
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        try:
+            return self.files[i]
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:  # PIL's decode errors
+            self.span.failed.setdefault(self.span.start + i, f"{type(error).__name__}: {error}")
+            side = self.files.transform.size
+            return torch.zeros((3, side, side), dtype=torch.uint8), self.files.samples[i][1]
 
 
 def ready(probabilities: np.ndarray) -> Probabilities:
@@ -102,16 +136,20 @@ def batches_and_predictor(
     runtime: Runtime,
     precision: Precision,
     decode_on: DecodeOn | None = None,
+    span: Span | None = None,
 ) -> tuple[Iterable, Callable[[object], Probabilities]]:
     """(the batches of images in order, batch -> its probabilities when asked). With ``decode_on="device"`` (the
     default on CUDA), threads read the files and a thread decodes and transforms the JPEGs on the device in whole
     batches (tasks/vision/device_pipeline.py) ahead of the network; with "cpu" (the default elsewhere) a
-    DataLoader decodes uint8 images here and each batch is normalised where the network runs."""
+    DataLoader decodes uint8 images here and each batch is normalised where the network runs. With a ``span``, its
+    images only, and on the CPU path an image that fails to decode is noted in it instead of failing."""
     spec = model_dir.spec
     transform = eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std)
+    samples = images.samples(span.start, span.stop) if span else images.samples()
 
     def decoded_here() -> DataLoader:
-        return DataLoader(ImageFiles(images.samples(), transform, normalized=False), batch_size=batch_size)
+        files = ImageFiles(samples, transform, normalized=False)
+        return DataLoader(TolerantImageFiles(files, span) if span else files, batch_size=batch_size)
 
     if runtime == "onnx":
         from tasks.onnx_export import INPUT_NAME, OUTPUT_NAME, onnx_session
@@ -124,7 +162,7 @@ def batches_and_predictor(
     layout = memory_format(device)
     if decode_on == "device" or (decode_on is None and device.type == "cuda"):
         pipeline = DevicePipeline(transform, spec.transformations, spec.image_size, device)
-        dataset = EncodedImageFiles(images.samples(), transform)
+        dataset = EncodedImageFiles(samples, transform)
         collate = pinned_payloads if device.type == "cuda" else collate_payloads
         read = threaded_batches(dataset, batch_size, collate, threads=min(8, os.cpu_count() or 1))
         decoded = DecodedAhead(read, pipeline)
@@ -143,10 +181,14 @@ def score_chunks(
     chunk_rows: int | None = None,
     precision: Precision = "fp32",
     decode_on: DecodeOn | None = None,
+    span: Span | None = None,
 ) -> Iterator[pd.DataFrame]:
     """``score_images``' table ``chunk_rows`` rows at a time (by default about 4 million probabilities' worth,
     whatever the number of classes), in the images' order, at least one chunk (it names the columns): what
-    ``write_score_chunks`` writes as it comes. The arguments are checked at once."""
+    ``write_score_chunks`` writes as it comes. The arguments are checked at once. With a ``span``, only the
+    images from ``span.start`` to ``span.stop`` (index rows), and an image that cannot be read or decoded is
+    noted in ``span.failed`` with its row left without scores instead of failing the scoring (on the CPU decode
+    path: the device path fails its batch)."""
     if top_k < 0:
         raise PipelineInputError(f"top_k {top_k} is not allowed: use 0 (no top-k columns) or a number of labels >= 1")
     if images.labeled and not set(images.classes) <= set(model_dir.classes):
@@ -156,7 +198,8 @@ def score_chunks(
             f"(it knows {model_dir.classes})"
         )
     rows = chunk_rows or max(batch_size, min(8192, 2**22 // max(1, len(model_dir.classes))))
-    return _chunks(model_dir, images, batch_size, runtime, top_k, rows, precision, decode_on)
+    span = span or Span(0, len(images))
+    return _chunks(model_dir, images, batch_size, runtime, top_k, rows, precision, decode_on, span)
 
 
 def _chunks(
@@ -168,19 +211,21 @@ def _chunks(
     rows: int,
     precision: Precision,
     decode_on: DecodeOn | None,
+    span: Span,
 ) -> Iterator[pd.DataFrame]:
     keep_freed_memory()  # batch after batch of the same shapes: reuse the blocks instead of faulting them in
-    batches, predict = batches_and_predictor(model_dir, images, batch_size, runtime, precision, decode_on)
-    pending, start = [], 0
+    batches, predict = batches_and_predictor(model_dir, images, batch_size, runtime, precision, decode_on, span)
+    pending, start = [], span.start
     for probabilities in _one_behind(batches, predict):
+        span.first_at = span.first_at or time.time()
         pending.append(probabilities)
         if len(pending) * batch_size >= rows:  # every batch but the last is full
             probabilities, pending = np.concatenate(pending), []
-            yield _table(model_dir, images, probabilities, start, top_k)
+            yield _table(model_dir, images, probabilities, start, top_k, span.failed)
             start += len(probabilities)
-    if pending or not start:
+    if pending or start == span.start:
         empty = np.empty((0, len(model_dir.classes)), dtype=np.float32)
-        yield _table(model_dir, images, np.concatenate(pending) if pending else empty, start, top_k)
+        yield _table(model_dir, images, np.concatenate(pending) if pending else empty, start, top_k, span.failed)
 
 
 def _one_behind(batches: Iterable, predict: Callable[[object], Probabilities]) -> Iterator[np.ndarray]:
@@ -195,13 +240,24 @@ def _one_behind(batches: Iterable, predict: Callable[[object], Probabilities]) -
 
 
 def _table(
-    model_dir: ModelDirectory, images: ImageDirectory, probabilities: np.ndarray, start: int, top_k: int
+    model_dir: ModelDirectory,
+    images: ImageDirectory,
+    probabilities: np.ndarray,
+    start: int,
+    top_k: int,
+    failed: dict[int, str] | None = None,
 ) -> pd.DataFrame:
-    """The rows of the images from ``start`` on, one per row of ``probabilities``."""
+    """The rows of the images from ``start`` on, one per row of ``probabilities``; the rows of ``failed`` images
+    (index row -> why) have no scores."""
     index, stop = images.index, start + len(probabilities)
+    missing = [i - start for i in (failed or {}) if start <= i < stop]
+    if missing:
+        probabilities = probabilities.astype(np.float32, copy=True)
+        probabilities[missing] = np.nan
     # The user's own name for each image, not the name it was stored under (escaped, renamed on collision).
     table = pd.DataFrame({IMAGE_COLUMN: [index.source_path[i] or index.path[i] for i in range(start, stop)]})
-    table[SCORED_LABELS] = [model_dir.classes[i] for i in probabilities.argmax(axis=1)]
+    best = (np.nan_to_num(probabilities, nan=-1.0) if missing else probabilities).argmax(axis=1)
+    table[SCORED_LABELS] = [model_dir.classes[i] for i in best]
     for column, name in enumerate(model_dir.classes):
         table[probability_column(name)] = probabilities[:, column]
     # Stable sort: of equal probabilities the class listed first ranks first, as argmax picks it.
@@ -213,6 +269,9 @@ def _table(
     if images.labeled:
         codes = np.asarray(index.label[start:stop])
         table[LABEL_COLUMN] = pd.Categorical.from_codes(codes, images.classes).astype(object)
+    if missing:  # no scored label, no top-k labels either
+        labels = [SCORED_LABELS, *(top_k_columns(rank + 1)[0] for rank in range(min(top_k, len(model_dir.classes))))]
+        table.loc[missing, labels] = None
     return table
 
 
@@ -225,8 +284,6 @@ def score_images(model_dir: ModelDirectory, images: ImageDirectory, **options: U
 
 
 # --- Prefect task -------------------------------------------------------------------------------
-import time  # noqa: E402
-
 from prefect.artifacts import create_table_artifact  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
@@ -256,7 +313,11 @@ def score(
     images = ImageDirectory(image_dir)
     chunks = score_chunks(ModelDirectory(model_dir), images, batch_size=batch_size, runtime=runtime, top_k=top_k)
     summary = write_score_chunks(chunks, output_csv, rows=len(images), preview_rows=PREVIEW_ROWS)
-    seconds = time.perf_counter() - started
+    return publish_scores(summary, time.perf_counter() - started, runtime, output_csv)
+
+
+def publish_scores(summary: ScoresSummary, seconds: float, runtime: Runtime, output_csv: str) -> Scored:
+    """Artifact ``scores``: how many images in how long, the summary and the first rows."""
     create_table_artifact(
         key="scores",
         table=summary.head.round(4).to_dict(orient="records"),

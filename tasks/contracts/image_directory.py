@@ -214,21 +214,28 @@ def index_rows(records: Iterable[ImageRecord], classes: Sequence[str]) -> Iterat
 
 
 class ImageSamples(Sequence[tuple[Path, int]]):
-    """(absolute image path, class index) per image, read from the index on demand (-1 when unlabeled)."""
+    """(absolute image path, class index) per image of index rows ``start`` to ``stop`` (all by default), read from
+    the index on demand (-1 when unlabeled)."""
 
-    def __init__(self, root: Path, index: ImageIndex) -> None:
+    def __init__(self, root: Path, index: ImageIndex, start: int = 0, stop: int | None = None) -> None:
         self.root, self.paths, self.labels = root, index.path, index.label
+        self.start, self.stop = start, len(index.label) if stop is None else stop
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return self.stop - self.start
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i = self.start + i % len(self)
         return self.root / self.paths[i], int(self.labels[i])
 
     def __iter__(self) -> Iterator[tuple[Path, int]]:
-        return zip((self.root / p for p in self.paths), self.labels.tolist())
+        whole = (self.start, self.stop) == (0, len(self.labels))
+        paths = self.paths if whole else (self.paths[i] for i in range(self.start, self.stop))
+        return zip((self.root / p for p in paths), self.labels[self.start : self.stop].tolist())
 
 
 class ImageDirectory:
@@ -314,9 +321,10 @@ class ImageDirectory:
     def __len__(self) -> int:
         return self.manifest.image_count
 
-    def samples(self) -> ImageSamples:
-        """(absolute image path, class index) pairs, read on demand; the index is -1 when unlabeled."""
-        return ImageSamples(self.root, self.index)
+    def samples(self, start: int = 0, stop: int | None = None) -> ImageSamples:
+        """(absolute image path, class index) pairs of index rows ``start`` to ``stop`` (all by default), read on
+        demand; the index is -1 when unlabeled."""
+        return ImageSamples(self.root, self.index, start, stop)
 
     def records(self) -> list[ImageRecord]:
         """Every image's record as an object: for a few images (a test, a report), not for a data set's worth."""

@@ -14,7 +14,7 @@ import io
 import re
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +31,8 @@ SCORED_LABELS = "Scored Labels"
 PROBABILITY_PREFIX = "Scored Probabilities_"
 IMAGE_COLUMN = "image"
 LABEL_COLUMN = "label"
+# Sharded scoring (tasks/score_shards): why an image has no scores; the column is there only when one has none.
+ERROR_COLUMN = "error"
 _TOP_LABEL = re.compile(r"Top [0-9]+ Label")
 
 
@@ -53,7 +55,7 @@ def read_scores(location: str | Path) -> pd.DataFrame:
     """Read a scores CSV (a path or s3:// URI) keeping class names as text ('01' stays '01')."""
     data = read_bytes(location)
     top_labels = [c for c in pd.read_csv(io.BytesIO(data), nrows=0).columns if _TOP_LABEL.fullmatch(c)]
-    text = dict.fromkeys([IMAGE_COLUMN, SCORED_LABELS, LABEL_COLUMN, *top_labels], str)
+    text = dict.fromkeys([IMAGE_COLUMN, SCORED_LABELS, LABEL_COLUMN, ERROR_COLUMN, *top_labels], str)
     return pd.read_csv(io.BytesIO(data), dtype=text)
 
 
@@ -96,28 +98,36 @@ def write_score_chunks(
     ``rows``: how many there will be, for the space a full disk is told is needed."""
     summary, written = ScoresSummary(preview_rows), [0]
 
-    def write_to(handle) -> None:
+    def pieces() -> Iterator[bytes]:
         for number, chunk in enumerate(chunks):
             data = chunk.to_csv(index=False, header=number == 0).encode()
             written[0] += len(data)  # counted first: a fault writing it says what it needed
             summary.add(chunk)
-            handle.write(data)
+            yield data
 
     def needed() -> int:
         return int(written[0] / summary.rows * rows) if rows and summary.rows else written[0]
 
+    write_csv_bytes(pieces(), location, needed)
+    return summary
+
+
+def write_csv_bytes(pieces: Iterable[bytes], location: str, needed: Callable[[], int]) -> None:
+    """Write a CSV given as pieces of bytes to a path, atomically (nothing is left at ``location`` but the
+    complete table), or to ``s3://bucket/key.csv`` (spooled to a temporary file, then one PUT); ``needed``: the
+    bytes a full disk is told are needed."""
     if is_s3_uri(location):
         target = parse_s3_uri(location)
         with tempfile.TemporaryFile() as spool:
-            write_to(spool)
+            for piece in pieces:
+                spool.write(piece)
             spool.seek(0)
             with s3_writing(location):
                 s3_client().put_object(Bucket=target.bucket, Key=target.prefix, Body=spool, ContentType="text/csv")
     else:
-        # Nothing is left at location but the complete table.
         with storage_faults(f"the scores table {location}", needed), atomic_write(location, "wb") as handle:
-            write_to(handle)
-    return summary
+            for piece in pieces:
+                handle.write(piece)
 
 
 def write_scores(table: pd.DataFrame, location: str) -> str:

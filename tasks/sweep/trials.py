@@ -54,10 +54,10 @@ from prefect import get_run_logger  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.deployments import run_deployment  # noqa: E402
-from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound  # noqa: E402
+from prefect.exceptions import ObjectNotFound  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
-from tasks.multinode import cancel_unfinished  # noqa: E402
+from tasks.multinode import cancel_unfinished, own_work_queue, run_again  # noqa: E402
 
 
 def trial_rows(records: list[TrialRecord], metric: str) -> list[dict[str, Any]]:
@@ -120,32 +120,6 @@ def submit_trial(trial: TrialRecord, folders: TrainingFolders, params: TrainingP
     )
 
 
-def rerun_trial(crashed, deployment: str, queue: str):
-    """A crashed trial's flow run (its host or worker lost) submitted again through the sweep's queue (its cap
-    holds), with the crashed run's parameters and ``replaces_run``: it resumes from the checkpoint in the same
-    folder (flows/sweep_trial.py), and stops at once past MAX_RERUNS re-runs (tasks/lost_runs.py)."""
-    base, _, before = crashed.name.partition("-rerun-")
-    return run_deployment(
-        deployment,
-        parameters={**crashed.parameters, "replaces_run": str(crashed.id)},
-        timeout=0,
-        flow_run_name=f"{base}-rerun-{int(before or 0) + 1}",
-        work_queue_name=queue,
-    )
-
-
-def trial_queue(client, pool: str, name: str, parallel: int):
-    """The sweep's own work queue in the trials' pool, limited to ``parallel`` runs Pending or Running at once:
-    Prefect holds the cap (through a resumed or retried sweep too), whatever the sweep submits. The pool's workers
-    take runs from every queue of it."""
-    try:
-        return client.create_work_queue(name=name, work_pool_name=pool, concurrency_limit=parallel)
-    except ObjectAlreadyExists:  # a sweep resumed or retried: the same queue, its limit as now asked
-        queue = client.read_work_queue_by_name(name, work_pool_name=pool)
-        client.update_work_queue(queue.id, concurrency_limit=parallel)
-        return queue
-
-
 def run_trials(
     study: SweepStudy,
     make_trial: Callable[[TrialRecord], tuple[TrainingFolders, TrainingParams]],
@@ -170,7 +144,7 @@ def run_trials(
                 f"a sweep trains each trial through the {deployment!r} deployment, which this Prefect server does "
                 "not have: deploy deployments/prefect.yaml (make deploy)"
             ) from None
-        work_queue = trial_queue(client, pool, queue, settings.parallel)
+        work_queue = own_work_queue(client, pool, queue, settings.parallel)
         log(logging.INFO, f"trials go to work queue {queue!r} of pool {pool!r}: at most {settings.parallel} at once")
         for trial in study.running():  # a sweep opened again: its trials from before
             if trial.flow_run_id is None:
@@ -197,7 +171,7 @@ def run_trials(
                     return
                 time.sleep(poll_seconds)
                 for number, trial in list(watched.items()):
-                    if _look(client, study, trial, log, rerun=lambda run: rerun_trial(run, deployment, queue)):
+                    if _look(client, study, trial, log, rerun=lambda run: run_again(run, deployment, queue)):
                         del watched[number]
                         on_change()
         finally:

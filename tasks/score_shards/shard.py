@@ -1,0 +1,133 @@
+"""One shard of a sharded scoring, on the host that runs it: the model and the shard's images fetched (only its
+range of an ImageDirectory on S3, each image checked against its manifest's sha256), its rows scored, its part of
+the table and then its summary written (tasks/score_shards/parts.py). An image that cannot be read or decoded,
+or that differs from the sha256 recorded when it was converted, becomes a row without scores."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from tasks.contracts.image_directory import INDEX_NAME, MANIFEST_NAME, ImageDirectory
+from tasks.contracts.model_directory import ModelDirectory
+from tasks.contracts.scores_table import Runtime, write_score_chunks
+from tasks.errors import InvalidDatasetError
+from tasks.local_files import sha256_file
+from tasks.s3 import download_files, download_s3_object, is_s3_uri, parse_s3_uri, read_s3_object, s3_client
+from tasks.score import Span, score_chunks
+from tasks.score_shards.parts import FailedImage, PartSummary, ShardRange, part_location, write_summary
+from tasks.work_dir_on_s3 import cache_root, fetch_folder, join
+
+DOWNLOAD_THREADS = 16
+
+
+def fetch_image_span(location: str, start: int, stop: int) -> tuple[ImageDirectory, dict[int, str]]:
+    """The ImageDirectory at ``location`` with the images of index rows ``start`` to ``stop`` on this host, and
+    those of them that could not be had (row -> why). A local one is itself. From S3, its manifest, its index and
+    the range's images only go to this host's cache (shards of the same images share the folder); an image whose
+    bytes differ from the sha256 recorded at conversion, or whose object is gone, is named instead."""
+    if not is_s3_uri(location):
+        return ImageDirectory(location), {}
+    manifest = read_s3_object(join(location, MANIFEST_NAME))
+    if manifest is None:
+        raise InvalidDatasetError(f"{location} holds no {MANIFEST_NAME}: it is not an ImageDirectory")
+    folder = cache_root() / "images" / f"{hashlib.sha256(manifest).hexdigest()[:32]}"
+    if not (folder / MANIFEST_NAME).is_file():  # not the whole directory here: the range's part of it
+        folder = folder.with_name(folder.name + "-ranges")
+        index_sha256 = json.loads(manifest).get("index_sha256")
+        if not (folder / INDEX_NAME).is_file() or sha256_file(folder / INDEX_NAME) != index_sha256:
+            download_files(location, [INDEX_NAME], folder)
+            if sha256_file(folder / INDEX_NAME) != index_sha256:
+                raise InvalidDatasetError(f"{location}: its {INDEX_NAME} differs from the sha256 its manifest gives")
+        (folder / MANIFEST_NAME).write_bytes(manifest)
+    images = ImageDirectory(folder)
+    index, where, client = images.index, parse_s3_uri(location), s3_client()
+
+    def fetch(row: int) -> str | None:
+        path, expected = folder / index.path[row], index.sha256[row].tobytes().hex()
+        if path.is_file() and sha256_file(path) == expected:
+            return None
+        try:
+            download_s3_object(client, where.bucket, where.key(index.path[row]), path)
+        except Exception as error:  # noqa: BLE001 - an object gone or unreadable costs its row, not the shard
+            if getattr(error, "response", {}).get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
+                raise
+            return f"{location}/{index.path[row]} is gone from the bucket"
+        if sha256_file(path) != expected:
+            return "its bytes differ from the sha256 recorded when it was converted (damaged since)"
+        return None
+
+    with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
+        missing = dict(zip(range(start, stop), pool.map(fetch, range(start, stop))))
+    return images, {row: why for row, why in missing.items() if why}
+
+
+def score_part(
+    model_dir: str,
+    image_dir: str,
+    shard: ShardRange,
+    part: str,
+    runtime: Runtime = "torch",
+    batch_size: int = 64,
+    top_k: int = 0,
+) -> PartSummary:
+    """Score index rows ``shard.start`` to ``shard.stop`` of ``image_dir`` (a path or S3 URI) with ``model_dir``
+    into ``part`` (written whole), then write its summary beside it; returns the summary."""
+    started = time.time()
+    model = ModelDirectory(fetch_folder(model_dir))
+    images, unreadable = fetch_image_span(image_dir, shard.start, shard.stop)
+    span = Span(shard.start, shard.stop, failed=dict(unreadable))
+    chunks = score_chunks(model, images, batch_size=batch_size, runtime=runtime, top_k=top_k, span=span)
+    scores = write_score_chunks(chunks, part, rows=shard.stop - shard.start)
+    index = images.index
+    summary = PartSummary(
+        shard=shard.shard,
+        start=shard.start,
+        stop=shard.stop,
+        rows=scores.rows,
+        failed=[
+            FailedImage(row=row, image=index.source_path[row] or index.path[row], error=why)
+            for row, why in sorted(span.failed.items())
+        ],
+        label_counts=dict(scores.counts),
+        top_probability_sum=scores.top_probabilities,
+        started_at=started,
+        first_image_at=span.first_at,
+        seconds=time.time() - started,
+    )
+    write_summary(summary, part)
+    return summary
+
+
+# --- Prefect task -------------------------------------------------------------------------------
+from prefect import get_run_logger  # noqa: E402
+
+from tasks.retrying import stage_task  # noqa: E402
+
+
+@stage_task("score-shard")
+def score_shard(
+    model_dir: str,
+    image_dir: str,
+    shard: ShardRange,
+    run_dir: str,
+    runtime: Runtime = "torch",
+    batch_size: int = 64,
+    top_k: int = 0,
+) -> PartSummary:
+    """``score_part`` into the run's part for ``shard``, logged: a run of it again writes the part anew (never
+    adds rows)."""
+    logger, part = get_run_logger(), part_location(run_dir, shard.shard)
+    logger.info(f"shard {shard.shard}: index rows {shard.start} to {shard.stop} of {image_dir} (pid {os.getpid()})")
+    summary = score_part(model_dir, image_dir, shard, part, runtime, batch_size, top_k)
+    rate = summary.rows / max(summary.seconds, 1e-9)
+    logger.info(
+        f"shard {shard.shard}: {summary.rows} images in {summary.seconds:.1f} s ({rate:.0f} images/s), "
+        f"{len(summary.failed)} without scores -> {part}"
+    )
+    for failed in summary.failed:
+        logger.warning(f"shard {shard.shard}: {failed.image} not scored: {failed.error}")
+    return summary
