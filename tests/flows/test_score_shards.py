@@ -1,0 +1,123 @@
+"""Scoring in shards over the pool on real components (tests/flows/nodes_stack.py): a Prefect server on
+PostgreSQL with the deployments `make deploy` makes, two process workers on the `gpu` pool, the S3 endpoint for
+the run folder; one shard's host is lost while it scores."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from deployments.local import PROJECT_ROOT
+from tasks.s3 import list_s3_names, read_s3_object
+from tests.flows.nodes_stack import nodes_stack
+from tests.helpers import flow_run_log, lose, process_tree, write_class_folders
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database):
+    with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database("shards")) as running:
+        yield running
+
+
+def score_command(images, model, work: str, output: str, *flags: str) -> list[str]:
+    return [
+        sys.executable,
+        *("-m", "flows.score", str(images), str(model)),
+        *("--work-dir", f"{work}/runs", "--output", output, "--batch-size", "4", *flags),
+    ]
+
+
+def scoring_artifact(stack) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        (latest,) = client.read_latest_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["scoring"]))
+        )
+    return latest.description
+
+
+def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(stack, s3_work, trained_model, tmp_path):
+    """The same images and model scored in one process and in two shards, one shard's host lost while it scores
+    (its flow run's process tree killed): the lost shard is run again, and the merged table equals the one-process
+    table byte for byte, every image once."""
+    photos = write_class_folders(tmp_path / "photos", 6, seed=7)  # 18 images: batches of 4, shards of 12 and 6
+    one = subprocess.run(
+        score_command(photos, trained_model, s3_work, f"{s3_work}/one.csv"),
+        env=stack.env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert one.returncode == 0, one.stdout + one.stderr
+    sharded = subprocess.Popen(
+        score_command(photos, trained_model, s3_work, f"{s3_work}/sharded.csv", "--shards", "2"),
+        env=stack.env,
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (running := [r for r in shard_runs_of(stack) if r.state.is_running()]):
+            assert sharded.poll() is None and time.monotonic() < deadline, shard_runs_of(stack)
+            time.sleep(0.2)
+        lost = running[0]
+        lose(process_tree(int(lost.infrastructure_pid.rsplit(":", 1)[-1])))
+        output, _ = sharded.communicate(timeout=600)
+    finally:
+        sharded.kill()
+    assert sharded.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
+
+    merged, whole = read_s3_object(f"{s3_work}/sharded.csv"), read_s3_object(f"{s3_work}/one.csv")
+    assert merged == whole, "the merged table is the one-process table, value for value"
+    assert len(merged.splitlines()) == 1 + 18 and len(set(merged.splitlines())) == 1 + 18, "every image once"
+    runs = shard_runs_of(stack)
+    assert sorted(r.state.type.value for r in runs) == ["COMPLETED", "COMPLETED", "CRASHED"], runs
+    (again,) = [r for r in runs if r.parameters.get("replaces_run")]
+    assert again.parameters["replaces_run"] == str(lost.id) and again.name == f"{lost.name}-rerun-1"
+    assert again.parameters["shard"] == lost.parameters["shard"]
+    assert f"flow run {lost.name!r} crashed" in output and f"run again as '{again.name}'" in output
+    assert f"replaces flow run {lost.id}" in flow_run_log(stack.api_url, again.id)
+    run_dir = again.parameters["run_dir"]
+    assert sorted(n for n in list_s3_names(f"{run_dir}/parts")) == [
+        "part-000.csv",
+        "part-000.json",
+        "part-001.csv",
+        "part-001.json",
+    ]
+    assert scoring_artifact(stack).startswith("2 of 2 shards done; 18 images scored")
+    assert "18 images scored" in output and "accuracy" in output
+
+
+def shard_runs_of(stack) -> list:
+    """The shard runs of the one sharded scoring this file starts (its runs are named <parent>-shard-N)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("score-shard/score-shard")
+        return sorted((r for r in client.read_flow_runs() if r.deployment_id == deployment.id), key=lambda r: r.created)
+
+
+def test_a_sharding_that_cannot_be_is_one_line_before_any_server(tmp_path):
+    result = subprocess.run(
+        score_command(
+            tmp_path, tmp_path / "model", str(tmp_path), "scores.csv", "--shards", "2", "--max-failed-images", "-1"
+        ),
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == ["error: max_failed_images -1 is not allowed: use 0 or more"], (
+        result.stderr
+    )
