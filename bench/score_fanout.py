@@ -1,7 +1,8 @@
 """Sharded scoring (score_pipeline --shards, tasks/score_shards) against one-process scoring: the same images and
-model scored through `python -m flows.score` with 1 shard (in the flow's own process) and with 2 shards (runs of
-the score-shard deployment on two process workers of the `gpu` pool, one compute thread each), alternately, on
-one Prefect server; then the merge of a million-row table, timed and its peak memory read, in a fresh process.
+model scored through `python -m flows.score` in the flow's own process (at one compute thread, a shard's share,
+and at every core, what one process gets alone) and with 2 shards (runs of the score-shard deployment on two
+process workers of the `gpu` pool, one compute thread each), in turn, on one Prefect server; then the merge of a
+million-row table, timed and its peak memory read, in a fresh process.
 
     python -m bench.score_fanout                     # the digits' 1,437 training images at 64 px, 2 repetitions
     python -m bench.score_fanout --copies 4 --image-size 96 --repetitions 1 --merge-rows 1000000
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -29,8 +31,9 @@ from bench.harness import PROJECT_ROOT, Figure, table
 from deployments.local import PrefectStack
 
 
-def scoring(stack: PrefectStack, images: Path, model: Path, work: Path, shards: int) -> dict:
-    """One `python -m flows.score` run; its wall time, and for shards each shard's overhead and the merge."""
+def scoring(stack: PrefectStack, images: Path, model: Path, work: Path, shards: int, threads: int = 1) -> dict:
+    """One `python -m flows.score` run (its process with ``threads`` compute threads); its wall time, and for
+    shards each shard's overhead and the merge."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -42,7 +45,8 @@ def scoring(stack: PrefectStack, images: Path, model: Path, work: Path, shards: 
         *("--work-dir", str(work / "runs"), "--shards", str(shards)),
     ]
     started = time.monotonic()
-    result = subprocess.run(command, env=stack.env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=3600)
+    env = {**stack.env, "OMP_NUM_THREADS": str(threads)}
+    result = subprocess.run(command, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=3600)
     wall = time.monotonic() - started
     if result.returncode != 0:
         raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])
@@ -149,37 +153,48 @@ def main() -> None:
         count = sum(1 for _ in images.rglob("*.png"))
         classes = sorted(p.name for p in train.iterdir())
         model = random_model_directory(scratch / "model", "resnet18", classes, args.image_size).root
-        sides: dict[int, list[dict]] = {1: [], 2: []}
+        cores = os.cpu_count() or 1
+        # One process at one thread (a shard's compute), one process at every core (what it gets alone), two shards.
+        plan = {"1 process, 1 thread": (1, 1), f"1 process, {cores} threads": (1, cores), "2 shards": (2, 1)}
+        sides: dict[str, list[dict]] = {name: [] for name in plan}
         with PrefectStack(home=scratch / "prefect", settings={"OMP_NUM_THREADS": "1"}) as stack:
             stack.deploy()
             for host in ("host-a", "host-b"):
                 (scratch / host).mkdir()
                 stack.start_worker("gpu", host, limit=1, cwd=scratch / host)
             for repetition in range(args.repetitions):
-                for shards in (1, 2):
-                    figures = scoring(stack, images, model, scratch / "work", shards)
-                    sides[shards].append(figures)
-                    print(f"repetition {repetition}, {shards} shard(s): {figures}", flush=True)
-            one, two = (sides[n][-1]["output"].read_bytes() for n in (1, 2))
+                for name, (shards, threads) in plan.items():
+                    figures = scoring(stack, images, model, scratch / "work", shards, threads)
+                    sides[name].append(figures)
+                    print(f"repetition {repetition}, {name}: {figures}", flush=True)
+            one, two = (sides[name][-1]["output"].read_bytes() for name in ("1 process, 1 thread", "2 shards"))
             print("the 2-shard table equals the 1-process table:", one == two)
         merge_dir = scratch / "merge"
         plain = merge_million(merge_dir, args.merge_rows, args.merge_parts, 10, failed=False)
         with_errors = merge_million(merge_dir, args.merge_rows, args.merge_parts, 10, failed=True)
-    wall = {n: statistics.median(f["wall s"] for f in sides[n]) for n in sides}
-    overhead = statistics.median(f["overhead s"] for f in sides[2])
-    merge = statistics.median(f["merge s"] for f in sides[2])
-    setting = f"{count} images, resnet18 at {args.image_size} px, batch 64, CPU, 1 thread per process"
+    wall = {name: statistics.median(f["wall s"] for f in runs) for name, runs in sides.items()}
+    overhead = statistics.median(f["overhead s"] for f in sides["2 shards"])
+    merge = statistics.median(f["merge s"] for f in sides["2 shards"])
+    setting = f"{count} images, resnet18 at {args.image_size} px, batch 64, CPU; a shard's process 1 thread"
+    alone = f"1 process, {cores} threads"
     figures = [
         Figure(
-            "images/s, 2 shards vs 1 process",
-            count / wall[2],
-            count / wall[1],
+            "images/s end to end, 2 shards vs 1 process at 1 thread",
+            count / wall["2 shards"],
+            count / wall["1 process, 1 thread"],
             "images/s",
-            "(2 cores: overhead)",
+            "-",
             notes=setting,
         ),
+        Figure(
+            f"images/s end to end, 2 shards vs {alone}",
+            count / wall["2 shards"],
+            count / wall[alone],
+            "images/s",
+            f"(on {cores} cores: the overhead)",
+        ),
         Figure("overhead per shard (run start to first batch)", overhead, None, "s", "<= 10 s", 10, False),
-        Figure(f"merge of the {count}-row table", merge, None, "s", "-"),
+        Figure(f"merge of the {count}-row table", merge * 1000, None, "ms", "-"),
         Figure(
             f"merge of {args.merge_rows:,} rows, {args.merge_parts} parts",
             plain["seconds"],
@@ -190,7 +205,9 @@ def main() -> None:
             False,
         ),
         Figure("peak memory of that merge", plain["peak_mb"], None, "MB", "<= 500 MB", 500, False),
-        Figure("the same with a failed image per part", with_errors["seconds"], None, "s", "<= 30 s", 30, False),
+        Figure(
+            "the same with a failed image per part", with_errors["seconds"] * 1000, None, "ms", "<= 30 s", 30_000, False
+        ),
         Figure("peak memory of that merge", with_errors["peak_mb"], None, "MB", "<= 500 MB", 500, False),
     ]
     print(f"\n{setting}; {args.repetitions} repetitions, medians; merged table {plain['bytes'] / 1e6:.0f} MB")

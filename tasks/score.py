@@ -198,7 +198,6 @@ def score_chunks(
             f"(it knows {model_dir.classes})"
         )
     rows = chunk_rows or max(batch_size, min(8192, 2**22 // max(1, len(model_dir.classes))))
-    span = span or Span(0, len(images))
     return _chunks(model_dir, images, batch_size, runtime, top_k, rows, precision, decode_on, span)
 
 
@@ -211,10 +210,12 @@ def _chunks(
     rows: int,
     precision: Precision,
     decode_on: DecodeOn | None,
-    span: Span,
+    given: Span | None,
 ) -> Iterator[pd.DataFrame]:
     keep_freed_memory()  # batch after batch of the same shapes: reuse the blocks instead of faulting them in
-    batches, predict = batches_and_predictor(model_dir, images, batch_size, runtime, precision, decode_on, span)
+    # Without a span: every image, and one that cannot be decoded fails the scoring (nothing tolerated).
+    batches, predict = batches_and_predictor(model_dir, images, batch_size, runtime, precision, decode_on, given)
+    span = given or Span(0, len(images))
     pending, start = [], span.start
     for probabilities in _one_behind(batches, predict):
         span.first_at = span.first_at or time.time()

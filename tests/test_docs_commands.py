@@ -134,6 +134,11 @@ image-classifier sweep --train-data photos --validation-fraction 0.2 --epochs 6 
     --search-space '{"learning_rate": {"kind": "log_uniform", "low": 0.001, "high": 0.1},
                      "batch_size": {"kind": "choice", "values": [16, 32, 64]}}'""": "your own photos/, a server with "
     "the deployments and gpu workers, and ImageNet weights; tests/flows/test_sweep.py runs sweeps through such a stack",
+    # docs/scoring.md
+    """image-classifier score s3://bucket/incoming/ digits-resnet18@production --shards 8 \\
+    --work-dir s3://bucket/runs --registry s3://bucket/registry --output s3://bucket/scores.csv --max-failed-images 50""": "a "
+    "bucket, a server with the deployments and gpu workers; tests/flows/test_score_shards.py scores in shards through "
+    "such a stack",
     # docs/development.md
     """make test-fast
 make test PYTEST_ARGS="-k convert -x"

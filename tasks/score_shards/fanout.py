@@ -83,7 +83,7 @@ class Progress:
             key="scoring",
             table=rows,
             description=f"{len(done)} of {len(self.ranges)} shards done; {images} images scored "
-            f"({rate:.0f} images/s); {failed} failed images",
+            f"({rate:.0f} images/s); {failed} failed image{'' if failed == 1 else 's'}",
         )
 
 
@@ -213,7 +213,7 @@ def merge_scores(
     parts = [part_location(run_dir, r.shard) for r in ranges]
     merge_parts(parts, summaries, output_csv)
     logger = get_run_logger()
-    logger.info(f"{len(parts)} parts merged into {output_csv} in {time.perf_counter() - merging:.2f} s")
+    logger.info(f"{len(parts)} parts merged into {output_csv} in {time.perf_counter() - merging:.3f} s")
     if failed:
         logger.warning(f"{len(failed)} images have no scores (the table's 'error' column says why)")
     summary = combined_summary(summaries, parts[0], PREVIEW_ROWS)

@@ -136,7 +136,8 @@ def check_failures(summaries: list[PartSummary], max_failed_images: int) -> list
         named = "; ".join(f"{f.image} ({f.error})" for f in failed[:NAMED_FAILURES])
         more = f"; and {len(failed) - NAMED_FAILURES} more" if len(failed) > NAMED_FAILURES else ""
         raise FailedImagesError(
-            f"{len(failed)} images could not be scored, more than max_failed_images {max_failed_images} allows: "
+            f"{len(failed)} image{'s' if len(failed) > 1 else ''} could not be scored, more than max_failed_images "
+            f"{max_failed_images} allows: "
             f"{named}{more}. Convert the images again, or raise max_failed_images to score the others"
         )
     return failed

@@ -93,3 +93,13 @@ def test_near_duplicate_benchmark_measures_grouping_quality_and_cost():
     assert "split of 3,000 images (80/20), median of 1: identical files only " in split and split.endswith("x")
     assert "near-duplicate groups" in lookup
     assert conversion_cost(2, 1).startswith("conversion of 2 JPEGs of 3,000 x 2,000, median of 1: without the hash")
+
+
+def test_score_fanout_benchmark_measures_a_merge_in_a_fresh_process(tmp_path):
+    """The merge half of bench/score_fanout.py, small: its time and its own peak memory (VmHWM, not the forking
+    parent's); the scoring half runs a Prefect stack (tests/flows/test_score_shards.py runs that path)."""
+    from bench.score_fanout import merge_million
+
+    for failed in (False, True):
+        figures = merge_million(tmp_path, 3000, 3, 4, failed=failed)
+        assert figures["seconds"] > 0 and 20 < figures["peak_mb"] < 400 and figures["bytes"] > 3000 * 40

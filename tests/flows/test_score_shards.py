@@ -42,10 +42,27 @@ def scoring_artifact(stack) -> str:
     return latest.description
 
 
+def damage_a_stored_image(work: str, timeout: float = 300) -> str:
+    """Once a scoring under ``work`` has stored its converted images on S3 (their manifest goes last), overwrite
+    one image object there, before a shard fetches it; the image's stored path."""
+    from tasks.s3 import parse_s3_uri, s3_client
+
+    deadline = time.monotonic() + timeout
+    while not (manifests := [n for n in list_s3_names(work) if n.endswith("/images/image_directory.json")]):
+        assert time.monotonic() < deadline, "the scoring never stored its images"
+        time.sleep(0.1)
+    images = manifests[0].removesuffix("image_directory.json")
+    name = sorted(n for n in list_s3_names(work) if n.startswith(images) and n.endswith(".png"))[-1]
+    where = parse_s3_uri(f"{work}/{name}")
+    s3_client().put_object(Bucket=where.bucket, Key=where.prefix, Body=b"damaged after it was converted")
+    return name.removeprefix(images)
+
+
 def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(stack, s3_work, trained_model, tmp_path):
-    """The same images and model scored in one process and in two shards, one shard's host lost while it scores
-    (its flow run's process tree killed): the lost shard is run again, and the merged table equals the one-process
-    table byte for byte, every image once."""
+    """The same images and model scored in one process and in two shards, one image damaged on S3 before the
+    shards fetch it (max_failed_images 1) and one shard's host lost while it scores (its flow run's process tree
+    killed): the lost shard is run again, and the merged table is the one-process table byte for byte but for
+    the damaged image's row (no scores, its error), every image once."""
     photos = write_class_folders(tmp_path / "photos", 6, seed=7)  # 18 images: batches of 4, shards of 12 and 6
     one = subprocess.run(
         score_command(photos, trained_model, s3_work, f"{s3_work}/one.csv"),
@@ -57,7 +74,16 @@ def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(sta
     )
     assert one.returncode == 0, one.stdout + one.stderr
     sharded = subprocess.Popen(
-        score_command(photos, trained_model, s3_work, f"{s3_work}/sharded.csv", "--shards", "2"),
+        score_command(
+            photos,
+            trained_model,
+            f"{s3_work}/sharded",
+            f"{s3_work}/sharded.csv",
+            "--shards",
+            "2",
+            "--max-failed-images",
+            "1",
+        ),
         env=stack.env,
         cwd=PROJECT_ROOT,
         stdout=subprocess.PIPE,
@@ -65,6 +91,7 @@ def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(sta
         text=True,
     )
     try:
+        damaged = damage_a_stored_image(f"{s3_work}/sharded")
         deadline = time.monotonic() + 300
         while not (running := [r for r in shard_runs_of(stack) if r.state.is_running()]):
             assert sharded.poll() is None and time.monotonic() < deadline, shard_runs_of(stack)
@@ -76,9 +103,14 @@ def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(sta
         sharded.kill()
     assert sharded.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
 
-    merged, whole = read_s3_object(f"{s3_work}/sharded.csv"), read_s3_object(f"{s3_work}/one.csv")
-    assert merged == whole, "the merged table is the one-process table, value for value"
-    assert len(merged.splitlines()) == 1 + 18 and len(set(merged.splitlines())) == 1 + 18, "every image once"
+    merged, whole = read_s3_object(f"{s3_work}/sharded.csv").decode(), read_s3_object(f"{s3_work}/one.csv").decode()
+    (header, *rows), (one_header, *one_rows) = merged.splitlines(), whole.splitlines()
+    assert header == one_header + ",error" and len(rows) == len(set(rows)) == 18, "every image once"
+    (bad,) = [i for i, row in enumerate(rows) if not row.endswith(",")]
+    assert rows[bad].split(",")[0].endswith(damaged) and "differ from the sha256" in rows[bad], rows[bad]
+    assert all(row == one_row + "," for i, (row, one_row) in enumerate(zip(rows, one_rows)) if i != bad), (
+        "every other row is the one-process table's, value for value"
+    )
     runs = shard_runs_of(stack)
     assert sorted(r.state.type.value for r in runs) == ["COMPLETED", "COMPLETED", "CRASHED"], runs
     (again,) = [r for r in runs if r.parameters.get("replaces_run")]
@@ -93,8 +125,33 @@ def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(sta
         "part-001.csv",
         "part-001.json",
     ]
-    assert scoring_artifact(stack).startswith("2 of 2 shards done; 18 images scored")
+    assert scoring_artifact(stack) == "2 of 2 shards done; 18 images scored ({} images/s); 1 failed image".format(
+        scoring_artifact(stack).split("(")[1].split()[0]
+    )
     assert "18 images scored" in output and "accuracy" in output
+
+
+def test_more_images_failing_than_allowed_fail_the_run_in_one_line(stack, s3_work, trained_model, tmp_path):
+    photos = write_class_folders(tmp_path / "photos", 2, seed=8)  # 6 images: shards of 4 and 2
+    work = f"{s3_work}/over"
+    sharded = subprocess.Popen(
+        score_command(photos, trained_model, work, f"{work}/scores.csv", "--shards", "2"),
+        env=stack.env,
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        damaged = damage_a_stored_image(work)
+        output, errors = sharded.communicate(timeout=600)
+    finally:
+        sharded.kill()
+    assert sharded.returncode == 2, output + errors
+    (line,) = errors.strip().splitlines()
+    assert line.startswith("error: 1 image could not be scored, more than max_failed_images 0 allows: "), line
+    assert damaged in line and "raise max_failed_images" in line
+    assert read_s3_object(f"{work}/scores.csv") is None, "no table"
 
 
 def shard_runs_of(stack) -> list:

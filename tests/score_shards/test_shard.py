@@ -5,12 +5,13 @@ scored as before."""
 import shutil
 
 import pandas as pd
+import pytest
 
 from tasks.contracts.image_directory import INDEX_NAME, MANIFEST_NAME, ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.scores_table import ERROR_COLUMN, read_scores, write_score_chunks
 from tasks.s3 import s3_client
-from tasks.score import score_chunks
+from tasks.score import score_chunks, score_images
 from tasks.score_shards.parts import check_failures, merge_parts, part_location, shard_ranges
 from tasks.score_shards.shard import score_part
 from tasks.work_dir_on_s3 import CACHE_VARIABLE, publish
@@ -60,6 +61,8 @@ def test_a_damaged_image_is_a_row_without_scores_and_its_batch_is_scored(trained
         .all()
     )
     pd.testing.assert_frame_equal(merged.drop(index=damaged, columns=ERROR_COLUMN), whole.drop(index=damaged))
+    with pytest.raises(OSError, match="cannot identify image file"):  # one process tolerates nothing, as before
+        score_images(ModelDirectory(trained_model), images)
 
 
 def test_a_shard_fetches_only_its_range_from_s3_and_names_an_image_damaged_there(
