@@ -270,13 +270,7 @@ def run_nodes(
     log = get_run_logger().log
     key = rendezvous_key()
     with get_client(sync_client=True) as client:
-        try:
-            client.read_deployment_by_name(deployment)
-        except ObjectNotFound:
-            raise PipelineInputError(
-                f"nodes={params.nodes} trains through the {deployment!r} deployment, which this Prefect server does "
-                "not have: deploy deployments/prefect.yaml (make deploy)"
-            ) from None
+        require_deployment(client, deployment, f"nodes={params.nodes} trains")
         runs: list = []
         try:
             parameters = node_run_parameters(folders, params, key)
@@ -322,11 +316,21 @@ def own_work_queue(client, pool: str, name: str, limit: int | None):
     """A fan-out's own work queue in ``pool`` (a sweep's, a sharded scoring's), limited to ``limit`` runs Pending or
     Running at once (None: no limit): Prefect holds the cap (through a resumed or retried fan-out too), whatever
     is submitted. The pool's workers take runs from every queue of it."""
-    from prefect.exceptions import ObjectAlreadyExists
-
     try:
         return client.create_work_queue(name=name, work_pool_name=pool, concurrency_limit=limit)
     except ObjectAlreadyExists:  # resumed or retried: the same queue, its limit as now asked
         queue = client.read_work_queue_by_name(name, work_pool_name=pool)
         client.update_work_queue(queue.id, concurrency_limit=limit)
         return queue
+
+
+def require_deployment(client, deployment: str, what: str):
+    """The server's ``deployment`` (``flow/name``); without it one line, saying that ``what`` (e.g. "a sweep
+    trains each trial") goes through it and how to deploy it."""
+    try:
+        return client.read_deployment_by_name(deployment)
+    except ObjectNotFound:
+        raise PipelineInputError(
+            f"{what} through the {deployment!r} deployment, which this Prefect server does not have: deploy "
+            "deployments/prefect.yaml (make deploy)"
+        ) from None

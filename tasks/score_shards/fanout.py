@@ -12,6 +12,7 @@ images scored, images per second and images that could not be scored. Then the p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -27,9 +28,9 @@ from prefect.runtime import flow_run
 
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.scores_table import Runtime
-from tasks.errors import PipelineInputError, ShardFailedError
+from tasks.errors import ShardFailedError
 from tasks.lost_runs import MAX_RERUNS
-from tasks.multinode import cancel_unfinished, own_work_queue, run_again
+from tasks.multinode import cancel_unfinished, own_work_queue, require_deployment, run_again
 from tasks.retrying import stage_task
 from tasks.score import PREVIEW_ROWS, Scored, publish_scores
 from tasks.score_shards.parts import (
@@ -118,13 +119,7 @@ def run_shards(
     progress, watched = Progress(ranges, summaries), {}
     queue = PurePosixPath(run_dir.rstrip("/")).name
     with get_client(sync_client=True) as client:
-        try:
-            client.read_deployment_by_name(deployment)
-        except ObjectNotFound:
-            raise PipelineInputError(
-                f"sharded scoring runs each shard through the {deployment!r} deployment, which this Prefect server "
-                "does not have: deploy deployments/prefect.yaml (make deploy)"
-            ) from None
+        require_deployment(client, deployment, "sharded scoring runs each shard")
         work_queue = own_work_queue(client, pool, queue, None)
         try:
             for shard in (r for r in ranges if r.shard not in summaries):
@@ -152,10 +147,8 @@ def run_shards(
                     [client.read_flow_run(w.flow_run_id) for w in watched.values()],
                     "cancelled with its scoring",
                 )
-            try:
+            with contextlib.suppress(ObjectNotFound):  # made again by a retried scoring
                 client.delete_work_queue_by_id(work_queue.id)
-            except ObjectNotFound:
-                pass
     return [summaries[r.shard] for r in ranges]
 
 

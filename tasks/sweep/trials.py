@@ -18,7 +18,6 @@ from typing import Any
 
 from tasks.contracts.model_directory import TrainingMetrics
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.errors import PipelineInputError
 from tasks.sweep.study import SweepStudy, TrialRecord
 from tasks.torchrun_output import read_metrics
 from tasks.work_dir_on_s3 import mirror_of
@@ -57,7 +56,7 @@ from prefect.deployments import run_deployment  # noqa: E402
 from prefect.exceptions import ObjectNotFound  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
-from tasks.multinode import cancel_unfinished, own_work_queue, run_again  # noqa: E402
+from tasks.multinode import cancel_unfinished, own_work_queue, require_deployment, run_again  # noqa: E402
 
 
 def trial_rows(records: list[TrialRecord], metric: str) -> list[dict[str, Any]]:
@@ -137,13 +136,7 @@ def run_trials(
     settings = study.settings
     watched: dict[int, Watched] = {}
     with get_client(sync_client=True) as client:
-        try:
-            pool = client.read_deployment_by_name(deployment).work_pool_name
-        except ObjectNotFound:
-            raise PipelineInputError(
-                f"a sweep trains each trial through the {deployment!r} deployment, which this Prefect server does "
-                "not have: deploy deployments/prefect.yaml (make deploy)"
-            ) from None
+        pool = require_deployment(client, deployment, "a sweep trains each trial").work_pool_name
         work_queue = own_work_queue(client, pool, queue, settings.parallel)
         log(logging.INFO, f"trials go to work queue {queue!r} of pool {pool!r}: at most {settings.parallel} at once")
         for trial in study.running():  # a sweep opened again: its trials from before

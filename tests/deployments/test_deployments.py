@@ -253,11 +253,13 @@ def test_make_worker_names_the_worker_after_its_host_and_takes_one_run_by_defaul
 
 def test_make_deploy_prints_what_was_deployed_and_what_to_do_next(stack):
     printed = (stack.logs / "deploy.log").read_text()
-    assert "Deployed 5 deployments" in printed and "make worker POOL=" in printed
+    assert "Deployed 7 deployments" in printed and "make worker POOL=" in printed
     assert "deployment run 'train-pipeline/retrain-digits'" in printed
     # Prefect's own hints would have a user start train-node runs, which only the train stage starts.
     assert "deployment run 'train-node" not in printed and "prefect worker start" not in printed
     assert "deployment run 'sweep-trial" not in printed and "sweep-trial/sweep-trial runs by a sweep" in printed
+    assert "deployment run 'score-shard" not in printed
+    assert "score-shard/score-shard and score-shard/score-shard-default runs by a sharded scoring" in printed
 
 
 def test_serve_offers_the_deployments_of_the_file_under_their_own_names(stack):

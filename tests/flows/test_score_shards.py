@@ -42,6 +42,12 @@ def scoring_artifact(stack) -> str:
     return latest.description
 
 
+def start(stack, command: list[str], apart: bool = False) -> subprocess.Popen:
+    """``command`` against the stack, its output read back (stderr ``apart`` from stdout, or into it)."""
+    stderr = subprocess.PIPE if apart else subprocess.STDOUT
+    return subprocess.Popen(command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+
+
 def damage_a_stored_image(work: str, timeout: float = 300) -> str:
     """Once a scoring under ``work`` has stored its converted images on S3 (their manifest goes last), overwrite
     one image object there, before a shard fetches it; the image's stored path."""
@@ -73,28 +79,13 @@ def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(sta
         timeout=600,
     )
     assert one.returncode == 0, one.stdout + one.stderr
-    sharded = subprocess.Popen(
-        score_command(
-            photos,
-            trained_model,
-            f"{s3_work}/sharded",
-            f"{s3_work}/sharded.csv",
-            "--shards",
-            "2",
-            "--max-failed-images",
-            "1",
-        ),
-        env=stack.env,
-        cwd=PROJECT_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    flags = ("--shards", "2", "--max-failed-images", "1")
+    sharded = start(stack, score_command(photos, trained_model, f"{s3_work}/sharded", f"{s3_work}/sharded.csv", *flags))
     try:
         damaged = damage_a_stored_image(f"{s3_work}/sharded")
         deadline = time.monotonic() + 300
-        while not (running := [r for r in shard_runs_of(stack) if r.state.is_running()]):
-            assert sharded.poll() is None and time.monotonic() < deadline, shard_runs_of(stack)
+        while not (running := [r for r in shard_runs_of(stack, f"{s3_work}/sharded") if r.state.is_running()]):
+            assert sharded.poll() is None and time.monotonic() < deadline, shard_runs_of(stack, f"{s3_work}/sharded")
             time.sleep(0.2)
         lost = running[0]
         lose(process_tree(int(lost.infrastructure_pid.rsplit(":", 1)[-1])))
@@ -111,7 +102,7 @@ def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(sta
     assert all(row == one_row + "," for i, (row, one_row) in enumerate(zip(rows, one_rows)) if i != bad), (
         "every other row is the one-process table's, value for value"
     )
-    runs = shard_runs_of(stack)
+    runs = shard_runs_of(stack, f"{s3_work}/sharded")
     assert sorted(r.state.type.value for r in runs) == ["COMPLETED", "COMPLETED", "CRASHED"], runs
     (again,) = [r for r in runs if r.parameters.get("replaces_run")]
     assert again.parameters["replaces_run"] == str(lost.id) and again.name == f"{lost.name}-rerun-1"
@@ -134,13 +125,8 @@ def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(sta
 def test_more_images_failing_than_allowed_fail_the_run_in_one_line(stack, s3_work, trained_model, tmp_path):
     photos = write_class_folders(tmp_path / "photos", 2, seed=8)  # 6 images: shards of 4 and 2
     work = f"{s3_work}/over"
-    sharded = subprocess.Popen(
-        score_command(photos, trained_model, work, f"{work}/scores.csv", "--shards", "2"),
-        env=stack.env,
-        cwd=PROJECT_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    sharded = start(
+        stack, score_command(photos, trained_model, work, f"{work}/scores.csv", "--shards", "2"), apart=True
     )
     try:
         damaged = damage_a_stored_image(work)
@@ -154,14 +140,15 @@ def test_more_images_failing_than_allowed_fail_the_run_in_one_line(stack, s3_wor
     assert read_s3_object(f"{work}/scores.csv") is None, "no table"
 
 
-def shard_runs_of(stack) -> list:
-    """The shard runs of the one sharded scoring this file starts (its runs are named <parent>-shard-N)."""
+def shard_runs_of(stack, work: str) -> list:
+    """The shard runs of the scorings under ``work``, in the order they were made."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("score-shard/score-shard")
-        return sorted((r for r in client.read_flow_runs() if r.deployment_id == deployment.id), key=lambda r: r.created)
+        runs = [r for r in client.read_flow_runs() if r.deployment_id == deployment.id]
+    return sorted((r for r in runs if r.parameters["run_dir"].startswith(work)), key=lambda r: r.created)
 
 
 def test_a_sharding_that_cannot_be_is_one_line_before_any_server(tmp_path):
