@@ -205,9 +205,7 @@ def main() -> None:
             False,
         ),
         Figure("peak memory of that merge", plain["peak_mb"], None, "MB", "<= 500 MB", 500, False),
-        Figure(
-            "the same with a failed image per part", with_errors["seconds"], None, "s", "<= 30 s", 30, False
-        ),
+        Figure("the same with a failed image per part", with_errors["seconds"], None, "s", "<= 30 s", 30, False),
         Figure("peak memory of that merge", with_errors["peak_mb"], None, "MB", "<= 500 MB", 500, False),
     ]
     print(f"\n{setting}; {args.repetitions} repetitions, medians; merged table {plain['bytes'] / 1e6:.0f} MB")

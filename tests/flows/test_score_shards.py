@@ -10,7 +10,7 @@ import pytest
 
 from deployments.local import PROJECT_ROOT
 from tasks.s3 import list_s3_names, read_s3_object
-from tests.flows.nodes_stack import nodes_stack
+from tests.flows.nodes_stack import host_env, nodes_stack
 from tests.helpers import flow_run_log, lose, process_tree, write_class_folders
 
 pytestmark = pytest.mark.integration
@@ -42,10 +42,12 @@ def scoring_artifact(stack) -> str:
     return latest.description
 
 
-def start(stack, command: list[str], apart: bool = False) -> subprocess.Popen:
-    """``command`` against the stack, its output read back (stderr ``apart`` from stdout, or into it)."""
+def start(stack, command: list[str], host, apart: bool = False) -> subprocess.Popen:
+    """``command`` against the stack from a "host" with its cache in folder ``host``, its output read back
+    (stderr ``apart`` from stdout, or into it)."""
     stderr = subprocess.PIPE if apart else subprocess.STDOUT
-    return subprocess.Popen(command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    env = {**stack.env, **host_env(host)}
+    return subprocess.Popen(command, env=env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
 def damage_a_stored_image(work: str, timeout: float = 300) -> str:
@@ -70,17 +72,13 @@ def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(sta
     killed): the lost shard is run again, and the merged table is the one-process table byte for byte but for
     the damaged image's row (no scores, its error), every image once."""
     photos = write_class_folders(tmp_path / "photos", 6, seed=7)  # 18 images: batches of 4, shards of 12 and 6
-    one = subprocess.run(
-        score_command(photos, trained_model, s3_work, f"{s3_work}/one.csv"),
-        env=stack.env,
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert one.returncode == 0, one.stdout + one.stderr
+    one = start(stack, score_command(photos, trained_model, s3_work, f"{s3_work}/one.csv"), tmp_path)
+    one_output, _ = one.communicate(timeout=600)
+    assert one.returncode == 0, one_output
     flags = ("--shards", "2", "--max-failed-images", "1")
-    sharded = start(stack, score_command(photos, trained_model, f"{s3_work}/sharded", f"{s3_work}/sharded.csv", *flags))
+    sharded = start(
+        stack, score_command(photos, trained_model, f"{s3_work}/sharded", f"{s3_work}/sharded.csv", *flags), tmp_path
+    )
     try:
         damaged = damage_a_stored_image(f"{s3_work}/sharded")
         deadline = time.monotonic() + 300
@@ -126,7 +124,7 @@ def test_more_images_failing_than_allowed_fail_the_run_in_one_line(stack, s3_wor
     photos = write_class_folders(tmp_path / "photos", 2, seed=8)  # 6 images: shards of 4 and 2
     work = f"{s3_work}/over"
     sharded = start(
-        stack, score_command(photos, trained_model, work, f"{work}/scores.csv", "--shards", "2"), apart=True
+        stack, score_command(photos, trained_model, work, f"{work}/scores.csv", "--shards", "2"), tmp_path, apart=True
     )
     try:
         damaged = damage_a_stored_image(work)
@@ -134,7 +132,8 @@ def test_more_images_failing_than_allowed_fail_the_run_in_one_line(stack, s3_wor
     finally:
         sharded.kill()
     assert sharded.returncode == 2, output + errors
-    (line,) = errors.strip().splitlines()
+    *progress, line = errors.strip().splitlines()  # Prefect's progress lines, then the one error line
+    assert "Traceback" not in errors and not any(p.startswith("error:") for p in progress), errors
     assert line.startswith("error: 1 image could not be scored, more than max_failed_images 0 allows: "), line
     assert damaged in line and "raise max_failed_images" in line
     assert read_s3_object(f"{work}/scores.csv") is None, "no table"

@@ -61,7 +61,7 @@ def test_a_damaged_image_is_a_row_without_scores_and_its_batch_is_scored(trained
         .all()
     )
     pd.testing.assert_frame_equal(merged.drop(index=damaged, columns=ERROR_COLUMN), whole.drop(index=damaged))
-    with pytest.raises(OSError, match="cannot identify image file"):  # one process tolerates nothing, as before
+    with pytest.raises(OSError):  # one process tolerates nothing, as before
         score_images(ModelDirectory(trained_model), images)
 
 
