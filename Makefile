@@ -109,7 +109,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python -m bench.run
 
 data: $(VENV)/.installed
-	$(BIN)/python -m tasks.datasets data/digits
+	$(BIN)/python -m tasks.data.datasets data/digits
 
 # The UI asks its API at PREFECT_UI_API_URL; left to Prefect it is 127.0.0.1:4200 whatever the port.
 # Streamed logs let `prefect deployment run --watch` show a run's logs, down to its final state's message.

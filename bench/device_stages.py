@@ -22,7 +22,7 @@ import torch
 
 from bench.gpu import device_ceiling, write_jpegs
 from tasks.contracts.model_directory import IMAGENET_MEAN, IMAGENET_STD
-from tasks.transformations import ImageTransformations
+from tasks.contracts.transformations import ImageTransformations
 from tasks.vision.device_pipeline import DevicePipeline
 from tasks.vision.payloads import EncodedImageFiles, PackedPayloads
 from tasks.vision.transforms import train_transform

@@ -74,7 +74,7 @@ def seconds_to_training(stack: PrefectStack, data: Path, work: Path, name: str, 
 
 
 def figures(repetitions: int = 2, epochs: int = 1) -> list[Figure]:
-    from tasks.datasets import export_digits
+    from tasks.data.datasets import export_digits
 
     with tempfile.TemporaryDirectory(prefix="bench-fanout-") as scratch:
         scratch = Path(scratch)

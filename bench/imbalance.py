@@ -19,11 +19,11 @@ from tasks import convert_to_image_directory
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.datasets import export_digits
-from tasks.evaluate import evaluate_scores
+from tasks.data.datasets import export_digits
+from tasks.evaluation.evaluate import evaluate_scores
+from tasks.evaluation.score import score_images
+from tasks.launch.torchrun_launcher import launch_training
 from tasks.model import write_untrained_model_directory
-from tasks.score import score_images
-from tasks.torchrun_launcher import launch_training
 
 
 def imbalanced_copy(train: Path, output: Path, small_class: str, share: float) -> Path:

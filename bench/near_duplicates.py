@@ -174,8 +174,8 @@ def burst_directory(root: Path, count: int, seed: int = 0):
 
 
 def split_cost(count: int, repetitions: int) -> list[str]:
+    from tasks.data.split import Groups, split_image_directory
     from tasks.near_duplicates import near_pairs
-    from tasks.split import Groups, split_image_directory
 
     with tempfile.TemporaryDirectory(prefix="bench-near-duplicates-") as scratch:
         scratch = Path(scratch)

@@ -18,9 +18,9 @@ from bench.harness import Figure, alternate, table
 from tasks import check_training_data, convert_to_image_directory, evaluate_scores, export_digits, score_images
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.launch.torchrun_launcher import launch_training
 from tasks.model import write_untrained_model_directory
 from tasks.registry import lineage, register_model
-from tasks.torchrun_launcher import launch_training
 
 PARAMS = TrainingParams(epochs=1, processes_per_node=1, device="cpu")
 

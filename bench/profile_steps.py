@@ -26,9 +26,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelSpec, TrainedModelSpec
 from tasks.contracts.training_config import TrainingParams
-from tasks.lifeline import Heartbeat
 from tasks.training.data import TrainingData
 from tasks.training.distributed import DistributedEnv, choose_device
+from tasks.training.lifeline import Heartbeat
 from tasks.training.loop import EpochContext, compiled_model, make_optimizer, train_one_epoch
 from tasks.vision.networks import build_network, memory_format
 

@@ -96,13 +96,13 @@ def run_stage(stage: str, work: Path) -> dict:
         base, started = rss_mb(), time.perf_counter()
         count = len(convert_to_image_directory(source, converted))
     elif stage == "split":
-        from tasks.split import split_image_directory
+        from tasks.data.split import split_image_directory
 
         base, started = rss_mb(), time.perf_counter()
         first, second = split_image_directory(converted, work / "train", work / "validation", 0.8)
         count = len(first) + len(second)
     elif stage == "validate":
-        from tasks.validate import check_training_data
+        from tasks.data.validate import check_training_data
 
         base, started = rss_mb(), time.perf_counter()
         report = check_training_data(ImageDirectory(work / "train"), ImageDirectory(work / "validation"))
@@ -112,7 +112,7 @@ def run_stage(stage: str, work: Path) -> dict:
         from torch.utils.data import DistributedSampler
         from torchvision.datasets import ImageFolder
 
-        from tasks.transformations import ImageTransformations
+        from tasks.contracts.transformations import ImageTransformations
         from tasks.vision.images import ImageFiles
         from tasks.vision.transforms import eval_transform
 
@@ -139,7 +139,7 @@ def run_stage(stage: str, work: Path) -> dict:
 
         from tasks.contracts.model_directory import ModelDirectory
         from tasks.contracts.scores_table import write_score_chunks
-        from tasks.score import score_chunks
+        from tasks.evaluation.score import score_chunks
 
         torch.set_num_threads(os.cpu_count() or 1)
         base, started = rss_mb(), time.perf_counter()
@@ -165,9 +165,9 @@ def train_small_model(root: Path) -> None:
     from tasks import convert_to_image_directory
     from tasks.contracts.model_directory import ModelSpec
     from tasks.contracts.training_config import TrainingFolders, TrainingParams
+    from tasks.data.split import split_image_directory
+    from tasks.launch.torchrun_launcher import launch_training
     from tasks.model import write_untrained_model_directory
-    from tasks.split import split_image_directory
-    from tasks.torchrun_launcher import launch_training
 
     write_images(root / "source", 1000)
     converted = convert_to_image_directory(root / "source", root / "converted")

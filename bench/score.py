@@ -1,4 +1,4 @@
-"""Batched scoring (tasks.score.score_images) against a naive loop: open each image with PIL, transform it,
+"""Batched scoring (tasks.evaluation.score.score_images) against a naive loop: open each image with PIL, transform it,
 run the model on a batch of one. Both run on the same images and model, in alternating repetitions; the
 medians and their ratio are printed. Asserts nothing.
 
@@ -38,10 +38,10 @@ from tasks.contracts.model_directory import (
     TrainedModelSpec,
 )
 from tasks.convert import convert_to_image_directory
-from tasks.datasets import export_digits
-from tasks.onnx_export import export_onnx
+from tasks.data.datasets import export_digits
+from tasks.evaluation.onnx_export import export_onnx
+from tasks.evaluation.score import BATCH_SIZE, score_images
 from tasks.registry import load_model
-from tasks.score import BATCH_SIZE, score_images
 from tasks.vision.images import choose_image_size
 from tasks.vision.networks import build_network, load_trained_model
 from tasks.vision.transforms import eval_transform

@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--merge-parts", type=int, default=8)
     args = parser.parse_args()
     from bench.score import random_model_directory
-    from tasks.datasets import export_digits
+    from tasks.data.datasets import export_digits
 
     with tempfile.TemporaryDirectory(prefix="bench-score-fanout-") as scratch:
         scratch = Path(scratch)

@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--prune-after", type=int, default=2, help="epochs before a trial may be pruned")
     args = parser.parse_args()
-    from tasks.datasets import export_digits
+    from tasks.data.datasets import export_digits
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as scratch:

@@ -26,7 +26,7 @@ from torchvision.transforms import v2
 
 from bench.harness import Figure, table
 from tasks.contracts.model_directory import IMAGENET_MEAN, IMAGENET_STD
-from tasks.transformations import ImageTransformations
+from tasks.contracts.transformations import ImageTransformations
 from tasks.vision.transforms import EdgePaddedRandomCrop, train_transform
 
 SIZE = 224

@@ -12,7 +12,7 @@ Prefect's default pace (180 s) and must not be crashed for beating slowly.
 
 The second automation runs the crashed run's deployment again with the crashed run's parameters and
 ``replaces_run`` set to its id: the new run takes over the lost run's folder and resumes from its checkpoint
-(tasks/lost_runs.py), and stops at once, saying why, once a training has been run again ``MAX_RERUNS`` times.
+(tasks/launch/lost_runs.py), and stops at once, saying why, once a training has been run again ``MAX_RERUNS`` times.
 
 ``make deploy`` (deployments/deploy.py) creates them, or updates them in place: one automation of each name,
 whose other actions (a notification someone added in the UI) and on/off switch a re-deploy keeps.

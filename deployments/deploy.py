@@ -33,8 +33,8 @@ from deployments.automations import (
     heartbeat_seconds,
 )
 from deployments.local import PROJECT_ROOT
-from tasks.lost_runs import MAX_RERUNS
-from tasks.multinode import NODE_DEPLOYMENT
+from tasks.launch.lost_runs import MAX_RERUNS
+from tasks.launch.multinode import NODE_DEPLOYMENT
 from tasks.score_shards.parts import SHARD_DEPLOYMENTS
 from tasks.sweep.trials import TRIAL_DEPLOYMENT
 

@@ -16,7 +16,7 @@ def run_folder(work_dir: str, prefix: str = "") -> str:
     run finds its files again. A local one gets its ``run.json`` first (what ``runs prune`` recognises)."""
     from prefect.runtime import flow_run
 
-    from tasks.runs import mark_run, run_folder_location
+    from tasks.storage.runs import mark_run, run_folder_location
 
     folder = run_folder_location(work_dir, f"{prefix}{flow_run.get_name()}-{flow_run.get_id()[:8]}")
     mark_run(folder, prefix.rstrip("-") or "train", flow_run.get_id())

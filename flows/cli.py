@@ -115,7 +115,7 @@ class HideInputErrorFailures(logging.Filter):
 
 def log_file_for(work_dir: str, prog: str) -> Path:
     """``<work_dir>/logs/<prog>-<UTC time>-<pid>.log`` (with work_dir on S3: its copy in this host's cache)."""
-    from tasks.work_dir_on_s3 import local_folder
+    from tasks.storage.work_dir_on_s3 import local_folder
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return Path(local_folder(work_dir)).resolve() / "logs" / f"{prog}-{stamp}-{os.getpid()}.log"

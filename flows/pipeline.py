@@ -24,20 +24,20 @@ from flows import run_folder
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.convert import ConversionLimits, convert
-from tasks.datasets import resolve_sources
-from tasks.evaluate import Evaluation, evaluate
-from tasks.gallery import show_misclassified
-from tasks.lost_runs import take_over_lost_run
+from tasks.data.datasets import resolve_sources
+from tasks.data.preflight import check_training_inputs
+from tasks.data.split import split
+from tasks.data.validate import validate_labels
+from tasks.evaluation.evaluate import Evaluation, evaluate
+from tasks.evaluation.gallery import show_misclassified
+from tasks.launch.lost_runs import take_over_lost_run
+from tasks.launch.train import train
 from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE, check_distance
-from tasks.preflight import check_training_inputs
 from tasks.registry import PromotionPolicy, Registration
 from tasks.registry.prefect_tasks import register, settle_promotion
-from tasks.runs import Keep, tidy_registered_run
-from tasks.split import split
-from tasks.train import train
-from tasks.validate import validate_labels
-from tasks.work_dir_on_s3 import join, local_folder, store
+from tasks.storage.runs import Keep, tidy_registered_run
+from tasks.storage.work_dir_on_s3 import join, local_folder, store
 
 
 class PipelineResult(BaseModel):
@@ -142,7 +142,7 @@ def train_pipeline(
         replaces_run: Set by the automation that runs a crashed training again: the lost run's id; this run takes over its folder and resumes from its checkpoint.
     """
     check_inputs(locals())  # before any work; locals() here: the flow's arguments, by name
-    # A run replacing a lost one says so first, and works in the lost training's folder (tasks/lost_runs.py).
+    # A run replacing a lost one says so first, and works in the lost training's folder (tasks/launch/lost_runs.py).
     takeover = take_over_lost_run(replaces_run, work_dir) if replaces_run else None
     spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
     resolve_pretrained_weights(spec)  # in the cache (or the one offline error) before any conversion work
@@ -238,8 +238,8 @@ def evaluate_and_register(
     under the promotion policy, and tidy the run folder: (the registration, the evaluation, the folder's size)."""
     # Imported here, not with the module: they bring torch, which the flow's own process needs from this point
     # only; `import flows.pipeline` (a command line stopping at a mistake, `prefect deploy`) stays light.
-    from tasks.onnx_export import export_and_check_onnx
-    from tasks.score import score
+    from tasks.evaluation.onnx_export import export_and_check_onnx
+    from tasks.evaluation.score import score
 
     local_run = local_folder(run_dir)
     if export_onnx:
@@ -266,7 +266,7 @@ def evaluate_and_register(
 
 
 def check_inputs(arguments: dict[str, Any]) -> None:
-    """What can be checked before any work (tasks/preflight.py): the data paths and their classes, the size the
+    """What can be checked before any work (tasks/data/preflight.py): the data paths and their classes, the size the
     network takes, the names; ``arguments`` are the flow's, by name (the flow's and the command line's alike)."""
     model, training = arguments["model"], arguments["training"]
     check_distance(arguments["near_duplicate_distance"])
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m flows.pipeline") 
     ConversionLimits (flows/flags.py FlowFlags).
 
     A user's mistake is one line on stderr and exit status 2, found before any work where it can be (see
-    tasks/preflight.py); the run's full log goes to <work-dir>/logs/pipeline-<time>-<pid>.log."""
+    tasks/data/preflight.py); the run's full log goes to <work-dir>/logs/pipeline-<time>-<pid>.log."""
     from flows import cli
 
     result = cli.run_flow(

@@ -7,7 +7,7 @@
 
 (``python -m flows.runs`` is the same command.)
 
-Only run folders go (recognised by their run.json; tasks/runs.py), never the registry: a registered model lives
+Only run folders go (recognised by their run.json; tasks/storage/runs.py), never the registry: a registered model lives
 there, not in a run folder. A run whose files changed in the last 10 minutes is kept: it may be training.
 """
 
@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 
 from flows import cli
 from tasks.errors import PipelineInputError
-from tasks.runs import RunFolder, list_runs, prune_runs
+from tasks.storage.runs import RunFolder, list_runs, prune_runs
 
 
 def _day(text: str) -> datetime:

@@ -14,14 +14,14 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
-from tasks.comparison import compare
 from tasks.contracts.scores_table import BATCH_SIZE, Runtime
 from tasks.convert import ConversionLimits, convert
-from tasks.evaluate import Evaluation, evaluate
-from tasks.preflight import check_scoring_inputs
+from tasks.data.preflight import check_scoring_inputs
+from tasks.evaluation.comparison import compare
+from tasks.evaluation.evaluate import Evaluation, evaluate
 from tasks.registry.prefect_tasks import resolve_model
 from tasks.score_shards.parts import DEFAULT_TIMEOUT_S, ShardPool, check_sharding
-from tasks.work_dir_on_s3 import join, local_folder
+from tasks.storage.work_dir_on_s3 import join, local_folder
 
 
 class ScoreResult(BaseModel):
@@ -84,7 +84,7 @@ def score_pipeline(
     )
     output = output_csv or join(run_dir, "scores.csv")
     if shards > 1:
-        from tasks.score_shards.fanout import score_in_shards
+        from tasks.score_shards.prefect_tasks import score_in_shards
 
         scored = score_in_shards(
             model_dir,
@@ -100,7 +100,7 @@ def score_pipeline(
             timeout_s=shard_timeout_s,
         )
     else:
-        from tasks.score import score  # here, not with the module: torch, which only scoring needs
+        from tasks.evaluation.score import score  # here, not with the module: torch, which only scoring needs
 
         scored = score(model_dir, image_dir, output, runtime, batch_size, top_k)
     evaluation = evaluate(scored.table, str(here / "confusion_matrix.png")) if scored.labeled else None

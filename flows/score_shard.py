@@ -36,7 +36,7 @@ def score_shard_flow(
         top_k: Also list each image's k most probable labels; 0: none.
         replaces_run: Set by the scoring when it runs a crashed or timed-out shard again: that run's id.
     """
-    from tasks.score_shards.shard import score_shard  # here: torch, which only the shard's host needs
+    from tasks.score_shards.prefect_tasks import score_shard  # here: torch, which only the shard's host needs
 
     if replaces_run:
         get_run_logger().info(f"replaces flow run {replaces_run}: shard {shard.shard} scored anew, its part rewritten")

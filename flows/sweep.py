@@ -28,12 +28,12 @@ from tasks.errors import PipelineInputError, SweepFailedError
 from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE
 from tasks.registry import PromotionPolicy
-from tasks.runs import Keep
-from tasks.s3 import is_s3_uri, read_s3_object
+from tasks.storage.runs import Keep
+from tasks.storage.s3 import is_s3_uri, read_s3_object
+from tasks.storage.work_dir_on_s3 import fetch_folder, join, local_folder, mirror_of, store
 from tasks.sweep import SearchSpace, SweepSettings, SweepStudy, TrialRecord, apply_params
 from tasks.sweep.space import check_search_space
 from tasks.sweep.study import STUDY_FILE
-from tasks.work_dir_on_s3 import fetch_folder, join, local_folder, mirror_of, store
 
 
 @flow(name="sweep-pipeline", log_prints=True)

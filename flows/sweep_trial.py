@@ -9,8 +9,8 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.lost_runs import take_over_lost_trial
-from tasks.train import train
+from tasks.launch.lost_runs import take_over_lost_trial
+from tasks.launch.train import train
 
 
 @flow(name="sweep-trial", log_prints=True)

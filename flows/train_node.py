@@ -1,6 +1,6 @@
 """One node of a multi-node training: the ``train-node`` deployment (deployments/prefect.yaml, work pool ``gpu``).
 
-The train stage submits one run per node (tasks/multinode.py) as its subflows; not meant to be run by hand.
+The train stage submits one run per node (tasks/launch/multinode.py) as its subflows; not meant to be run by hand.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.multinode import find_rendezvous
-from tasks.train import train_node
+from tasks.launch.multinode import find_rendezvous
+from tasks.launch.train import train_node
 
 
 @flow(name="train-node", log_prints=True)

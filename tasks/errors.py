@@ -72,7 +72,7 @@ class PrefectServerUnavailableError(PipelineInputError):
 
 
 class RerunLimitError(PipelineInputError):
-    """A training whose runs crashed (hosts lost) was already run again as often as allowed (tasks/lost_runs.py)."""
+    """A training whose runs crashed (hosts lost) was already run again as often as allowed (tasks/launch/lost_runs.py)."""
 
 
 class UnknownRunError(PipelineInputError):

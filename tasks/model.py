@@ -14,7 +14,7 @@ from tasks.contracts.model_directory import (
     read_model_spec,
     write_model_spec,
 )
-from tasks.local_files import atomic_write
+from tasks.storage.local_files import atomic_write
 
 
 def with_pretrained_default(spec: ModelSpec, own_data: bool) -> ModelSpec:

@@ -165,7 +165,7 @@ def trained_model(built_once, colour_image_dirs, resnet_spec) -> Path:
 @pytest.fixture(scope="session")
 def digits_subset(built_once) -> tuple[Path, Path]:
     """The bundled digits, cut to 30 training and 10 validation images per class."""
-    from tasks.datasets import export_digits
+    from tasks.data.datasets import export_digits
 
     def build(base: Path) -> tuple[Path, Path]:
         train, val = export_digits(base / "full")
@@ -348,7 +348,7 @@ def s3_bucket(s3_endpoint, monkeypatch):
     """An empty bucket on the loopback endpoint, with AWS_ENDPOINT_URL and test credentials set."""
     import uuid
 
-    from tasks.s3 import s3_client
+    from tasks.storage.s3 import s3_client
 
     for variable, value in s3_settings(s3_endpoint).items():
         monkeypatch.setenv(variable, value)
@@ -379,7 +379,7 @@ LONGEST_FILES = (
     "tests/deployments/test_deployments.py",  # 204 s
     "tests/test_docs_commands.py",  # 149 s
     "tests/deployments/test_zombie.py",  # 148 s
-    "tests/test_lifeline.py",  # 128 s
+    "tests/training/test_lifeline.py",  # 128 s
     "tests/training/test_distributed.py",  # 116 s
     "tests/deployments/test_auth.py",  # 112 s
     "tests/bench/test_bench.py",  # 109 s

@@ -21,9 +21,9 @@ from tasks import ImageDirectory, ModelDirectory
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.errors import InvalidTrainingSetupError, PipelineInputError
+from tasks.evaluation.score import score_images
+from tasks.launch.torchrun_launcher import launch_training
 from tasks.registry import read_registration
-from tasks.score import score_images
-from tasks.torchrun_launcher import launch_training
 from tests.helpers import write_phone_photos
 
 pytestmark = [
@@ -129,7 +129,7 @@ def test_the_device_pipeline_on_the_gpu_computes_what_it_does_on_the_cpu(tmp_pat
     standard leaves the inverse DCT's rounding and chroma upsampling open): for every image they agree more closely
     than either agrees with the picture before it was compressed. The random crops and flips are the same to the
     bit; a PNG takes the CPU's PIL path on both."""
-    from tasks.transformations import ImageTransformations
+    from tasks.contracts.transformations import ImageTransformations
     from tasks.vision.device_pipeline import DevicePipeline
     from tasks.vision.payloads import EncodedImageFiles, collate_payloads
     from tasks.vision.transforms import train_transform
@@ -191,7 +191,7 @@ def test_training_through_torch_compile_on_the_gpu(colour_image_dirs, resnet_spe
 def test_phone_photos_are_upright_on_the_gpu_as_on_the_cpu(tmp_path):
     """nvJPEG ignores the EXIF orientation tag (torchvision's apply_exif_orientation is for its CPU decoder): the
     device pipeline turns each photo itself, and so reaches the pixels the loader's PIL path gives."""
-    from tasks.transformations import ImageTransformations
+    from tasks.contracts.transformations import ImageTransformations
     from tasks.vision.device_pipeline import DevicePipeline
     from tasks.vision.images import ImageFiles
     from tasks.vision.payloads import EncodedImageFiles, collate_payloads

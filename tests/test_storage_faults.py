@@ -224,7 +224,7 @@ TRAIN_TILL_FULL = """
 import json, shutil, sys
 from pathlib import Path
 from tasks.errors import OutputStorageError
-from tasks.torchrun_launcher import launch_training
+from tasks.launch.torchrun_launcher import launch_training
 from tasks.model import write_untrained_model_directory
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams

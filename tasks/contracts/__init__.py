@@ -10,5 +10,5 @@ by every stage that touches it. Nothing here imports torch or Prefect.
     conversion_limits.py the parameter object a conversion is given: ConversionLimits
 
 Two other parameter objects live with the one stage that reads them: ``ImageTransformations``
-(``tasks.transformations``, stored in a ModelSpec) and ``PromotionPolicy`` (``tasks.registry.promotion``).
+(``tasks.contracts.transformations``, stored in a ModelSpec) and ``PromotionPolicy`` (``tasks.registry.promotion``).
 """

@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field
 from tasks.contracts.image_index import INDEX_NAME, ImageIndex, Row
 from tasks.contracts.index_writer import IndexWriter
 from tasks.errors import InvalidDatasetError
-from tasks.local_files import write_text_atomic
+from tasks.storage.local_files import write_text_atomic
 
 MANIFEST_NAME = "image_directory.json"
 FORMAT_VERSION = 2
@@ -156,7 +156,7 @@ class Normalisation(BaseModel):
 
 
 class SplitRecord(BaseModel):
-    """Where a split ImageDirectory came from (tasks/split.py): enough to tell which images it holds."""
+    """Where a split ImageDirectory came from (tasks/data/split.py): enough to tell which images it holds."""
 
     source: str = Field(description="the ImageDirectory that was split")
     source_content_hash: str = Field(description="the source manifest's content_hash (files, labels, sha256s)")

@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tasks.local_files import sha256_file
+from tasks.storage.local_files import sha256_file
 
 INDEX_NAME = "image_index.npz"
 STRING_COLUMNS = ("path", "source_path")

@@ -20,7 +20,7 @@ from tasks.contracts.image_index import (
     Strings,
     content_line,
 )
-from tasks.local_files import sha256_file
+from tasks.storage.local_files import sha256_file
 
 _HASHED_ROWS = 4096  # rows hashed at once as an index is written (a Python object each while they are)
 

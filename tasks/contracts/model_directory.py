@@ -29,10 +29,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from tasks.architectures import ARCHITECTURES, FAMILY_OPTIONS, option_error, unknown_architecture_message
+from tasks.contracts.architectures import ARCHITECTURES, FAMILY_OPTIONS, option_error, unknown_architecture_message
+from tasks.contracts.transformations import ImageTransformations
 from tasks.errors import InvalidModelDirectoryError
-from tasks.local_files import write_text_atomic
-from tasks.transformations import ImageTransformations
+from tasks.storage.local_files import write_text_atomic
 
 SPEC_FILE = "model_spec.json"
 STAGED_WEIGHTS_FILE = "pretrained_weights.pth"
@@ -73,7 +73,7 @@ class PretrainedWeights(BaseModel):
 
 class ModelSpec(BaseModel):
     """An untrained torchvision classifier: what Azure's DenseNet / ResNet modules describe, for any family of
-    tasks/architectures.py."""
+    tasks/contracts/architectures.py."""
 
     architecture: Architecture = Field(
         "resnet18", description="torchvision classifier (families and their heads: docs/parameters.md)"

@@ -20,8 +20,8 @@ from typing import Literal
 
 import pandas as pd
 
-from tasks.local_files import atomic_write, storage_faults
-from tasks.s3 import is_s3_uri, parse_s3_uri, read_bytes, s3_client, s3_writing
+from tasks.storage.local_files import atomic_write, storage_faults
+from tasks.storage.s3 import is_s3_uri, parse_s3_uri, read_bytes, s3_client, s3_writing
 
 # How a table is scored: by PyTorch or by onnxruntime on the exported model, this many images at a time.
 Runtime = Literal["torch", "onnx"]

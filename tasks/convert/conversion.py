@@ -67,9 +67,9 @@ from tasks.convert.plan import examples_of
 from tasks.convert.sources import Source
 from tasks.convert.storing import DecodeBudget, ImageWriter, StoreSettings, space_needed
 from tasks.errors import InvalidDatasetError
-from tasks.local_files import in_order, require_space
 from tasks.progress import every_while, run_logger
-from tasks.s3 import is_s3_uri, read_bytes
+from tasks.storage.local_files import in_order, require_space
+from tasks.storage.s3 import is_s3_uri, read_bytes
 
 _TRIM_EVERY = 4096  # images stored between two hand-backs of the threads' freed memory (tasks.allocator)
 logger = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from tasks.contracts.conversion_limits import DEFAULT_MAX_EXTRACTED_BYTES
 from tasks.convert.s3_source import S3Source
 from tasks.convert.sources import ArchiveSource, FolderSource, Source
 from tasks.errors import InvalidDatasetError
-from tasks.s3 import is_s3_uri
+from tasks.storage.s3 import is_s3_uri
 
 
 def open_source(location: str, max_extracted_bytes: int = DEFAULT_MAX_EXTRACTED_BYTES) -> Source:

@@ -26,7 +26,7 @@ import numpy as np
 from tasks.contracts.image_directory import ImageDirectory, ImageRecord
 from tasks.convert.plan import SourceFile
 from tasks.errors import InvalidDatasetError, OutputStorageError
-from tasks.local_files import STORAGE_ERRNOS, megabytes
+from tasks.storage.local_files import STORAGE_ERRNOS, megabytes
 
 JOURNAL_NAME = ".stored.jsonl"
 

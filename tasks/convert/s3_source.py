@@ -16,8 +16,8 @@ from tasks.convert.archives import refuse_oversize
 from tasks.convert.listing import is_left_by_the_os
 from tasks.convert.sources import OpenedSource, Source, content_digest, scratch_space, unpacked
 from tasks.errors import InvalidDatasetError
-from tasks.local_files import in_order
-from tasks.s3 import S3Location, download_s3_object, parse_s3_uri, s3_client
+from tasks.storage.local_files import in_order
+from tasks.storage.s3 import S3Location, download_s3_object, parse_s3_uri, s3_client
 
 _DOWNLOAD_THREADS = 8
 

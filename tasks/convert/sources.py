@@ -28,7 +28,7 @@ from tasks.contracts.image_directory import QuarantinedFile
 from tasks.convert.archives import extract_archive
 from tasks.convert.listing import list_folder
 from tasks.errors import OutputStorageError
-from tasks.local_files import in_order, megabytes, sha256_file
+from tasks.storage.local_files import in_order, megabytes, sha256_file
 
 
 @dataclass

@@ -42,8 +42,8 @@ from tasks.contracts.image_directory import (
 )
 from tasks.convert.output_folder import StoredJournal, WriteFailed, writing
 from tasks.convert.plan import SourceFile
-from tasks.local_files import sha256_file
 from tasks.near_duplicates import MIN_SIDE, perceptual_hash
+from tasks.storage.local_files import sha256_file
 
 try:  # HEIC/HEIF, the iPhone's format: Pillow reads it once pillow-heif has registered its opener
     from pillow_heif import register_heif_opener

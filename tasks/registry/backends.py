@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
-from tasks.local_files import atomic_write
+from tasks.storage.local_files import atomic_write
 
 SWAP_ATTEMPTS = 20
 

@@ -9,9 +9,9 @@ import base64
 import re
 
 from tasks.contracts.registry_layout import Approval, DatasetLineage, Promotion, Registration
+from tasks.contracts.transformations import ImageTransformations
 from tasks.registry.core import resolve
 from tasks.registry.manage import VersionView
-from tasks.transformations import ImageTransformations
 
 # The figures a reader compares versions by, in this order, when a version has them.
 KEY_FIGURES = {"accuracy": "accuracy", "f1_macro": "F1 (macro)", "auc_ovr": "AUC", "log_loss": "log loss"}

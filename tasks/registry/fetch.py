@@ -16,10 +16,10 @@ from pathlib import Path
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.registry_layout import REGISTRATION_FILE, Registration, parse_reference, version_key
 from tasks.errors import InvalidModelDirectoryError, InvalidModelNameError, ModelIntegrityError
-from tasks.local_files import sha256_file
 from tasks.registry.backends import LocalBackend, RegistryBackend
 from tasks.registry.core import Registry, backend_of, resolve
 from tasks.registry.integrity import memo_path, mismatched_files, remember
+from tasks.storage.local_files import sha256_file
 
 logger = logging.getLogger(__name__)
 

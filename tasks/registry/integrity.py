@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from tasks.local_files import sha256_file, write_text_atomic
+from tasks.storage.local_files import sha256_file, write_text_atomic
 
 
 def _stamp(path: Path) -> list[int]:

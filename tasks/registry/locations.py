@@ -7,7 +7,7 @@ import os
 
 from tasks.registry.backends import LocalBackend, RegistryBackend
 from tasks.registry.s3 import S3Backend
-from tasks.s3 import is_s3_uri
+from tasks.storage.s3 import is_s3_uri
 
 
 def open_backend(location: str | os.PathLike[str]) -> RegistryBackend:

@@ -27,11 +27,11 @@ from tasks.contracts.registry_layout import (
     version_numbers,
 )
 from tasks.errors import InvalidModelDirectoryError, OutputStorageError
-from tasks.local_files import sha256_file, storage_fault
 from tasks.registry.backends import RegistryBackend
 from tasks.registry.core import Registry, _create_owned, backend_of, registrations
 from tasks.registry.promotion import PromotionPolicy, challenge, check_metric, promote
-from tasks.s3 import is_s3_uri
+from tasks.storage.local_files import sha256_file, storage_fault
+from tasks.storage.s3 import is_s3_uri
 
 
 def _hash_model_files(model_dir: ModelDirectory) -> dict[str, str]:

@@ -1,10 +1,10 @@
-"""The registry on S3 (or any S3 endpoint: ``AWS_ENDPOINT_URL``), through ``tasks.s3.s3_client``.
+"""The registry on S3 (or any S3 endpoint: ``AWS_ENDPOINT_URL``), through ``tasks.storage.s3.s3_client``.
 
 Exclusive creates are conditional writes, ``put_object(IfNoneMatch="*")``: S3 answers 412 when the key
 exists and 409 when another conditional write of the same key is in flight (then we ask again). The
 compare-and-swap of an alias is ``put_object(IfMatch=etag)`` (412 when the key changed since it was read).
 Transient failures (5xx, throttling, dropped connections) are retried by the client's standard retry mode,
-bodies cut off mid-way by ``tasks.s3``'s reads.
+bodies cut off mid-way by ``tasks.storage.s3``'s reads.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from botocore.exceptions import ClientError
 
 from tasks.registry.backends import RegistryBackend
-from tasks.s3 import download_s3_object, parse_s3_uri, read_s3_bytes, s3_client, s3_writing
+from tasks.storage.s3 import download_s3_object, parse_s3_uri, read_s3_bytes, s3_client, s3_writing
 
 CONFLICT_RETRIES = 20
 

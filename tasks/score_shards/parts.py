@@ -20,8 +20,8 @@ from pydantic import BaseModel, Field
 
 from tasks.contracts.scores_table import ERROR_COLUMN, IMAGE_COLUMN, ScoresSummary, read_scores, write_csv_bytes
 from tasks.errors import FailedImagesError, PipelineInputError
-from tasks.local_files import write_text_atomic
-from tasks.s3 import is_s3_uri, parse_s3_uri, read_bytes, read_s3_object, s3_client, s3_writing
+from tasks.storage.local_files import write_text_atomic
+from tasks.storage.s3 import is_s3_uri, parse_s3_uri, read_bytes, read_s3_object, s3_client, s3_writing
 
 PARTS_FOLDER = "parts"
 ShardPool = Literal["gpu", "default"]  # the pool shards run on: each has its deployment of flows/score_shard.py

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,11 +14,11 @@ from tasks.contracts.image_directory import INDEX_NAME, MANIFEST_NAME, ImageDire
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.scores_table import Runtime, write_score_chunks
 from tasks.errors import InvalidDatasetError
-from tasks.local_files import sha256_file
-from tasks.s3 import download_files, download_s3_object, is_s3_uri, parse_s3_uri, read_s3_object, s3_client
-from tasks.score import Span, score_chunks
-from tasks.score_shards.parts import FailedImage, PartSummary, ShardRange, part_location, write_summary
-from tasks.work_dir_on_s3 import cache_root, fetch_folder, join
+from tasks.evaluation.score import Span, score_chunks
+from tasks.score_shards.parts import FailedImage, PartSummary, ShardRange, write_summary
+from tasks.storage.local_files import sha256_file
+from tasks.storage.s3 import download_files, download_s3_object, is_s3_uri, parse_s3_uri, read_s3_object, s3_client
+from tasks.storage.work_dir_on_s3 import cache_root, fetch_folder, join
 
 DOWNLOAD_THREADS = 16
 
@@ -99,35 +98,4 @@ def score_part(
         seconds=time.time() - started,
     )
     write_summary(summary, part)
-    return summary
-
-
-# --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger  # noqa: E402
-
-from tasks.retrying import stage_task  # noqa: E402
-
-
-@stage_task("score-shard")
-def score_shard(
-    model_dir: str,
-    image_dir: str,
-    shard: ShardRange,
-    run_dir: str,
-    runtime: Runtime = "torch",
-    batch_size: int = 64,
-    top_k: int = 0,
-) -> PartSummary:
-    """``score_part`` into the run's part for ``shard``, logged: a run of it again writes the part anew (never
-    adds rows)."""
-    logger, part = get_run_logger(), part_location(run_dir, shard.shard)
-    logger.info(f"shard {shard.shard}: index rows {shard.start} to {shard.stop} of {image_dir} (pid {os.getpid()})")
-    summary = score_part(model_dir, image_dir, shard, part, runtime, batch_size, top_k)
-    rate = summary.rows / max(summary.seconds, 1e-9)
-    logger.info(
-        f"shard {shard.shard}: {summary.rows} images in {summary.seconds:.1f} s ({rate:.0f} images/s), "
-        f"{len(summary.failed)} without scores -> {part}"
-    )
-    for failed in summary.failed:
-        logger.warning(f"shard {shard.shard}: {failed.image} not scored: {failed.error}")
     return summary

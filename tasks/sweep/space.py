@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingParams
+from tasks.contracts.transformations import ImageTransformations
 from tasks.errors import PipelineInputError
-from tasks.transformations import ImageTransformations
 
 
 class LogUniform(BaseModel):

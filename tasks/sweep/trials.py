@@ -2,7 +2,7 @@
 (flows/sweep_trial.py, pool ``gpu``: one training per host, retried and re-run on a lost host like any training),
 submitted ``parallel`` at a time as the study asks for them. Each trial's per-epoch figure reaches the study as the
 trial writes it (its ``metrics.json``, local or on S3); a trial the pruner stops is cancelled through the API and
-waited for (``tasks.multinode.cancel_unfinished``: its worker stops its processes). A sweep opened again
+waited for (``tasks.launch.multinode.cancel_unfinished``: its worker stops its processes). A sweep opened again
 (``SweepStudy`` in the same folder) re-attaches to the trials still running, settles the ones that ended meanwhile,
 and abandons (re-queues) the ones whose flow run is gone."""
 
@@ -18,9 +18,9 @@ from typing import Any
 
 from tasks.contracts.model_directory import TrainingMetrics
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.launch.torchrun_output import read_metrics
+from tasks.storage.work_dir_on_s3 import mirror_of
 from tasks.sweep.study import SweepStudy, TrialRecord
-from tasks.torchrun_output import read_metrics
-from tasks.work_dir_on_s3 import mirror_of
 
 TRIAL_DEPLOYMENT = "sweep-trial/sweep-trial"
 
@@ -56,7 +56,7 @@ from prefect.deployments import run_deployment  # noqa: E402
 from prefect.exceptions import ObjectNotFound  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
-from tasks.multinode import cancel_unfinished, own_work_queue, require_deployment, run_again  # noqa: E402
+from tasks.launch.multinode import cancel_unfinished, own_work_queue, require_deployment, run_again  # noqa: E402
 
 
 def trial_rows(records: list[TrialRecord], metric: str) -> list[dict[str, Any]]:
@@ -89,7 +89,7 @@ def publish_table(study: SweepStudy) -> None:
 def publish_pictures(study: SweepStudy, folder: Path, importances: dict[str, float]) -> list[Path]:
     """The ``sweep-pictures`` artifact: each parameter's importance, the optimisation history and the parallel
     coordinates of the trials; the pictures' files (in ``folder``)."""
-    from tasks.plots import png_markdown
+    from tasks.evaluation.plots import png_markdown
 
     ranked = "".join(f"| {name} | {value:.3f} |\n" for name, value in importances.items())
     drawn = study.pictures(folder)

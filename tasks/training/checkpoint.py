@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from tasks.contracts.model_directory import CHECKPOINT_FILE, TrainingMetrics
 from tasks.errors import InvalidDatasetError
-from tasks.local_files import atomic_write, require_space, storage_faults
+from tasks.storage.local_files import atomic_write, require_space, storage_faults
 
 if TYPE_CHECKING:
     from torch import nn

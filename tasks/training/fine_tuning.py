@@ -1,7 +1,7 @@
 """Fine-tuning modes (PyTorch's transfer-learning tutorial): train every layer, optionally the backbone at a lower
 rate, or keep the backbone as a fixed feature extractor and train the new head alone.
 
-The head is the Linear layer build_network puts in for the data's classes (tasks/architectures.py says where).
+The head is the Linear layer build_network puts in for the data's classes (tasks/contracts/architectures.py says where).
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ from tasks.contracts.model_directory import (
     TrainingMetrics,
 )
 from tasks.contracts.training_config import TrainingParams
-from tasks.lifeline import Heartbeat
-from tasks.local_files import write_text_atomic
+from tasks.storage.local_files import write_text_atomic
 from tasks.training.distributed import all_reduce_sum
 from tasks.training.fine_tuning import parameter_groups
+from tasks.training.lifeline import Heartbeat
 
 logger = logging.getLogger(__name__)
 

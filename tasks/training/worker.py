@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tasks.architectures import family_of, input_size
+from tasks.contracts.architectures import family_of, input_size
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import (
     CHECKPOINT_FILE,
@@ -46,9 +46,8 @@ from tasks.contracts.model_directory import (
     read_model_spec,
 )
 from tasks.contracts.training_config import TrainingParams, add_training_flags, params_from_flags
-from tasks.lifeline import Heartbeat, die_with_parent, output_lock, write_failure
-from tasks.local_files import write_text_atomic
 from tasks.memory import peak_rss_mb
+from tasks.storage.local_files import write_text_atomic
 from tasks.training.checkpoint import resume_or_start, save_checkpoint, saved_or_storage_fault
 from tasks.training.data import TrainingData, check_same_classes
 from tasks.training.distributed import (
@@ -60,6 +59,7 @@ from tasks.training.distributed import (
     share_buffers_of_rank_0,
 )
 from tasks.training.fine_tuning import freeze_backbone
+from tasks.training.lifeline import Heartbeat, die_with_parent, output_lock, write_failure
 from tasks.training.loop import (
     EpochContext,
     class_weights,
@@ -261,7 +261,7 @@ def run() -> None:
     log_dir = output / LOGS_DIR
     heartbeat = Heartbeat(log_dir, env.rank).start()
     try:
-        # Shared with this attempt's other ranks; a launcher starting another attempt waits for it (tasks/torchrun_launcher.py).
+        # Shared with this attempt's other ranks; a launcher starting another attempt waits for it (tasks/launch/torchrun_launcher.py).
         with output_lock(log_dir, shared=True):
             main(args, heartbeat)
     except BaseException as error:

@@ -35,7 +35,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 
-from tasks.transformations import ImageTransformations
+from tasks.contracts.transformations import ImageTransformations
 from tasks.vision.payloads import PackedPayloads, decode_on_cpu, exif_orientation
 from tasks.vision.transforms import EdgePaddedRandomCrop, ImageTransform, decode_steps, steps_of
 

@@ -1,4 +1,4 @@
-"""torchvision classifiers from a ModelSpec (any family of tasks/architectures.py), from scratch or from checked
+"""torchvision classifiers from a ModelSpec (any family of tasks/contracts/architectures.py), from scratch or from checked
 pretrained weights; where their classifier head is."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import torchvision
 from torch import nn
 
-from tasks.architectures import family_of
+from tasks.contracts.architectures import family_of
 from tasks.contracts.model_directory import ModelDirectory, ModelSpec
 from tasks.vision.weights import load_weights
 

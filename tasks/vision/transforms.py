@@ -19,8 +19,8 @@ from torch.nn import functional as F
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as VF
 
+from tasks.contracts.transformations import ImageTransformations
 from tasks.errors import InvalidTransformationsError
-from tasks.transformations import ImageTransformations
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,9 @@ from torch import nn
 
 from tasks.contracts.model_directory import SPEC_FILE, STAGED_WEIGHTS_FILE, ModelSpec, PretrainedWeights
 from tasks.errors import InvalidModelDirectoryError, PretrainedWeightsError, PretrainedWeightsUnavailableError
-from tasks.local_files import sha256_file
 from tasks.progress import every_while, run_logger
-from tasks.s3 import download_s3_object, is_s3_uri, parse_s3_uri, s3_client
+from tasks.storage.local_files import sha256_file
+from tasks.storage.s3 import download_s3_object, is_s3_uri, parse_s3_uri, s3_client
 
 MIRROR_VARIABLE = "IMAGE_CLASSIFIER_WEIGHTS_MIRROR"
 # torch.hub's file-name convention (its HASH_REGEX), read strictly: 8 or more hex digits just before the extension.

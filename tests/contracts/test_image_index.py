@@ -11,8 +11,8 @@ import pytest
 from tasks.contracts.image_directory import MANIFEST_NAME, ImageDirectory, ImageDirectoryManifest, ImageRecord
 from tasks.contracts.image_index import INDEX_NAME, OPTIONAL_COLUMNS, ImageIndex, Row, Strings
 from tasks.contracts.index_writer import IndexWriter
+from tasks.contracts.transformations import ImageTransformations
 from tasks.errors import InvalidDatasetError
-from tasks.transformations import ImageTransformations
 from tasks.vision.images import ImageFiles
 from tasks.vision.transforms import eval_transform
 

@@ -3,7 +3,7 @@
 import pytest
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams, params_from_flags
-from tasks.torchrun_launcher import build_torchrun_command
+from tasks.launch.torchrun_launcher import build_torchrun_command
 from tasks.training.worker import get_args_parser
 
 

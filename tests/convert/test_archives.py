@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tasks import InvalidDatasetError, convert_to_image_directory
-from tasks.local_files import sha256_file
+from tasks.storage.local_files import sha256_file
 from tests.helpers import write_image
 
 

@@ -12,7 +12,7 @@ from PIL import Image
 from deployments.local import PROJECT_ROOT
 from tasks import ImageDirectory, InvalidDatasetError, NotLabeledDatasetError, convert_to_image_directory
 from tasks.contracts.image_directory import MANIFEST_NAME, Normalisation
-from tasks.local_files import sha256_file
+from tasks.storage.local_files import sha256_file
 from tests.helpers import COLOURS, artifacts_and_run_count, write_class_folders, write_image
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tasks import InvalidDatasetError, convert_to_image_directory
-from tasks.s3 import s3_client
+from tasks.storage.s3 import s3_client
 from tests.faulty_proxy import FaultyProxy
 from tests.helpers import COLOURS, write_class_folders, write_image
 

@@ -8,7 +8,7 @@ from PIL import Image, ImageOps
 
 from tasks import convert_to_image_directory
 from tasks.contracts.image_directory import EXIF_ORIENTATION
-from tasks.local_files import sha256_file
+from tasks.storage.local_files import sha256_file
 from tests.helpers import orientation_exif, write_phone_photos
 
 

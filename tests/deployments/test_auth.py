@@ -27,7 +27,7 @@ from deployments.auth import (
     server_environment,
 )
 from deployments.local import PROJECT_ROOT, PrefectStack
-from tasks.s3 import s3_client
+from tasks.storage.s3 import s3_client
 
 MAKE = ["make", "--no-print-directory", "-o", f"{sys.prefix}/.installed", f"VENV={sys.prefix}"]
 

@@ -23,7 +23,7 @@ from deployments.automations import (
     heartbeat_seconds,
 )
 from deployments.local import PROJECT_ROOT, PrefectStack
-from tasks.work_dir_on_s3 import CACHE_VARIABLE
+from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE
 from tests.helpers import flow_run_log, lose, process_tree, s3_settings, training_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -162,7 +162,7 @@ def heartbeats_of(stack, flow_run_id) -> int:
 
 
 def s3_keys(bucket: str, prefix: str) -> list[str]:
-    from tasks.s3 import s3_client
+    from tasks.storage.s3 import s3_client
 
     pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
     return [item["Key"] for page in pages for item in page.get("Contents", [])]
@@ -170,7 +170,7 @@ def s3_keys(bucket: str, prefix: str) -> list[str]:
 
 def stored_epochs(bucket: str) -> int:
     """Complete epochs the run folder on S3 holds (metrics.json follows its checkpoint up), 0 before the first."""
-    from tasks.lost_runs import epochs_stored
+    from tasks.launch.lost_runs import epochs_stored
 
     folders = [key[: -len("/metrics.json")] for key in s3_keys(bucket, "runs/") if key.endswith("/model/metrics.json")]
     return max((epochs_stored(f"s3://{bucket}/{folder}") or 0 for folder in folders), default=0)

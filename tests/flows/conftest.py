@@ -9,7 +9,7 @@ import pytest
 def s3_work(stack):
     """A new bucket on the stack's S3 server for work_dir and registry (its URI), this process's S3 settings
     pointing at the server; each test file's own ``stack``."""
-    from tasks.s3 import s3_client
+    from tasks.storage.s3 import s3_client
 
     with pytest.MonkeyPatch.context() as patch:
         for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from deployments.local import PROJECT_ROOT, PrefectStack
 from tasks.contracts.model_directory import ModelDirectory
-from tasks.work_dir_on_s3 import CACHE_VARIABLE
+from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE
 from tests import helpers
 from tests.helpers import s3_settings
 
@@ -19,7 +19,7 @@ HOSTS = ("host-a", "host-b")
 
 
 def host_env(folder) -> dict[str, str]:
-    """A "host"'s own cache (tasks/work_dir_on_s3.py): nothing it fetches or trains is seen by another."""
+    """A "host"'s own cache (tasks/storage/work_dir_on_s3.py): nothing it fetches or trains is seen by another."""
     return {CACHE_VARIABLE: str(folder / "cache")}
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from deployments.local import PROJECT_ROOT
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.multinode import (
+from tasks.launch.multinode import (
     ELASTIC_FINISH_GRACE_SECONDS,
     node_run_parameters,
     nodes_outcome,
@@ -21,7 +21,7 @@ from tasks.multinode import (
     reachable_address,
 )
 from tasks.registry import list_versions, read_registration
-from tasks.work_dir_on_s3 import CACHE_VARIABLE
+from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE
 from tests.flows.nodes_stack import (
     HOSTS,
     host_env,
@@ -136,7 +136,7 @@ def two_nodes_on_s3(stack, s3_work, colour_image_dirs, tmp_path_factory):
 
 def run_files(s3_work: str, registration) -> str:
     """The S3 run folder of a registered version (named after its flow run)."""
-    from tasks.s3 import list_s3_names
+    from tasks.storage.s3 import list_s3_names
 
     (run,) = {
         n.split("/")[0]
@@ -148,7 +148,7 @@ def run_files(s3_work: str, registration) -> str:
 
 def test_two_nodes_train_through_the_pool_with_no_shared_files_and_register_one_model(stack, s3_work, two_nodes_on_s3):
     from tasks.contracts.model_directory import TrainingMetrics
-    from tasks.s3 import list_s3_names, read_s3_object
+    from tasks.storage.s3 import list_s3_names, read_s3_object
 
     assert "Registered colours-2nodes version 1" in two_nodes_on_s3.stdout
     registry = f"{s3_work}/registry"
@@ -196,7 +196,7 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(
 
     from tasks.allocator import ENVIRONMENT
     from tasks.contracts.model_directory import TrainingMetrics
-    from tasks.s3 import read_s3_object
+    from tasks.storage.s3 import read_s3_object
 
     for host in HOSTS:
         if host not in stack.workers:
@@ -242,7 +242,7 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(
         workers = [
             pid
             for pid, argv in processes[lost].items()
-            if "torch.distributed.run" not in argv and "tasks.lifeline" not in argv
+            if "torch.distributed.run" not in argv and "tasks.training.lifeline" not in argv
         ]
         environ = dict(
             item.split("=", 1) for item in Path(f"/proc/{workers[0]}/environ").read_text().split("\0") if "=" in item
@@ -255,7 +255,7 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_within_a_point_of_top1(
             parent.kill()
     assert parent.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
 
-    # The node path launches workers as the single-node path does (tasks.torchrun_launcher.worker_environment).
+    # The node path launches workers as the single-node path does (tasks.launch.torchrun_launcher.worker_environment).
     assert {k: environ.get(k) for k in ENVIRONMENT} == ENVIRONMENT
     assert (environ["PYTHONUNBUFFERED"], environ["OMP_NUM_THREADS"], environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]) == (
         "1",

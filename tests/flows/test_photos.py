@@ -17,8 +17,8 @@ from flows.pipeline import train_pipeline
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory, ModelSpec
 from tasks.contracts.training_config import TrainingParams
+from tasks.contracts.transformations import ImageTransformations, RandomFlip
 from tasks.registry import read_registration
-from tasks.transformations import ImageTransformations, RandomFlip
 from tests.helpers import artifacts_and_task_runs, write_class_folders
 
 pytestmark = pytest.mark.integration

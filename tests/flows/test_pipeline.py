@@ -17,9 +17,9 @@ from tasks import ImageDirectory, InvalidDatasetError
 from tasks.contracts.model_directory import ModelDirectory, ModelSpec
 from tasks.contracts.training_config import TrainingParams
 from tasks.convert import ConversionLimits
+from tasks.evaluation.score import score_images
 from tasks.registry import PromotionPolicy, list_versions, read_registration, resolve
-from tasks.runs import folder_size
-from tasks.score import score_images
+from tasks.storage.runs import folder_size
 from tests.helpers import artifacts_and_task_runs, progress_artifacts, write_class_folders
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from deployments.local import PROJECT_ROOT
-from tasks.runs import RUN_MARKER
+from tasks.storage.runs import RUN_MARKER
 
 DAY = 24 * 3600
 

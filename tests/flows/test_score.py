@@ -10,9 +10,9 @@ import pytest
 
 from flows.score import compare_models, score_pipeline
 from tasks import ModelDirectory
-from tasks.onnx_export import export_onnx
+from tasks.evaluation.onnx_export import export_onnx
 from tasks.registry import PromotionPolicy, register_model
-from tasks.s3 import s3_client
+from tasks.storage.s3 import s3_client
 from tests.helpers import COLOURS, artifacts_and_task_runs, write_class_folders, write_image
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from deployments.local import PROJECT_ROOT
-from tasks.s3 import list_s3_names, read_s3_object
+from tasks.storage.s3 import list_s3_names, read_s3_object
 from tests.flows.nodes_stack import host_env, nodes_stack
 from tests.helpers import flow_run_log, lose, process_tree, write_class_folders
 
@@ -53,7 +53,7 @@ def start(stack, command: list[str], host, apart: bool = False) -> subprocess.Po
 def damage_a_stored_image(work: str, timeout: float = 300) -> str:
     """Once a scoring under ``work`` has stored its converted images on S3 (their manifest goes last), overwrite
     one image object there, before a shard fetches it; the image's stored path."""
-    from tasks.s3 import parse_s3_uri, s3_client
+    from tasks.storage.s3 import parse_s3_uri, s3_client
 
     deadline = time.monotonic() + timeout
     while not (manifests := [n for n in list_s3_names(work) if n.endswith("/images/image_directory.json")]):

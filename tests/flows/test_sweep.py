@@ -11,9 +11,9 @@ import pytest
 
 from deployments.local import PROJECT_ROOT
 from tasks.contracts.model_directory import SWEEP_PICTURES
-from tasks.lost_runs import epochs_stored
+from tasks.launch.lost_runs import epochs_stored
 from tasks.registry import read_registration
-from tasks.s3 import list_s3_names, read_s3_object
+from tasks.storage.s3 import list_s3_names, read_s3_object
 from tasks.sweep.study import STUDY_FILE
 from tests import helpers
 from tests.flows.nodes_stack import HOSTS, host_env, nodes_stack, run_folders

@@ -9,8 +9,8 @@ from PIL import Image
 
 from flows.cli import main
 from tasks import ImageDirectory, ModelDirectory, convert_to_image_directory
+from tasks.evaluation.score import score_images
 from tasks.predict import Classifier, PhotoError
-from tasks.score import score_images
 from tests.helpers import COLOURS, write_class_folders
 
 

@@ -23,12 +23,12 @@ from prefect.flow_runs import resume_flow_run
 
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory
-from tasks.evaluate import evaluate_scores
+from tasks.evaluation.evaluate import evaluate_scores
+from tasks.evaluation.score import score_images
 from tasks.registry import PromotionPolicy, resolve
 from tasks.registry.card import model_card_key
 from tasks.registry.manage import model_versions, show_version
 from tasks.registry.prefect_tasks import settle_promotion
-from tasks.score import score_images
 from tests.helpers import card_versions, register_colours
 
 NAME = "colours-approval"  # its own model card: other tests count the versions of theirs

@@ -9,10 +9,10 @@ from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory
-from tasks.evaluate import evaluate_scores
+from tasks.evaluation.evaluate import evaluate_scores
+from tasks.evaluation.score import score_images
 from tasks.registry import PromotionPolicy, lineage
 from tasks.registry.card import model_card_key
-from tasks.score import score_images
 from tests.helpers import card_versions, register_colours, registry_cli
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,6 @@ import torch
 from deployments.local import PROJECT_ROOT
 from tasks import ModelDirectory
 from tasks.contracts.model_directory import MODEL_FILES, WEIGHTS_FILE
-from tasks.local_files import sha256_file
 from tasks.registry import (
     CLAIM_FILE,
     REGISTRATION_FILE,
@@ -30,6 +29,7 @@ from tasks.registry import (
     register_model,
     resolve,
 )
+from tasks.storage.local_files import sha256_file
 from tests.faulty_proxy import FaultyProxy
 
 pytestmark = pytest.mark.integration

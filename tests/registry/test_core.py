@@ -8,7 +8,6 @@ import pytest
 
 from tasks import InvalidModelNameError, ModelDirectory, PipelineInputError
 from tasks.errors import InvalidModelDirectoryError, ModelNotFoundError
-from tasks.local_files import sha256_file
 from tasks.registry import (
     CLAIM_FILE,
     REGISTRATION_FILE,
@@ -26,6 +25,7 @@ from tasks.registry import (
     resolve,
     set_alias,
 )
+from tasks.storage.local_files import sha256_file
 from tests.faulty_proxy import FaultyProxy
 from tests.helpers import NAME, register_test_model
 

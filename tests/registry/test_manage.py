@@ -13,7 +13,6 @@ import pytest
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.registry_layout import CLAIM_FILE, STATUS_FILE
 from tasks.errors import AliasedVersionError, InvalidQueryError, ModelNotFoundError
-from tasks.local_files import sha256_file
 from tasks.registry import (
     list_versions,
     open_backend,
@@ -35,6 +34,7 @@ from tasks.registry.manage import (
     untag,
 )
 from tasks.registry.status import change_status
+from tasks.storage.local_files import sha256_file
 from tests.helpers import NAME, register_test_model, registry_cli
 
 pytestmark = pytest.mark.integration

@@ -10,11 +10,11 @@ import pytest
 from tasks.contracts.image_directory import INDEX_NAME, MANIFEST_NAME, ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.scores_table import ERROR_COLUMN, read_scores, write_score_chunks
-from tasks.s3 import s3_client
-from tasks.score import score_chunks, score_images
+from tasks.evaluation.score import score_chunks, score_images
 from tasks.score_shards.parts import check_failures, merge_parts, part_location, shard_ranges
 from tasks.score_shards.shard import score_part
-from tasks.work_dir_on_s3 import CACHE_VARIABLE, publish
+from tasks.storage.s3 import s3_client
+from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE, publish
 
 
 def one_process_table(model, images, location, batch_size=4):

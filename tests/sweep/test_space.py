@@ -5,10 +5,10 @@ import pytest
 
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingParams
+from tasks.contracts.transformations import ImageTransformations, RandomFlip
 from tasks.errors import PipelineInputError
 from tasks.sweep import Choice, IntRange, LogUniform, SearchSpace, apply_params
 from tasks.sweep.space import check_search_space
-from tasks.transformations import ImageTransformations, RandomFlip
 
 
 @pytest.mark.parametrize(

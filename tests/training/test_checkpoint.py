@@ -9,7 +9,7 @@ from torch import nn
 
 from tasks.contracts.model_directory import EpochMetrics, TrainingMetrics
 from tasks.errors import InvalidDatasetError
-from tasks.local_files import storage_cause
+from tasks.storage.local_files import storage_cause
 from tasks.training.checkpoint import (
     read_checkpoint,
     rescale_schedule,

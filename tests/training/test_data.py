@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.transformations import ImageTransformations
+from tasks.contracts.transformations import ImageTransformations
 from tasks.vision.images import ImageFiles
 from tasks.vision.payloads import PackedPayloads
 from tasks.vision.transforms import eval_transform, train_transform

@@ -59,7 +59,7 @@ def test_compiled_training_matches_eager_and_runs_the_last_smaller_batch_eagerly
     runs eagerly instead of compiling the network for a second shape (a recompile would raise here)."""
     import torch._dynamo
 
-    from tasks.lifeline import Heartbeat
+    from tasks.training.lifeline import Heartbeat
     from tasks.training.loop import EpochContext, compiled_model, train_one_epoch
 
     def trained(compile: str) -> tuple[float, torch.Tensor]:

@@ -12,8 +12,8 @@ from torch import nn
 
 from tasks.contracts.model_directory import CHECKPOINT_FILE, MODEL_FILES, ModelDirectory, driver_log_path
 from tasks.contracts.training_config import TrainingParams
-from tasks.lifeline import Heartbeat
 from tasks.training import loop, worker
+from tasks.training.lifeline import Heartbeat
 from tests.helpers import orientation_exif, run_worker
 
 
@@ -163,7 +163,7 @@ def test_photos_stored_sideways_with_their_tag_train_as_their_upright_twins(tmp_
     network learned the sideways pixels and scored top-1 0.0 on upright stripes (issue 38)."""
     from tasks import convert_to_image_directory
     from tasks.contracts.model_directory import IMAGENET_MEAN, IMAGENET_STD
-    from tasks.transformations import ImageTransformations
+    from tasks.contracts.transformations import ImageTransformations
     from tasks.vision.device_pipeline import DevicePipeline
     from tasks.vision.images import ImageFiles
     from tasks.vision.payloads import EncodedImageFiles, collate_payloads

@@ -9,13 +9,13 @@ import torchvision
 from pydantic import ValidationError
 from torch import nn
 
-from tasks.architectures import ARCHITECTURES, FAMILIES, family_of, input_size
+from tasks.contracts.architectures import ARCHITECTURES, FAMILIES, family_of, input_size
 from tasks.contracts.model_directory import CLASSES_FILE, WEIGHTS_FILE, ModelDirectory, ModelSpec, TrainedModelSpec
 from tasks.errors import InvalidTrainingSetupError
-from tasks.onnx_export import ONNX_TOLERANCE, check_onnx, export_onnx
+from tasks.evaluation.onnx_export import ONNX_TOLERANCE, check_onnx, export_onnx
 from tasks.vision.networks import backbone_modules, build_network, head_module, split_head_and_backbone
 
-# torchvision classifiers the table leaves out, and why (tasks/architectures.py's docstring).
+# torchvision classifiers the table leaves out, and why (tasks/contracts/architectures.py's docstring).
 LEFT_OUT = {"squeezenet1_0", "squeezenet1_1", "googlenet", "inception_v3", "vit_h_14"}
 
 

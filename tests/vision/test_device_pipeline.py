@@ -10,7 +10,7 @@ import torch
 from PIL import Image, ImageOps
 
 from tasks.contracts.image_directory import EXIF_ORIENTATION
-from tasks.transformations import ImageTransformations
+from tasks.contracts.transformations import ImageTransformations
 from tasks.vision.device_pipeline import DecodedAhead, DevicePipeline, turned_upright
 from tasks.vision.images import ImageFiles
 from tasks.vision.payloads import (

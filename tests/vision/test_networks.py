@@ -7,7 +7,7 @@ import torch
 import torchvision
 
 from tasks import InvalidModelDirectoryError
-from tasks.architectures import DENSENETS, RESNETS
+from tasks.contracts.architectures import DENSENETS, RESNETS
 from tasks.contracts.model_directory import ModelSpec
 from tasks.model import write_untrained_model_directory
 from tasks.vision.networks import build_network

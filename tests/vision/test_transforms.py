@@ -9,8 +9,8 @@ from pydantic import ValidationError
 from torchvision.transforms import v2
 
 from tasks.contracts.model_directory import SPEC_FILE, ModelDirectory, ModelSpec, TrainedModelSpec, read_model_spec
+from tasks.contracts.transformations import DETERMINISTIC, RANDOM, ImageTransformations
 from tasks.errors import InvalidTransformationsError
-from tasks.transformations import DETERMINISTIC, RANDOM, ImageTransformations
 from tasks.vision.transforms import EdgePaddedRandomCrop, eval_transform, train_transform
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -184,9 +184,9 @@ def test_a_model_trained_with_transformations_scores_and_exports_with_their_dete
     """Through the real worker (torchrun, 1 process, 1 epoch): the spec carries the transformations to the model
     directory; scoring and ONNX take the 20 px inputs (16 px crop + 2 px padding), not image_size x image_size."""
     from tasks.contracts.image_directory import ImageDirectory
+    from tasks.evaluation.onnx_export import check_onnx, export_onnx
+    from tasks.evaluation.score import score_images
     from tasks.model import write_untrained_model_directory
-    from tasks.onnx_export import check_onnx, export_onnx
-    from tasks.score import score_images
     from tests.helpers import run_worker
 
     transformations = ImageTransformations(

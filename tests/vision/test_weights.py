@@ -26,12 +26,12 @@ from tasks.contracts.model_directory import (
     read_model_spec,
 )
 from tasks.errors import PipelineInputError, PretrainedWeightsError, PretrainedWeightsUnavailableError
-from tasks.local_files import sha256_file
 from tasks.model import with_pretrained_default, write_untrained_model_directory
 from tasks.registry.card import model_card_markdown
 from tasks.registry.manage import model_versions
 from tasks.registry.prefect_tasks import register
-from tasks.s3 import s3_client
+from tasks.storage.local_files import sha256_file
+from tasks.storage.s3 import s3_client
 from tasks.vision.networks import build_network
 from tasks.vision.weights import MIRROR_VARIABLE, resolve_weights, staged_weights
 from tests.helpers import write_class_folders

@@ -1,0 +1,273 @@
+"""The Prefect side of sharded scoring: the ``score-shard`` task (one shard on its host, tasks/score_shards/shard.py),
+and the scoring's fan-out through the work pool: each range of the index is one flow run of the ``score-shard``
+deployment (flows/score_shard.py; pool ``gpu``, or ``default`` through ``score-shard-default``), submitted through
+the scoring's own work queue; the pool's workers take them, one per host at a time as their limits say.
+
+The flow looks at its shard runs every few seconds. A completed shard's part is read back (its summary); a
+crashed one (its host or worker lost: the lost-host automation or the worker sets it Crashed) and one that ran
+past ``timeout_s`` (cancelled through the API) are run again through the same queue, at most ``MAX_RERUNS``
+times, writing their part anew; one that failed (its own retries spent) fails the scoring. Shards whose part is
+complete are not scored again when the scoring is retried. The live ``scoring`` artifact shows shards done,
+images scored, images per second and images that could not be scored. Then the parts are merged into one table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import logging
+import os
+import time
+from pathlib import PurePosixPath
+
+from prefect import get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.client.orchestration import get_client
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
+from prefect.runtime import flow_run
+
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.scores_table import Runtime
+from tasks.errors import ShardFailedError
+from tasks.evaluation.score import PREVIEW_ROWS, Scored, publish_scores
+from tasks.launch.lost_runs import MAX_RERUNS
+from tasks.launch.multinode import cancel_unfinished, own_work_queue, require_deployment, run_again
+from tasks.retrying import stage_task
+from tasks.score_shards.parts import (
+    DEFAULT_TIMEOUT_S,
+    SHARD_DEPLOYMENTS,
+    PartSummary,
+    ShardPool,
+    ShardRange,
+    check_failures,
+    combined_summary,
+    merge_parts,
+    part_location,
+    read_summary,
+    shard_ranges,
+)
+from tasks.score_shards.shard import score_part
+from tasks.storage.work_dir_on_s3 import join, store
+
+
+@dataclasses.dataclass
+class Watched:
+    """A shard being scored: its range, its flow run, and how often it was run again."""
+
+    shard: ShardRange
+    flow_run_id: str
+    reruns: int = 0
+
+
+class Progress:
+    """The live ``scoring`` artifact: a row per shard; shards done, images scored, images/s, failed images."""
+
+    def __init__(self, ranges: list[ShardRange], summaries: dict[int, PartSummary]) -> None:
+        self.ranges, self.summaries, self.started = ranges, summaries, time.monotonic()
+        self.states: dict[int, str] = {r.shard: "done before" for r in ranges if r.shard in summaries}
+
+    def publish(self) -> None:
+        done = [self.summaries[r.shard] for r in self.ranges if r.shard in self.summaries]
+        images, failed = sum(s.rows for s in done), sum(len(s.failed) for s in done)
+        rate = images / max(time.monotonic() - self.started, 1e-9)
+        rows = [
+            {
+                "shard": r.shard,
+                "index rows": f"{r.start}-{r.stop}",
+                "state": self.states.get(r.shard, "waiting"),
+                "images": self.summaries[r.shard].rows if r.shard in self.summaries else 0,
+                "failed images": len(self.summaries[r.shard].failed) if r.shard in self.summaries else 0,
+                "seconds": round(self.summaries[r.shard].seconds, 1) if r.shard in self.summaries else None,
+            }
+            for r in self.ranges
+        ]
+        create_table_artifact(
+            key="scoring",
+            table=rows,
+            description=f"{len(done)} of {len(self.ranges)} shards done; {images} images scored "
+            f"({rate:.0f} images/s); {failed} failed image{'' if failed == 1 else 's'}",
+        )
+
+
+def submit_shard(shard: ShardRange, arguments: dict, deployment: str, queue: str):
+    return run_deployment(
+        deployment,
+        parameters={**arguments, "shard": shard.model_dump()},
+        timeout=0,
+        flow_run_name=f"{flow_run.get_name() or 'score'}-shard-{shard.shard}",
+        work_queue_name=queue,
+    )
+
+
+def run_shards(
+    ranges: list[ShardRange],
+    arguments: dict,
+    run_dir: str,
+    *,
+    pool: ShardPool = "gpu",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    poll_seconds: float = 2.0,
+) -> list[PartSummary]:
+    """Score each of ``ranges`` as a run of the pool's shard deployment with ``arguments`` (model_dir, image_dir,
+    run_dir, runtime, batch_size, top_k) until every part is complete; returns the parts' summaries in order.
+    Parts already complete (a retried scoring) are kept."""
+    log, deployment = get_run_logger().log, SHARD_DEPLOYMENTS[pool]
+    parts = {r.shard: part_location(run_dir, r.shard) for r in ranges}
+    summaries: dict[int, PartSummary] = {}
+    for r in ranges:
+        if (found := read_summary(parts[r.shard])) and (found.start, found.stop) == (r.start, r.stop):
+            summaries[r.shard] = found
+    progress, watched = Progress(ranges, summaries), {}
+    queue = PurePosixPath(run_dir.rstrip("/")).name
+    with get_client(sync_client=True) as client:
+        require_deployment(client, deployment, "sharded scoring runs each shard")
+        work_queue = own_work_queue(client, pool, queue, None)
+        try:
+            for shard in (r for r in ranges if r.shard not in summaries):
+                run = submit_shard(shard, arguments, deployment, queue)
+                watched[shard.shard] = Watched(shard, str(run.id))
+                progress.states[shard.shard] = "submitted"
+            log(logging.INFO, f"{len(watched)} shards submitted to work queue {queue!r} of pool {pool!r}")
+            progress.publish()
+            while watched:
+                time.sleep(poll_seconds)
+                for number, shard in list(watched.items()):
+                    state = _look(client, shard, parts[number], timeout_s, deployment, queue, log)
+                    if isinstance(state, PartSummary):
+                        summaries[number] = state
+                        del watched[number]
+                        progress.states[number] = "done"
+                        progress.publish()
+                    elif state != progress.states.get(number):
+                        progress.states[number] = state
+                        progress.publish()
+        finally:
+            if watched:  # the scoring is ending otherwise than done: no shard scores on alone
+                cancel_unfinished(
+                    client,
+                    [client.read_flow_run(w.flow_run_id) for w in watched.values()],
+                    "cancelled with its scoring",
+                )
+            with contextlib.suppress(ObjectNotFound):  # made again by a retried scoring
+                client.delete_work_queue_by_id(work_queue.id)
+    return [summaries[r.shard] for r in ranges]
+
+
+def _look(client, watched: Watched, part: str, timeout_s: float, deployment: str, queue: str, log):
+    """One look at a shard's run: its summary once completed; run again when crashed or past ``timeout_s``;
+    ShardFailedError when it failed; else its state's name."""
+    run = client.read_flow_run(watched.flow_run_id)
+    number = watched.shard.shard
+    if run.state.is_completed():
+        summary = read_summary(part)
+        if summary is None:
+            raise ShardFailedError(f"shard {number}: flow run {run.name!r} completed but wrote no {part}")
+        return summary
+    running_for = (
+        (datetime.datetime.now(datetime.timezone.utc) - run.start_time).total_seconds()
+        if run.state.is_running() and run.start_time
+        else 0.0
+    )
+    why = None
+    if run.state.is_crashed():  # its host or worker lost
+        why = f"crashed ({run.state.message or 'no message'})"
+    elif running_for > timeout_s:
+        cancel_unfinished(client, [run], f"ran past its shard timeout of {timeout_s:g} s")
+        why = f"ran past its timeout of {timeout_s:g} s: cancelled"
+    elif run.state.is_final():  # failed (its retries spent) or cancelled by someone
+        raise ShardFailedError(
+            f"shard {number} (index rows {watched.shard.start}-{watched.shard.stop}): flow run {run.name!r} ended "
+            f"{run.state.name}: {run.state.message or 'no message'}"
+        )
+    if why is None:
+        return run.state.name.lower()
+    if watched.reruns >= MAX_RERUNS:
+        raise ShardFailedError(f"shard {number}: flow run {run.name!r} {why}, and was run {MAX_RERUNS} times again")
+    again = run_again(run, deployment, queue)
+    log(logging.WARNING, f"shard {number}: flow run {run.name!r} {why}; run again as {again.name!r}")
+    watched.flow_run_id, watched.reruns = str(again.id), watched.reruns + 1
+    return "run again"
+
+
+@stage_task("score-shard")
+def score_shard(
+    model_dir: str,
+    image_dir: str,
+    shard: ShardRange,
+    run_dir: str,
+    runtime: Runtime = "torch",
+    batch_size: int = 64,
+    top_k: int = 0,
+) -> PartSummary:
+    """``score_part`` into the run's part for ``shard``, logged: a run of it again writes the part anew (never
+    adds rows)."""
+    logger, part = get_run_logger(), part_location(run_dir, shard.shard)
+    logger.info(f"shard {shard.shard}: index rows {shard.start} to {shard.stop} of {image_dir} (pid {os.getpid()})")
+    summary = score_part(model_dir, image_dir, shard, part, runtime, batch_size, top_k)
+    rate = summary.rows / max(summary.seconds, 1e-9)
+    logger.info(
+        f"shard {shard.shard}: {summary.rows} images in {summary.seconds:.1f} s ({rate:.0f} images/s), "
+        f"{len(summary.failed)} without scores -> {part}"
+    )
+    for failed in summary.failed:
+        logger.warning(f"shard {shard.shard}: {failed.image} not scored: {failed.error}")
+    return summary
+
+
+@stage_task("merge-scores")
+def merge_scores(
+    ranges: list[ShardRange],
+    summaries: list[PartSummary],
+    run_dir: str,
+    output_csv: str,
+    max_failed_images: int,
+    runtime: Runtime,
+    started: float,
+) -> Scored:
+    """The parts as one table at ``output_csv``, once the images that could not be scored are within
+    ``max_failed_images``; artifact ``scores`` as a one-process scoring gives it (``started``: when the scoring
+    began, by ``time.time()``)."""
+    merging = time.perf_counter()
+    failed = check_failures(summaries, max_failed_images)
+    parts = [part_location(run_dir, r.shard) for r in ranges]
+    merge_parts(parts, summaries, output_csv)
+    logger = get_run_logger()
+    logger.info(f"{len(parts)} parts merged into {output_csv} in {time.perf_counter() - merging:.3f} s")
+    if failed:
+        logger.warning(f"{len(failed)} images have no scores (the table's 'error' column says why)")
+    summary = combined_summary(summaries, parts[0], PREVIEW_ROWS)
+    return publish_scores(summary, time.time() - started, runtime, output_csv)
+
+
+def score_in_shards(
+    model_dir: str,
+    image_dir: str,
+    run_dir: str,
+    output_csv: str,
+    *,
+    shards: int,
+    pool: ShardPool,
+    runtime: Runtime,
+    batch_size: int,
+    top_k: int,
+    max_failed_images: int,
+    timeout_s: float,
+) -> Scored:
+    """Score ``image_dir`` with ``model_dir`` in ``shards`` ranges over the pool into one table at ``output_csv``.
+    With the run folder on S3 the images and the model are stored there first, for the shards' hosts."""
+    started = time.time()
+    ranges = shard_ranges(len(ImageDirectory(image_dir)), shards, batch_size)
+    if len(ranges) < shards:
+        get_run_logger().info(f"{len(ranges)} shards: the images make only {len(ranges)} batches of {batch_size}")
+    arguments = {
+        "model_dir": store(model_dir, join(run_dir, "model")),
+        "image_dir": store(image_dir, join(run_dir, "images")),
+        "runtime": runtime,
+        "batch_size": batch_size,
+        "top_k": top_k,
+        "run_dir": run_dir,
+    }
+    summaries = run_shards(ranges, arguments, run_dir, pool=pool, timeout_s=timeout_s)
+    return merge_scores(ranges, summaries, run_dir, output_csv, max_failed_images, runtime, started)

@@ -1,0 +1,68 @@
+"""The train stage ends the node runs that no worker is left to end, on a real Prefect server (the session's)."""
+
+import time
+
+import pytest
+
+from deployments.local import PROJECT_ROOT
+from tasks.launch import multinode
+
+
+@pytest.fixture
+def node_runs(prefect_server):
+    """Make ``n`` flow runs of a small flow, as a multi-node training's node runs are, on the real server."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    @flow(name="node-run")
+    def node_run() -> None: ...
+
+    with get_client(sync_client=True) as client:
+        yield client, lambda n: [client.create_flow_run(node_run) for _ in range(n)]
+
+
+def test_a_node_still_running_past_the_grace_after_another_completed_is_set_crashed(node_runs, monkeypatch):
+    from prefect.states import Completed, Running
+
+    client, make = node_runs
+    done, lost = make(2)
+    for run, states in ((done, (Running(), Completed())), (lost, (Running(),))):
+        for state in states:
+            client.set_flow_run_state(run.id, state, force=True)
+    warnings = []
+    read = [client.read_flow_run(run.id) for run in (done, lost)]
+    multinode.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
+    assert client.read_flow_run(lost.id).state.is_running()  # within the grace: the host may still report
+    monkeypatch.setattr(multinode, "ELASTIC_FINISH_GRACE_SECONDS", 0.0)
+    time.sleep(0.05)
+    multinode.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
+    ended = client.read_flow_run(lost.id).state
+    assert ended.is_crashed() and "host was lost with its worker" in ended.message
+    assert client.read_flow_run(done.id).state.is_completed()
+    assert len(warnings) == 1 and warnings[0].startswith("node 1: still Running")
+
+
+def test_a_node_run_left_cancelling_by_a_lost_worker_is_set_cancelled_through_the_api(node_runs):
+    from prefect.states import Running
+
+    client, make = node_runs
+    (stuck,) = make(1)
+    client.set_flow_run_state(stuck.id, Running(), force=True)
+    (ended,) = multinode.cancel_unfinished(client, [stuck], "cancelled with the other nodes", wait_seconds=1.0)
+    assert ended.state.is_cancelled() and "no worker ended it within 1 s" in ended.state.message
+
+
+def test_the_node_deployment_the_train_stage_submits_is_the_one_deployments_prefect_yaml_defines():
+    import importlib
+
+    import yaml
+
+    from tasks.launch.multinode import NODE_DEPLOYMENT
+
+    deployments = yaml.safe_load((PROJECT_ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]
+    defined = set()
+    for deployment in deployments:
+        module, function = deployment["entrypoint"].split(":")
+        flow = getattr(importlib.import_module(module.removesuffix(".py").replace("/", ".")), function)
+        defined.add(f"{flow.name}/{deployment['name']}")
+    assert NODE_DEPLOYMENT in defined, defined
