@@ -73,11 +73,22 @@ class Span:
     first_at: float | None = None  # when its first batch's probabilities came back (Unix time)
 
 
-class TolerantImageFiles(Dataset):
-    """``files`` (a span's images), where an image that cannot be read or decoded comes as a black image and its
-    error is noted in ``span.failed``: its row gets no scores, the rest of its batch is scored."""
+# What reading or decoding one damaged image raises (PIL, torchvision's decoders); a tolerant scoring notes it.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
 
-    def __init__(self, files: ImageFiles, span: Span) -> None:
+
+def decode_error(error: BaseException) -> str:
+    if isinstance(error, torch.OutOfMemoryError):  # the device's fault, not the image's
+        raise error
+    return f"{type(error).__name__}: {error}"
+
+
+class TolerantImageFiles(Dataset):
+    """``files`` (a span's images: ImageFiles, or EncodedImageFiles for the device path), where an image that cannot
+    be read or decoded here comes as a black image and its error is noted in ``span.failed``: its row gets no
+    scores, the rest of its batch is scored."""
+
+    def __init__(self, files: ImageFiles | EncodedImageFiles, span: Span) -> None:
         self.files, self.span = files, span
 
     def __len__(self) -> int:
@@ -86,10 +97,35 @@ class TolerantImageFiles(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         try:
             return self.files[i]
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:  # PIL's decode errors
-            self.span.failed.setdefault(self.span.start + i, f"{type(error).__name__}: {error}")
+        except DECODE_ERRORS as error:
+            self.span.failed.setdefault(self.span.start + i, decode_error(error))
             side = self.files.transform.size
             return torch.zeros((3, side, side), dtype=torch.uint8), self.files.samples[i][1]
+
+
+class TolerantDecode:
+    """A DevicePipeline's ``decode`` for a span's batches, in order: when a batch fails to decode (a damaged JPEG
+    fails nvJPEG's whole batched call), its images are decoded one by one, and one that fails alone comes as a
+    black image noted in ``span.failed``."""
+
+    def __init__(self, pipeline: DevicePipeline, span: Span, batch_size: int) -> None:
+        self.pipeline, self.span, self.batch_size, self.batches = pipeline, span, batch_size, 0
+        self.device = pipeline.device
+
+    def decode(self, payloads: PackedPayloads | list[torch.Tensor]) -> torch.Tensor:
+        first, self.batches = self.span.start + self.batches * self.batch_size, self.batches + 1
+        try:
+            return self.pipeline.decode(payloads)
+        except DECODE_ERRORS as error:
+            decode_error(error)
+        side, images = self.pipeline.transform.size, []
+        for i, payload in enumerate(payloads.unpack() if isinstance(payloads, PackedPayloads) else payloads):
+            try:
+                images.append(self.pipeline.decode([payload])[0])
+            except DECODE_ERRORS as error:
+                self.span.failed.setdefault(first + i, decode_error(error))
+                images.append(torch.zeros((3, side, side), dtype=torch.uint8, device=self.device))
+        return torch.stack(images)
 
 
 def ready(probabilities: np.ndarray) -> Probabilities:
@@ -142,7 +178,7 @@ def batches_and_predictor(
     default on CUDA), threads read the files and a thread decodes and transforms the JPEGs on the device in whole
     batches (tasks/vision/device_pipeline.py) ahead of the network; with "cpu" (the default elsewhere) a
     DataLoader decodes uint8 images here and each batch is normalised where the network runs. With a ``span``, its
-    images only, and on the CPU path an image that fails to decode is noted in it instead of failing."""
+    images only, and an image that fails to read or decode (on either path) is noted in it instead of failing."""
     spec = model_dir.spec
     transform = eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std)
     samples = images.samples(span.start, span.stop) if span else images.samples()
@@ -162,10 +198,11 @@ def batches_and_predictor(
     layout = memory_format(device)
     if decode_on == "device" or (decode_on is None and device.type == "cuda"):
         pipeline = DevicePipeline(transform, spec.transformations, spec.image_size, device)
-        dataset = EncodedImageFiles(samples, transform)
+        encoded = EncodedImageFiles(samples, transform)
+        dataset = TolerantImageFiles(encoded, span) if span else encoded
         collate = pinned_payloads if device.type == "cuda" else collate_payloads
         read = threaded_batches(dataset, batch_size, collate, threads=min(8, os.cpu_count() or 1))
-        decoded = DecodedAhead(read, pipeline)
+        decoded = DecodedAhead(read, TolerantDecode(pipeline, span, batch_size) if span else pipeline)
         return decoded, lambda batch: predict(
             pipeline.finish(batch[0], training=False).contiguous(memory_format=layout)
         )
@@ -187,8 +224,7 @@ def score_chunks(
     whatever the number of classes), in the images' order, at least one chunk (it names the columns): what
     ``write_score_chunks`` writes as it comes. The arguments are checked at once. With a ``span``, only the
     images from ``span.start`` to ``span.stop`` (index rows), and an image that cannot be read or decoded is
-    noted in ``span.failed`` with its row left without scores instead of failing the scoring (on the CPU decode
-    path: the device path fails its batch)."""
+    noted in ``span.failed`` with its row left without scores instead of failing the scoring."""
     if top_k < 0:
         raise PipelineInputError(f"top_k {top_k} is not allowed: use 0 (no top-k columns) or a number of labels >= 1")
     if images.labeled and not set(images.classes) <= set(model_dir.classes):

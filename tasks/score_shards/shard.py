@@ -14,7 +14,7 @@ from tasks.contracts.image_directory import INDEX_NAME, MANIFEST_NAME, ImageDire
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.scores_table import Runtime, write_score_chunks
 from tasks.errors import InvalidDatasetError
-from tasks.evaluation.score import Span, score_chunks
+from tasks.evaluation.score import DecodeOn, Span, score_chunks
 from tasks.score_shards.parts import FailedImage, PartSummary, ShardRange, write_summary
 from tasks.storage.local_files import sha256_file
 from tasks.storage.s3 import download_files, download_s3_object, is_s3_uri, parse_s3_uri, read_s3_object, s3_client
@@ -72,14 +72,17 @@ def score_part(
     runtime: Runtime = "torch",
     batch_size: int = 64,
     top_k: int = 0,
+    decode_on: DecodeOn | None = None,
 ) -> PartSummary:
     """Score index rows ``shard.start`` to ``shard.stop`` of ``image_dir`` (a path or S3 URI) with ``model_dir``
-    into ``part`` (written whole), then write its summary beside it; returns the summary."""
+    into ``part`` (written whole), then write its summary beside it; returns the summary. ``decode_on``: as
+    ``score_chunks`` takes it (the device on CUDA by default)."""
     started = time.time()
     model = ModelDirectory(fetch_folder(model_dir))
     images, unreadable = fetch_image_span(image_dir, shard.start, shard.stop)
     span = Span(shard.start, shard.stop, failed=dict(unreadable))
-    chunks = score_chunks(model, images, batch_size=batch_size, runtime=runtime, top_k=top_k, span=span)
+    options = {"batch_size": batch_size, "runtime": runtime, "top_k": top_k, "decode_on": decode_on}
+    chunks = score_chunks(model, images, **options, span=span)
     scores = write_score_chunks(chunks, part, rows=shard.stop - shard.start)
     index = images.index
     summary = PartSummary(

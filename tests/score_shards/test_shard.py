@@ -3,6 +3,7 @@ byte for byte; a damaged image, locally or on S3, is a row without scores while 
 scored as before."""
 
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -10,11 +11,13 @@ import pytest
 from tasks.contracts.image_directory import INDEX_NAME, MANIFEST_NAME, ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.scores_table import ERROR_COLUMN, read_scores, write_score_chunks
+from tasks.convert import convert_to_image_directory
 from tasks.evaluation.score import score_chunks, score_images
 from tasks.score_shards.parts import check_failures, merge_parts, part_location, shard_ranges
 from tasks.score_shards.shard import score_part
 from tasks.storage.s3 import s3_client
 from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE, publish
+from tests.helpers import write_class_folders
 
 
 def one_process_table(model, images, location, batch_size=4):
@@ -83,3 +86,28 @@ def test_a_shard_fetches_only_its_range_from_s3_and_names_an_image_damaged_there
     fetched = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
     wanted = {images.index.path[i] for i in range(ranges[1].start, ranges[1].stop)}
     assert fetched == wanted | {MANIFEST_NAME, INDEX_NAME}, "its range only"
+
+
+def test_on_the_device_path_a_damaged_jpeg_costs_its_row_not_its_batch(trained_model, tmp_path):
+    """decode_on="device" (nvJPEG on CUDA; torchvision's decoder here) decodes a batch in one call, which a damaged
+    JPEG fails whole: the batch is decoded again image by image and only that image's row has no scores."""
+    source = write_class_folders(tmp_path / "photos", 4, ext=".jpg")
+    images = convert_to_image_directory(source, tmp_path / "images")
+    ranges = shard_ranges(len(images), 2, 4)
+
+    def scored(folder: Path, name: str):
+        parts = [part_location(str(tmp_path / name), r.shard) for r in ranges]
+        options = {"batch_size": 4, "decode_on": "device"}
+        summaries = [score_part(str(trained_model), str(folder), r, p, **options) for r, p in zip(ranges, parts)]
+        merge_parts(parts, summaries, str(tmp_path / f"{name}.csv"))
+        return summaries, read_scores(tmp_path / f"{name}.csv")
+
+    _, whole = scored(images.root, "whole")
+    damaged = ImageDirectory(shutil.copytree(images.root, tmp_path / "damaged"))
+    row = 6
+    path = damaged.root / damaged.index.path[row]
+    path.write_bytes(path.read_bytes()[:20] + b"not the rest of a JPEG" * 8)
+    summaries, merged = scored(damaged.root, "damaged")
+    assert [f.row for s in summaries for f in s.failed] == [row]
+    assert merged[ERROR_COLUMN].notna().tolist() == [i == row for i in range(len(whole))]
+    pd.testing.assert_frame_equal(merged.drop(index=row, columns=ERROR_COLUMN), whole.drop(index=row))
