@@ -170,6 +170,12 @@ def lose(pids) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def lose_host_of(flow_run) -> None:
+    """The host of a running flow run lost: the process its worker started for it and everything below, at once
+    (its worker, as a pool's other host would, then reports the run Crashed)."""
+    lose(process_tree(int(flow_run.infrastructure_pid.rsplit(":", 1)[-1])))
+
+
 def flow_run_log(api_url: str, flow_run_id) -> str:
     """A flow run's log lines, as the UI shows them."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId

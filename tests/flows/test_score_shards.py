@@ -11,7 +11,7 @@ import pytest
 from deployments.local import PROJECT_ROOT
 from tasks.storage.s3 import list_s3_names, read_s3_object
 from tests.flows.nodes_stack import host_env, nodes_stack
-from tests.helpers import flow_run_log, lose, process_tree, write_class_folders
+from tests.helpers import flow_run_log, lose_host_of, write_class_folders
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +86,7 @@ def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(sta
             assert sharded.poll() is None and time.monotonic() < deadline, shard_runs_of(stack, f"{s3_work}/sharded")
             time.sleep(0.2)
         lost = running[0]
-        lose(process_tree(int(lost.infrastructure_pid.rsplit(":", 1)[-1])))
+        lose_host_of(lost)
         output, _ = sharded.communicate(timeout=600)
     finally:
         sharded.kill()

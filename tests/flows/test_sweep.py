@@ -17,7 +17,7 @@ from tasks.storage.s3 import list_s3_names, read_s3_object
 from tasks.sweep.study import STUDY_FILE
 from tests import helpers
 from tests.flows.nodes_stack import HOSTS, host_env, nodes_stack, run_folders
-from tests.helpers import flow_run_log, lose, process_tree, processes_of, training_processes
+from tests.helpers import flow_run_log, lose_host_of, processes_of, training_processes
 
 pytestmark = pytest.mark.integration
 
@@ -201,7 +201,7 @@ def test_a_sweep_on_s3_killed_part_way_is_resumed_on_another_host_to_exactly_its
             assert resumed.poll() is None and time.monotonic() < deadline, [(r.name, r.state) for r in runs]
             time.sleep(0.5)
         lost = runs[2]
-        lose(process_tree(int(lost.infrastructure_pid.rsplit(":", 1)[-1])))
+        lose_host_of(lost)
         output, _ = resumed.communicate(timeout=900)
     finally:
         resumed.kill()
