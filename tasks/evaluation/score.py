@@ -78,6 +78,8 @@ DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.Decompres
 
 
 def decode_error(error: BaseException) -> str:
+    """Why an image could not be decoded, as its row's error; a device out of memory is raised again: it is no
+    image's fault."""
     if isinstance(error, torch.OutOfMemoryError):  # the device's fault, not the image's
         raise error
     return f"{type(error).__name__}: {error}"

@@ -10,7 +10,6 @@ one-process scoring forms: the merged table equals that one value for value.
 from __future__ import annotations
 
 import io
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -18,7 +17,7 @@ from typing import Literal
 import pandas as pd
 from pydantic import BaseModel, Field
 
-from tasks.contracts.scores_table import ERROR_COLUMN, IMAGE_COLUMN, ScoresSummary, read_scores, write_csv_bytes
+from tasks.contracts.scores_table import ERROR_COLUMN, ScoresSummary, read_scores, write_csv_bytes
 from tasks.errors import FailedImagesError, PipelineInputError
 from tasks.storage.local_files import write_text_atomic
 from tasks.storage.s3 import is_s3_uri, parse_s3_uri, read_bytes, read_s3_object, s3_client, s3_writing
@@ -121,7 +120,7 @@ def combined_summary(summaries: list[PartSummary], first_part: str, preview_rows
     summary = ScoresSummary(preview_rows)
     for part in summaries:
         summary.rows += part.rows
-        summary.counts.update(Counter(part.label_counts))
+        summary.counts.update(part.label_counts)
         summary.top_probabilities += part.top_probability_sum
     head = read_scores(first_part).head(preview_rows) if preview_rows else pd.DataFrame()
     summary.head, summary.columns = head, list(head.columns)
@@ -177,10 +176,3 @@ def _with_errors(body: bytes, header: bytes, part: PartSummary, failed: dict[int
         raise RuntimeError(f"part {part.shard} holds {len(table)} rows, its summary {len(errors)}")
     table[ERROR_COLUMN] = errors
     return table.to_csv(index=False, header=False).encode()
-
-
-def failed_rows(table: pd.DataFrame) -> list[str]:
-    """The images of a merged table that have no scores."""
-    if ERROR_COLUMN not in table.columns:
-        return []
-    return table.loc[table[ERROR_COLUMN].notna(), IMAGE_COLUMN].tolist()

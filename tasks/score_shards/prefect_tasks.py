@@ -29,7 +29,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
 
 from tasks.contracts.image_directory import ImageDirectory
-from tasks.contracts.scores_table import Runtime
+from tasks.contracts.scores_table import BATCH_SIZE, Runtime
 from tasks.errors import ShardFailedError
 from tasks.evaluation.score import PREVIEW_ROWS, Scored, publish_scores
 from tasks.launch.lost_runs import MAX_RERUNS
@@ -198,7 +198,7 @@ def score_shard(
     shard: ShardRange,
     run_dir: str,
     runtime: Runtime = "torch",
-    batch_size: int = 64,
+    batch_size: int = BATCH_SIZE,
     top_k: int = 0,
 ) -> PartSummary:
     """``score_part`` into the run's part for ``shard``, logged: a run of it again writes the part anew (never
@@ -218,7 +218,6 @@ def score_shard(
 
 @stage_task("merge-scores")
 def merge_scores(
-    ranges: list[ShardRange],
     summaries: list[PartSummary],
     run_dir: str,
     output_csv: str,
@@ -231,7 +230,7 @@ def merge_scores(
     began, by ``time.time()``)."""
     merging = time.perf_counter()
     failed = check_failures(summaries, max_failed_images)
-    parts = [part_location(run_dir, r.shard) for r in ranges]
+    parts = [part_location(run_dir, summary.shard) for summary in summaries]
     merge_parts(parts, summaries, output_csv)
     logger = get_run_logger()
     logger.info(f"{len(parts)} parts merged into {output_csv} in {time.perf_counter() - merging:.3f} s")
@@ -270,4 +269,4 @@ def score_in_shards(
         "run_dir": run_dir,
     }
     summaries = run_shards(ranges, arguments, run_dir, pool=pool, timeout_s=timeout_s)
-    return merge_scores(ranges, summaries, run_dir, output_csv, max_failed_images, runtime, started)
+    return merge_scores(summaries, run_dir, output_csv, max_failed_images, runtime, started)

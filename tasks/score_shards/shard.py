@@ -5,44 +5,36 @@ or that differs from the sha256 recorded when it was converted, becomes a row wi
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tasks.contracts.image_directory import INDEX_NAME, MANIFEST_NAME, ImageDirectory
+from botocore.exceptions import ClientError
+
+from tasks.contracts.image_directory import MANIFEST_NAME, ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory
-from tasks.contracts.scores_table import Runtime, write_score_chunks
-from tasks.errors import InvalidDatasetError
+from tasks.contracts.scores_table import BATCH_SIZE, Runtime, write_score_chunks
 from tasks.evaluation.score import DecodeOn, Span, score_chunks
 from tasks.score_shards.parts import FailedImage, PartSummary, ShardRange, write_summary
 from tasks.storage.local_files import sha256_file
-from tasks.storage.s3 import download_files, download_s3_object, is_s3_uri, parse_s3_uri, read_s3_object, s3_client
-from tasks.storage.work_dir_on_s3 import cache_root, fetch_folder, join
+from tasks.storage.s3 import download_s3_object, is_s3_uri, no_such_key, parse_s3_uri, s3_client
+from tasks.storage.work_dir_on_s3 import fetch_folder, fetch_index, stored_manifest
 
 DOWNLOAD_THREADS = 16
 
 
 def fetch_image_span(location: str, start: int, stop: int) -> tuple[ImageDirectory, dict[int, str]]:
     """The ImageDirectory at ``location`` with the images of index rows ``start`` to ``stop`` on this host, and
-    those of them that could not be had (row -> why). A local one is itself. From S3, its manifest, its index and
-    the range's images only go to this host's cache (shards of the same images share the folder); an image whose
-    bytes differ from the sha256 recorded at conversion, or whose object is gone, is named instead."""
+    those of them that could not be had (row -> why). A local one is itself, as is one this host's cache holds
+    whole. From S3, its manifest, its index and the range's images only go to ``<cache>/images/<key>-ranges``
+    (shards of the same images share it); an image whose bytes differ from the sha256 recorded at conversion, or
+    whose object is gone, is named instead."""
     if not is_s3_uri(location):
         return ImageDirectory(location), {}
-    manifest = read_s3_object(join(location, MANIFEST_NAME))
-    if manifest is None:
-        raise InvalidDatasetError(f"{location} holds no {MANIFEST_NAME}: it is not an ImageDirectory")
-    folder = cache_root() / "images" / f"{hashlib.sha256(manifest).hexdigest()[:32]}"
-    if not (folder / MANIFEST_NAME).is_file():  # not the whole directory here: the range's part of it
-        folder = folder.with_name(folder.name + "-ranges")
-        index_sha256 = json.loads(manifest).get("index_sha256")
-        if not (folder / INDEX_NAME).is_file() or sha256_file(folder / INDEX_NAME) != index_sha256:
-            download_files(location, [INDEX_NAME], folder)
-            if sha256_file(folder / INDEX_NAME) != index_sha256:
-                raise InvalidDatasetError(f"{location}: its {INDEX_NAME} differs from the sha256 its manifest gives")
-        (folder / MANIFEST_NAME).write_bytes(manifest)
-    images = ImageDirectory(folder)
+    manifest, whole = stored_manifest(location)
+    if (whole / MANIFEST_NAME).is_file():  # fetched whole and checked before
+        return ImageDirectory(whole), {}
+    folder = whole.with_name(whole.name + "-ranges")
+    images = ImageDirectory(folder) if (folder / MANIFEST_NAME).is_file() else fetch_index(location, manifest, folder)
     index, where, client = images.index, parse_s3_uri(location), s3_client()
 
     def fetch(row: int) -> str | None:
@@ -51,8 +43,8 @@ def fetch_image_span(location: str, start: int, stop: int) -> tuple[ImageDirecto
             return None
         try:
             download_s3_object(client, where.bucket, where.key(index.path[row]), path)
-        except Exception as error:  # noqa: BLE001 - an object gone or unreadable costs its row, not the shard
-            if getattr(error, "response", {}).get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
+        except ClientError as error:  # an object gone costs its row, not the shard
+            if not no_such_key(error):
                 raise
             return f"{location}/{index.path[row]} is gone from the bucket"
         if sha256_file(path) != expected:
@@ -70,7 +62,7 @@ def score_part(
     shard: ShardRange,
     part: str,
     runtime: Runtime = "torch",
-    batch_size: int = 64,
+    batch_size: int = BATCH_SIZE,
     top_k: int = 0,
     decode_on: DecodeOn | None = None,
 ) -> PartSummary:

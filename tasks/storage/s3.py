@@ -154,6 +154,13 @@ def download_s3_object(client: Any, bucket: str, key: str, path: str | os.PathLi
     _get_body(client, bucket, key, lambda: atomic_write(Path(path), "wb"))
 
 
+def no_such_key(error: BaseException) -> bool:
+    """Whether ``error`` is S3 saying the object does not exist."""
+    from botocore.exceptions import ClientError
+
+    return isinstance(error, ClientError) and error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404")
+
+
 def read_s3_object(uri: str) -> bytes | None:
     """An object's bytes, or None when there is no such key."""
     from botocore.exceptions import ClientError
@@ -162,7 +169,7 @@ def read_s3_object(uri: str) -> bytes | None:
     try:
         return read_s3_bytes(s3_client(), where.bucket, where.prefix)
     except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+        if no_such_key(error):
             return None
         raise
 

@@ -97,27 +97,39 @@ def publish(local: str | os.PathLike[str], location: str) -> str:
     return location
 
 
+def stored_manifest(location: str) -> tuple[bytes, Path]:
+    """The manifest of the ImageDirectory stored at ``location`` (S3), and where this host's cache keeps its copy
+    (keyed by the manifest's content)."""
+    data = read_s3_object(join(location, MANIFEST_NAME))
+    if data is None:
+        raise InvalidDatasetError(f"{location} holds no {MANIFEST_NAME}: it is not an ImageDirectory")
+    return data, cache_root() / "images" / hashlib.sha256(data).hexdigest()[:32]
+
+
+def fetch_index(location: str, manifest: bytes, folder: Path) -> ImageDirectory:
+    """The stored ImageDirectory's index (checked against its manifest's sha256) and manifest, into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    index_sha256 = json.loads(manifest).get("index_sha256")  # none in format 1: the records are in the manifest
+    if index_sha256:
+        download_files(location, [INDEX_NAME], folder)
+        if sha256_file(folder / INDEX_NAME) != index_sha256:
+            raise InvalidDatasetError(f"{location}: its {INDEX_NAME} differs from the sha256 its manifest gives")
+    (folder / MANIFEST_NAME).write_bytes(manifest)
+    return ImageDirectory(folder)
+
+
 def fetch_image_directory(location: str) -> Path:
     """A local ImageDirectory of ``location``: itself, or a copy in this host's cache keyed by its manifest's
     content, each image checked against the manifest's sha256."""
     if not is_s3_uri(location):
         return Path(location)
-    data = read_s3_object(join(location, MANIFEST_NAME))
-    if data is None:
-        raise InvalidDatasetError(f"{location} holds no {MANIFEST_NAME}: it is not an ImageDirectory")
-    target = cache_root() / "images" / hashlib.sha256(data).hexdigest()[:32]
+    data, target = stored_manifest(location)
     if (target / MANIFEST_NAME).is_file():
         return target
-    index_sha256 = json.loads(data).get("index_sha256")  # none in format 1: the records are in the manifest
     target.parent.mkdir(parents=True, exist_ok=True)
     download = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.download-"))
     try:
-        if index_sha256:
-            download_files(location, [INDEX_NAME], download)
-            if sha256_file(download / INDEX_NAME) != index_sha256:
-                raise InvalidDatasetError(f"{location}: its {INDEX_NAME} differs from the sha256 its manifest gives")
-        (download / MANIFEST_NAME).write_bytes(data)
-        index = ImageDirectory(download).index
+        index = fetch_index(location, data, download).index
         download_files(location, index.path, download)
         wrong = [p for p, sha in zip(index.path, index.sha256) if sha256_file(download / p) != sha.tobytes().hex()]
         if wrong:
