@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from bench.harness import Figure, alternate, table
-from tasks import convert_to_image_directory
+from tasks.convert.conversion import convert_to_image_directory
 
 CLASSES = ("cat", "dog", "cow", "owl")
 

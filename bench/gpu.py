@@ -35,13 +35,13 @@ from torch.utils.data import DataLoader
 
 from bench.harness import Figure, table
 from bench.profile_steps import profile_training
-from tasks import convert_to_image_directory
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.contracts.transformations import ImageTransformations
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.launch.torchrun_launcher import launch_training
-from tasks.model import write_untrained_model_directory
+from tasks.model.untrained import write_untrained_model_directory
 from tasks.training.loop import autocast, make_optimizer
 from tasks.vision.device_pipeline import DevicePipeline
 from tasks.vision.images import ImageFiles

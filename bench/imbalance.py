@@ -15,15 +15,15 @@ import tempfile
 from pathlib import Path
 
 from bench.harness import Figure, table
-from tasks import convert_to_image_directory
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.data.datasets import export_digits
 from tasks.evaluation.evaluate import evaluate_scores
 from tasks.evaluation.score import score_images
 from tasks.launch.torchrun_launcher import launch_training
-from tasks.model import write_untrained_model_directory
+from tasks.model.untrained import write_untrained_model_directory
 
 
 def imbalanced_copy(train: Path, output: Path, small_class: str, share: float) -> Path:

@@ -209,7 +209,7 @@ def split_cost(count: int, repetitions: int) -> list[str]:
 
 def conversion_cost(count: int, repetitions: int) -> str:
     import tasks.convert.storing as storing
-    from tasks import convert_to_image_directory
+    from tasks.convert.conversion import convert_to_image_directory
 
     with tempfile.TemporaryDirectory(prefix="bench-near-duplicates-") as scratch:
         scratch = Path(scratch)

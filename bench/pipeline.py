@@ -15,11 +15,15 @@ import time
 from pathlib import Path
 
 from bench.harness import Figure, alternate, table
-from tasks import check_training_data, convert_to_image_directory, evaluate_scores, export_digits, score_images
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.convert.conversion import convert_to_image_directory
+from tasks.data.datasets import export_digits
+from tasks.data.validate import check_training_data
+from tasks.evaluation.evaluate import evaluate_scores
+from tasks.evaluation.score import score_images
 from tasks.launch.torchrun_launcher import launch_training
-from tasks.model import write_untrained_model_directory
+from tasks.model.untrained import write_untrained_model_directory
 from tasks.registry import lineage, register_model
 
 PARAMS = TrainingParams(epochs=1, processes_per_node=1, device="cpu")

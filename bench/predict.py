@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from bench.score import random_model_directory
-from tasks.predict import Classifier
+from tasks.predict.classifier import Classifier
 
 
 def seconds(architecture: str, repetitions: int = 5) -> tuple[float, float]:

@@ -91,7 +91,7 @@ def run_stage(stage: str, work: Path) -> dict:
         count = plain_loop(source, work / "plain", "*.png")
         shutil.rmtree(work / "plain")
     elif stage == "convert":
-        from tasks import convert_to_image_directory
+        from tasks.convert.conversion import convert_to_image_directory
 
         base, started = rss_mb(), time.perf_counter()
         count = len(convert_to_image_directory(source, converted))
@@ -162,12 +162,12 @@ def run_stage(stage: str, work: Path) -> dict:
 
 def train_small_model(root: Path) -> None:
     """A ModelDirectory (shufflenet_v2_x0_5 at 16 px, one epoch on 1,000 images) for the score stage."""
-    from tasks import convert_to_image_directory
     from tasks.contracts.model_directory import ModelSpec
     from tasks.contracts.training_config import TrainingFolders, TrainingParams
+    from tasks.convert.conversion import convert_to_image_directory
     from tasks.data.split import split_image_directory
     from tasks.launch.torchrun_launcher import launch_training
-    from tasks.model import write_untrained_model_directory
+    from tasks.model.untrained import write_untrained_model_directory
 
     write_images(root / "source", 1000)
     converted = convert_to_image_directory(root / "source", root / "converted")

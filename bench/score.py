@@ -37,7 +37,7 @@ from tasks.contracts.model_directory import (
     ModelSpec,
     TrainedModelSpec,
 )
-from tasks.convert import convert_to_image_directory
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.data.datasets import export_digits
 from tasks.evaluation.onnx_export import export_onnx
 from tasks.evaluation.score import BATCH_SIZE, score_images

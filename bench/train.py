@@ -26,11 +26,12 @@ from torch.utils.data import DataLoader
 from torchvision import transforms as T
 
 from bench.harness import Figure, alternate, in_fresh_process, table
-from tasks import convert_to_image_directory, export_digits
 from tasks.contracts.model_directory import ModelSpec, driver_log_path
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.convert.conversion import convert_to_image_directory
+from tasks.data.datasets import export_digits
 from tasks.launch.torchrun_launcher import launch_training, worker_environment
-from tasks.model import write_untrained_model_directory
+from tasks.model.untrained import write_untrained_model_directory
 
 IMAGE_SIZE = 32
 _PEAK = re.compile(r"peak memory (\d+) MB")

@@ -36,12 +36,13 @@ import torch
 import torchvision
 
 from bench.harness import Figure, table
-from tasks import convert_to_image_directory, export_digits
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.convert.conversion import convert_to_image_directory
+from tasks.data.datasets import export_digits
 from tasks.launch.torchrun_launcher import launch_training
-from tasks.model import write_untrained_model_directory
+from tasks.model.untrained import write_untrained_model_directory
 
 PRETRAIN_CLASSES = ("0", "1", "2", "3", "4")
 FINE_TUNE_CLASSES = ("5", "6", "7", "8", "9")

@@ -21,23 +21,24 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
+from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.convert import ConversionLimits, convert
-from tasks.data.datasets import resolve_sources
+from tasks.convert.prefect_tasks import convert
+from tasks.data.prefect_tasks import resolve_sources, split, validate_labels
 from tasks.data.preflight import check_training_inputs
-from tasks.data.split import split
-from tasks.data.validate import validate_labels
-from tasks.evaluation.evaluate import Evaluation, evaluate
-from tasks.evaluation.gallery import show_misclassified
+from tasks.evaluation.evaluate import Evaluation
+from tasks.evaluation.prefect_tasks import evaluate, export_and_check_onnx, score, show_misclassified
 from tasks.launch.lost_runs import take_over_lost_run
-from tasks.launch.train import train
-from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
+from tasks.launch.prefect_tasks import train
+from tasks.model.prefect_tasks import resolve_pretrained_weights, untrained_model_directory
+from tasks.model.untrained import with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE, check_distance
 from tasks.registry import PromotionPolicy, Registration
 from tasks.registry.prefect_tasks import register, settle_promotion
-from tasks.storage.runs import Keep, tidy_registered_run
-from tasks.storage.work_dir_on_s3 import join, local_folder, store
+from tasks.storage.prefect_tasks import keep_results, store
+from tasks.storage.runs import Keep
+from tasks.storage.work_dir_on_s3 import join, local_folder
 
 
 class PipelineResult(BaseModel):
@@ -236,11 +237,6 @@ def evaluate_and_register(
 ) -> tuple[Any, Evaluation, int]:
     """Score the trained model on the validation images, evaluate it (and show the misclassified), register it
     under the promotion policy, and tidy the run folder: (the registration, the evaluation, the folder's size)."""
-    # Imported here, not with the module: they bring torch, which the flow's own process needs from this point
-    # only; `import flows.pipeline` (a command line stopping at a mistake, `prefect deploy`) stays light.
-    from tasks.evaluation.onnx_export import export_and_check_onnx
-    from tasks.evaluation.score import score
-
     local_run = local_folder(run_dir)
     if export_onnx:
         model_dir = export_and_check_onnx(model_dir, validation_dir)
@@ -259,7 +255,7 @@ def evaluate_and_register(
     )
     registered = settle_promotion(registry, registered, promotion.approval_timeout_s)
     record = registered.registration
-    size = tidy_registered_run(
+    size = keep_results(
         run_dir, model_dir, keep, {"name": record.name, "version": record.version, "location": registered.location}
     )
     return registered, evaluation, size

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m flows.predict") -
     args = parser.parse_args(argv)
     if args.top_k < 1:
         parser.error(f"--top-k {args.top_k}: give 1 or more")
-    from tasks.predict import Classifier
+    from tasks.predict.classifier import Classifier
 
     try:
         predictions = Classifier.load(args.model, args.registry).predict(args.photos)

@@ -14,11 +14,12 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
+from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.scores_table import BATCH_SIZE, Runtime
-from tasks.convert import ConversionLimits, convert
+from tasks.convert.prefect_tasks import convert
 from tasks.data.preflight import check_scoring_inputs
-from tasks.evaluation.comparison import compare
-from tasks.evaluation.evaluate import Evaluation, evaluate
+from tasks.evaluation.evaluate import Evaluation
+from tasks.evaluation.prefect_tasks import compare, evaluate, score
 from tasks.registry.prefect_tasks import resolve_model
 from tasks.score_shards.parts import DEFAULT_TIMEOUT_S, ShardPool, check_sharding
 from tasks.storage.work_dir_on_s3 import join, local_folder
@@ -100,8 +101,6 @@ def score_pipeline(
             timeout_s=shard_timeout_s,
         )
     else:
-        from tasks.evaluation.score import score  # here, not with the module: torch, which only scoring needs
-
         scored = score(model_dir, image_dir, output, runtime, batch_size, top_k)
     evaluation = evaluate(scored.table, str(here / "confusion_matrix.png")) if scored.labeled else None
     result = ScoreResult(model_dir=model_dir, scores=scored.table, images=scored.images, evaluation=evaluation)

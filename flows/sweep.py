@@ -21,16 +21,18 @@ from prefect.states import Completed
 
 from flows import run_folder
 from flows.pipeline import PipelineResult, check_inputs, evaluate_and_register, prepare_data
+from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.convert import ConversionLimits
 from tasks.errors import PipelineInputError, SweepFailedError
-from tasks.model import resolve_pretrained_weights, untrained_model_directory, with_pretrained_default
+from tasks.model.prefect_tasks import resolve_pretrained_weights, untrained_model_directory
+from tasks.model.untrained import with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE
 from tasks.registry import PromotionPolicy
+from tasks.storage.prefect_tasks import store
 from tasks.storage.runs import Keep
 from tasks.storage.s3 import is_s3_uri, read_s3_object
-from tasks.storage.work_dir_on_s3 import fetch_folder, join, local_folder, mirror_of, store
+from tasks.storage.work_dir_on_s3 import fetch_folder, join, local_folder, mirror_of
 from tasks.sweep import SearchSpace, SweepSettings, SweepStudy, TrialRecord, apply_params
 from tasks.sweep.space import check_search_space
 from tasks.sweep.study import STUDY_FILE

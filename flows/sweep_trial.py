@@ -10,7 +10,7 @@ from prefect import flow
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.launch.lost_runs import take_over_lost_trial
-from tasks.launch.train import train
+from tasks.launch.prefect_tasks import train
 
 
 @flow(name="sweep-trial", log_prints=True)

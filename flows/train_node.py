@@ -8,8 +8,7 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.launch.multinode import find_rendezvous
-from tasks.launch.train import train_node
+from tasks.launch.prefect_tasks import find_rendezvous, train_node
 
 
 @flow(name="train-node", log_prints=True)

@@ -1,47 +1,30 @@
-"""Pipeline stages: pure functions first, thin Prefect tasks at the bottom of each module.
+"""Pipeline stages. A stage is imported from the module that defines it (``from tasks.convert.conversion import
+convert_to_image_directory``), as the flows do; importing a package imports neither torch nor Prefect.
 
-Names are imported lazily so that ``tasks.training`` (the torchrun worker) never imports Prefect.
+Packages (the plain functions in their modules; the Prefect tasks of each in its ``prefect_tasks.py``):
+
+    contracts/        what one stage writes and the next reads: ImageDirectory, ModelDirectory, scores table,
+                      registry layout, TrainingParams, ConversionLimits, ImageTransformations, the family table
+    convert/          Convert to Image Directory: a folder, archive or S3 prefix of images → ImageDirectory
+    data/             the data before training: the bundled digits, split, label validation, preflight checks
+    model/            the model a training starts from: ModelSpec → UntrainedModelDirectory, weights staged
+    launch/           how a training is started and watched: torchrun, its output, multi-node, lost runs
+    training/         the torchrun worker (plain PyTorch, no Prefect)
+    vision/           torchvision networks and image tensors (training, scoring, ONNX)
+    evaluation/       Score Image Model, Evaluate Model, comparison, gallery, plots, ONNX export
+    score_shards/     scoring in shards over the work pool
+    sweep/            hyperparameter sweeps (Optuna)
+    registry/         the model registry: versions, aliases, promotion, the command line
+    storage/          where files live: S3, local files, a work dir on S3, run folders
+    near_duplicates/  perceptual hashes and near-duplicate pairs
+    predict/          Classifier: a trained model labelling a few photos, no Prefect
+
+Flat leaves, shared by the packages and small enough to stay alone:
+
+    errors.py     every typed error (PipelineInputError: never retried)
+    retrying.py   ``stage_task``, the one Prefect task decorator, and its retry rule
+    progress.py   a progress line while a long step runs
+    console.py    Prefect's console filtered for a while
+    memory.py     a process's own peak memory
+    allocator.py  glibc malloc kept from returning batch-sized blocks to the kernel
 """
-
-from __future__ import annotations
-
-import importlib
-
-_EXPORTS = {
-    "convert_to_image_directory": "tasks.convert",
-    "check_training_data": "tasks.data.validate",
-    "split_image_directory": "tasks.data.split",
-    "write_untrained_model_directory": "tasks.model",
-    "build_torchrun_command": "tasks.launch.torchrun_launcher",
-    "launch_training": "tasks.launch.torchrun_launcher",
-    "run_training": "tasks.launch.torchrun_launcher",
-    "score_images": "tasks.evaluation.score",
-    "evaluate_scores": "tasks.evaluation.evaluate",
-    "register_model": "tasks.registry",
-    "export_digits": "tasks.data.datasets",
-    "ImageDirectory": "tasks.contracts.image_directory",
-    "Normalisation": "tasks.contracts.image_directory",
-    "ModelDirectory": "tasks.contracts.model_directory",
-    "ModelSpec": "tasks.contracts.model_directory",
-    "TrainingParams": "tasks.contracts.training_config",
-    "PipelineInputError": "tasks.errors",
-    "NotLabeledDatasetError": "tasks.errors",
-    "InvalidDatasetError": "tasks.errors",
-    "ClassTooSmallToSplitError": "tasks.errors",
-    "InvalidModelDirectoryError": "tasks.errors",
-    "InvalidModelNameError": "tasks.errors",
-    "TrainingFailedError": "tasks.errors",
-    "TrainingDivergedError": "tasks.errors",
-    "TrainingHungError": "tasks.errors",
-    "TrainingTimeoutError": "tasks.errors",
-    "OutputInUseError": "tasks.errors",
-    "NodesNotJoinedError": "tasks.errors",
-    "TrainingNodeFailedError": "tasks.errors",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'tasks' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)

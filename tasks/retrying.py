@@ -19,16 +19,18 @@ def retry_unless_input_error(task, task_run, state) -> bool:
     return True
 
 
-def stage_task(name: str, retries: int = 2, retry_delay_seconds: float = 2):
-    """The Prefect task decorator of a stage: ``retries`` when a failure can pass (storage, network, a lost
-    process), none on a mistake in the input, and no result cache (every stage reads and writes files)."""
+def stage_task(fn=None, *, retries: int = 2, retry_delay_seconds: float = 2):
+    """The one Prefect task decorator of the stages, bare (``@stage_task``) or with options
+    (``@stage_task(retries=0)``): ``retries`` when a failure can pass (storage, network, a lost process), none on a
+    mistake in the input, and no result cache (every stage reads and writes files). The task is named after its
+    function (Prefect's default), so a task run is looked up by the function's name."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
 
-    return task(
-        name=name,
+    decorate = task(
         retries=retries,
         retry_delay_seconds=retry_delay_seconds,
         retry_condition_fn=retry_unless_input_error,
         cache_policy=NO_CACHE,
     )
+    return decorate if fn is None else decorate(fn)

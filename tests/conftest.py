@@ -125,7 +125,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def colour_image_dirs(built_once) -> tuple[Path, Path]:
     """Converted (train, validation) ImageDirectories of the colour classes."""
-    from tasks import convert_to_image_directory
+    from tasks.convert.conversion import convert_to_image_directory
 
     def build(base: Path) -> tuple[Path, Path]:
         train = convert_to_image_directory(write_class_folders(base / "src-train", 8, seed=1), base / "train").root
@@ -138,7 +138,7 @@ def colour_image_dirs(built_once) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def resnet_spec(built_once) -> Path:
     from tasks.contracts.model_directory import ModelSpec
-    from tasks.model import write_untrained_model_directory
+    from tasks.model.untrained import write_untrained_model_directory
 
     return built_once(
         "spec", lambda folder: write_untrained_model_directory(folder, ModelSpec(architecture="resnet18"))
@@ -185,7 +185,7 @@ def digits_subset(built_once) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def digits_image_dirs(built_once, digits_subset) -> tuple[Path, Path]:
     """The digits subset converted: 300 training and 100 validation ImageDirectory images."""
-    from tasks import convert_to_image_directory
+    from tasks.convert.conversion import convert_to_image_directory
 
     train, val = digits_subset
     return built_once(

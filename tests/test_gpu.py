@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 
 from flows.pipeline import train_pipeline
-from tasks import ImageDirectory, ModelDirectory
-from tasks.contracts.model_directory import ModelSpec
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import ModelDirectory, ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.errors import InvalidTrainingSetupError, PipelineInputError
 from tasks.evaluation.score import score_images

@@ -26,7 +26,7 @@ class Count(BaseModel):
 def test_a_stage_retries_what_can_pass_and_not_a_mistake_in_the_input(prefect_server, failure, runs):
     calls = []
 
-    @stage_task("flaky", retries=2, retry_delay_seconds=0)
+    @stage_task(retries=2, retry_delay_seconds=0)
     def flaky() -> None:
         calls.append(1)
         if failure == "validation":
@@ -40,3 +40,14 @@ def test_a_stage_retries_what_can_pass_and_not_a_mistake_in_the_input(prefect_se
     with pytest.raises(Exception):  # noqa: B017 (the failure itself, whichever it is)
         one_stage()
     assert len(calls) == runs
+
+
+def test_a_stage_task_is_named_after_its_function_bare_or_with_options():
+    @stage_task
+    def keep_going() -> None: ...
+
+    @stage_task(retries=0)
+    def once() -> None: ...
+
+    assert (keep_going.name, keep_going.retries) == ("keep_going", 2)
+    assert (once.name, once.retries) == ("once", 0)

@@ -17,7 +17,7 @@ from deployments.local import PROJECT_ROOT
 CONVERT = """
 import json, logging, os, sys
 from pathlib import Path
-from tasks import convert_to_image_directory
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.errors import OutputStorageError
 from tasks.contracts.image_directory import Normalisation
 output, source, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -142,7 +142,7 @@ def test_a_disk_too_small_for_the_images_is_refused_before_any_work(tmp_path, tm
 
 UNPACK = """
 import json, sys, tempfile
-from tasks import convert_to_image_directory
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.errors import OutputStorageError
 tempfile.tempdir = sys.argv[1]  # as TMPDIR would: the archive is unpacked on the small disk
 try:
@@ -225,7 +225,7 @@ import json, shutil, sys
 from pathlib import Path
 from tasks.errors import OutputStorageError
 from tasks.launch.torchrun_launcher import launch_training
-from tasks.model import write_untrained_model_directory
+from tasks.model.untrained import write_untrained_model_directory
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 mount, train, validation, spec = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])

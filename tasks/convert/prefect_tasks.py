@@ -13,7 +13,7 @@ from tasks.convert.labelling import SingleClass
 from tasks.retrying import stage_task
 
 
-@stage_task("convert")
+@stage_task
 def convert(
     source: str,
     output: str,

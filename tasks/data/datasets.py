@@ -83,18 +83,6 @@ def given_or_default_sources(
     return train, validation
 
 
-# --- Prefect task -------------------------------------------------------------------------------
-from prefect import task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-
-@task(name="resolve-sources", cache_policy=NO_CACHE)
-def resolve_sources(
-    train: str | None, validation: str | None, default_root: str, validation_fraction: float | None = None
-) -> tuple[str, str | None]:
-    return given_or_default_sources(train, validation, default_root, validation_fraction)
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Export scikit-learn's digits as a class-per-folder PNG data set.")
     parser.add_argument("output", nargs="?", default="data/digits")

@@ -301,36 +301,3 @@ def split_markdown(
         f"| class | source | {names[0]} | {names[1]} |\n|---|---|---|---|\n{rows}\n"
         f"{near_line}{duplicates}." + (f" {len(mixed)} of these groups carry different labels." if mixed else "") + "\n"
     )
-
-
-# --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger  # noqa: E402
-from prefect.artifacts import create_markdown_artifact  # noqa: E402
-
-from tasks.retrying import stage_task  # noqa: E402
-
-
-@stage_task("split")
-def split(
-    source: str,
-    first_output: str,
-    second_output: str,
-    fraction: float,
-    seed: int = 1,
-    near_duplicate_distance: int = DEFAULT_DISTANCE,
-) -> tuple[str, str]:
-    """``split_image_directory``; artifact ``split``: images per class on each side, identical and near-duplicate
-    images, settings."""
-    source_dir = ImageDirectory(source)
-    groups = Groups(source_dir.index, near_duplicate_distance)  # once: the near-duplicate lookup is the costly part
-    first, second = split_image_directory(
-        source_dir, first_output, second_output, fraction, seed, near_duplicate_distance, groups
-    )
-    create_markdown_artifact(
-        key="split",
-        markdown=split_markdown(source_dir, first, second, groups),
-        description=f"{len(first)} + {len(second)} images split from {source}",
-    )
-    for warning in first.manifest.warnings:
-        get_run_logger().warning("split: %s", warning)
-    return str(first.root), str(second.root)

@@ -29,25 +29,3 @@ def figures_of(side: str, registry: str) -> tuple[str, dict]:
         return side.rsplit("/", 1)[-1], evaluate_scores(read_scores(side)).figures()
     registration = resolve(registry, side)
     return f"{registration.name}/{registration.version}", registration.metrics
-
-
-# --- Prefect task -------------------------------------------------------------------------------
-from prefect.artifacts import create_table_artifact  # noqa: E402
-
-from tasks.evaluation.plots import significant  # noqa: E402
-from tasks.retrying import stage_task  # noqa: E402
-
-
-@stage_task("compare")
-def compare(left: str, right: str, registry: str = "registry") -> list[dict]:
-    """Two scores CSVs or two registry references side by side; artifact ``model-comparison``."""
-    (left_name, left_figures), (right_name, right_figures) = figures_of(left, registry), figures_of(right, registry)
-    if left_name == right_name:
-        left_name, right_name = f"{left_name} (left)", f"{right_name} (right)"
-    rows = comparison_rows(left_figures, right_figures, left_name, right_name)
-    create_table_artifact(
-        key="model-comparison",
-        table=[{k: significant(v) for k, v in row.items()} for row in rows],
-        description=f"{left_name} vs {right_name}; difference = right - left (4 significant digits)",
-    )
-    return rows

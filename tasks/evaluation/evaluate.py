@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel
@@ -14,7 +12,6 @@ from tasks.contracts.scores_table import (
     LABEL_COLUMN,
     SCORED_LABELS,
     probability_column,
-    read_scores,
     scored_classes,
 )
 from tasks.errors import NotLabeledDatasetError
@@ -151,50 +148,3 @@ def evaluation_markdown(evaluation: Evaluation) -> str:
         ),
     ]
     return "\n".join(lines) + "\n"
-
-
-# --- Prefect tasks ------------------------------------------------------------------------------
-from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
-
-from tasks.evaluation.plots import plot_confusion_matrix, plot_two_class_curves, png_markdown  # noqa: E402
-from tasks.retrying import stage_task  # noqa: E402
-
-
-@stage_task("evaluate")
-def evaluate(scores_csv: str, picture: str | None = None) -> Evaluation:
-    """Artifacts ``evaluation`` (figures, per-class report, confusion matrix; for two classes ROC and
-    precision-recall curves too) and ``confusion-matrix`` (a table); the matrix is also drawn to ``picture``
-    (default: beside a local CSV), the curves to ``roc_pr_curves.png`` beside it."""
-    scores = read_scores(scores_csv)
-    evaluation = evaluate_scores(scores)
-    picture_path = (Path(picture) if picture else Path(scores_csv).with_name("confusion_matrix.png")).resolve()
-    picture_path.parent.mkdir(parents=True, exist_ok=True)
-    plot_confusion_matrix(evaluation.confusion_matrix, evaluation.classes, picture_path)
-    markdown = (
-        evaluation_markdown(evaluation)
-        + f"\n{png_markdown(picture_path, 'confusion matrix')}\n\nAlso saved as `{picture_path}`.\n"
-    )
-    if len(evaluation.classes) == 2 and evaluation.auc_ovr is not None:
-        curves_path = picture_path.with_name("roc_pr_curves.png")
-        positive = evaluation.classes[1]
-        plot_two_class_curves(
-            scores[LABEL_COLUMN].astype(str).to_numpy(),
-            scores[probability_column(positive)].to_numpy(dtype=float),
-            positive,
-            0.5,
-            curves_path,
-        )
-        markdown += (
-            f"\n{png_markdown(curves_path, 'ROC and precision-recall curves')}\n\n'{positive}' is the "
-            f"positive class; the dot marks the threshold 0.5 (the scored label). Also saved as `{curves_path}`.\n"
-        )
-    create_markdown_artifact(key="evaluation", markdown=markdown, description=evaluation.headline())
-    create_table_artifact(
-        key="confusion-matrix",
-        table=[
-            {"true class": name, **dict(zip(evaluation.classes, row))}
-            for name, row in zip(evaluation.classes, evaluation.confusion_matrix)
-        ],
-        description=f"one row per true class, one column per predicted class; {evaluation.headline()}",
-    )
-    return evaluation

@@ -10,7 +10,7 @@ import pandas as pd
 from PIL import Image, ImageOps
 
 from tasks.contracts.image_directory import ImageDirectory
-from tasks.contracts.scores_table import IMAGE_COLUMN, LABEL_COLUMN, PROBABILITY_PREFIX, SCORED_LABELS, read_scores
+from tasks.contracts.scores_table import IMAGE_COLUMN, LABEL_COLUMN, PROBABILITY_PREFIX, SCORED_LABELS
 
 THUMBNAIL_PX = 96
 GALLERY_SIZE = 16
@@ -69,17 +69,3 @@ def gallery_markdown(scores: pd.DataFrame, images: ImageDirectory, count: int = 
             "",
         ]
     ), description
-
-
-# --- Prefect task -------------------------------------------------------------------------------
-from prefect import task  # noqa: E402
-from prefect.artifacts import create_markdown_artifact  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-
-@task(name="misclassified-images", cache_policy=NO_CACHE)
-def show_misclassified(scores_csv: str, image_dir: str, count: int = GALLERY_SIZE) -> str:
-    """Artifact ``misclassified-images``: the gallery of the most confidently misclassified images."""
-    markdown, description = gallery_markdown(read_scores(scores_csv), ImageDirectory(image_dir), count)
-    create_markdown_artifact(key="misclassified-images", markdown=markdown, description=description)
-    return description

@@ -136,24 +136,3 @@ def check_onnx(
             f"(allowed: {tolerance:.0e}); the export is not used"
         )
     return worst
-
-
-# --- Prefect task -------------------------------------------------------------------------------
-from prefect import task  # noqa: E402
-from prefect.artifacts import create_markdown_artifact  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-
-@task(name="export-onnx", cache_policy=NO_CACHE)
-def export_and_check_onnx(model_dir: str, image_dir: str | None = None) -> str:
-    """Export ``model.onnx`` and check it against PyTorch on ``image_dir``'s images; artifact ``onnx-export``."""
-    model = export_onnx(ModelDirectory(model_dir))
-    worst = check_onnx(model, ImageDirectory(image_dir) if image_dir else None)
-    create_markdown_artifact(
-        key="onnx-export",
-        markdown=f"### ONNX export\n\n`{model.root / ONNX_FILE}`: opset {OPSET}, dynamic batch size; largest "
-        f"difference from PyTorch in probability {worst:.2e} (allowed {ONNX_TOLERANCE:.0e}) at batch sizes "
-        f"{', '.join(map(str, CHECK_BATCH_SIZES))}\n",
-        description=f"model.onnx matches PyTorch within {worst:.2e} (allowed {ONNX_TOLERANCE:.0e})",
-    )
-    return model_dir

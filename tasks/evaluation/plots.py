@@ -8,11 +8,9 @@ import os
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from sklearn.metrics import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from sklearn.metrics import (
     ConfusionMatrixDisplay,
     PrecisionRecallDisplay,
     RocCurveDisplay,
@@ -20,7 +18,9 @@ from sklearn.metrics import (  # noqa: E402
     recall_score,
 )
 
-from tasks.contracts.model_directory import TrainingMetrics  # noqa: E402
+from tasks.contracts.model_directory import TrainingMetrics
+
+matplotlib.use("Agg")  # files only, no display; pyplot picks its backend at the first figure, so after it is fine
 
 
 def significant(value, digits: int = 4):

@@ -33,10 +33,8 @@ from tasks.contracts.scores_table import (
     LABEL_COLUMN,
     SCORED_LABELS,
     Runtime,
-    ScoresSummary,
     probability_column,
     top_k_columns,
-    write_score_chunks,
 )
 from tasks.errors import InvalidDatasetError, PipelineInputError
 from tasks.vision.device_pipeline import DecodedAhead, DevicePipeline
@@ -320,48 +318,3 @@ def score_images(model_dir: ModelDirectory, images: ImageDirectory, **options: U
     when known. The whole table in memory: the stage writes it chunk by chunk instead (``score_chunks``)."""
     chunks = list(score_chunks(model_dir, images, **options))
     return chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-
-
-# --- Prefect task -------------------------------------------------------------------------------
-from prefect.artifacts import create_table_artifact  # noqa: E402
-from pydantic import BaseModel, Field  # noqa: E402
-
-from tasks.retrying import stage_task  # noqa: E402
-
-PREVIEW_ROWS = 20
-
-
-class Scored(BaseModel):
-    table: str = Field(description="where the scores CSV was written")
-    images: int
-    labeled: bool = Field(description="the table has a 'label' column: it can be evaluated")
-
-
-@stage_task("score")
-def score(
-    model_dir: str,
-    image_dir: str,
-    output_csv: str,
-    runtime: Runtime = "torch",
-    batch_size: int = BATCH_SIZE,
-    top_k: int = 0,
-) -> Scored:
-    """Write the scores CSV (a path or s3:// URI) as the images are scored, with ``top_k`` best labels per image
-    when > 0; artifact ``scores``: a summary and the first rows."""
-    started = time.perf_counter()
-    images = ImageDirectory(image_dir)
-    chunks = score_chunks(ModelDirectory(model_dir), images, batch_size=batch_size, runtime=runtime, top_k=top_k)
-    summary = write_score_chunks(chunks, output_csv, rows=len(images), preview_rows=PREVIEW_ROWS)
-    return publish_scores(summary, time.perf_counter() - started, runtime, output_csv)
-
-
-def publish_scores(summary: ScoresSummary, seconds: float, runtime: Runtime, output_csv: str) -> Scored:
-    """Artifact ``scores``: how many images in how long, the summary and the first rows."""
-    create_table_artifact(
-        key="scores",
-        table=summary.head.round(4).to_dict(orient="records"),
-        description=f"{summary.rows} images scored with {runtime} in {seconds:.1f} s "
-        f"({summary.rows / max(seconds, 1e-9):.0f} images/s); {summary.text()}. "
-        f"First {min(PREVIEW_ROWS, summary.rows)} rows below; all in {output_csv}",
-    )
-    return Scored(table=output_csv, images=summary.rows, labeled=LABEL_COLUMN in summary.columns)

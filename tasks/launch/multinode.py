@@ -1,6 +1,6 @@
 """Multi-node training through the work pool: one flow run of the ``train-node`` deployment per node.
 
-With ``nodes > 1`` (or ``min:max``) the train task (tasks/launch/train.py) submits one run of the node deployment
+With ``nodes > 1`` (or ``min:max``) the train task (tasks/launch/prefect_tasks.py) submits one run of the node deployment
 (flows/train_node.py) per node, as subflows of its own flow run: the UI shows each node's run, state and logs under
 the train task, and whichever worker of the deployment's pool (``gpu``, one per GPU host) is free picks each up.
 Every node trains through ``tasks.launch.torchrun_launcher.launch_training``, the one launch path, and all meet at one c10d
@@ -16,28 +16,26 @@ worker may join late (torchrun rescales), and those that never started are cance
 However the train task ends (done, failed, cancelled, interrupted), it cancels every node run still going and
 returns or raises only once they have all ended, so no node trains alone. The server cancels them too if the
 parent flow run is cancelled (they are its subflows).
+
+This module is the plain half (no Prefect): the rendezvous, the node runs' parameters, when the nodes are done
+or failed, the messages. The Prefect half (the rendezvous Variable, ``find_rendezvous``, ``run_nodes``) is in
+``tasks/launch/prefect_tasks.py``; cancelling and re-submitting flow runs in ``tasks/launch/flow_runs.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import logging
-import os
 import socket
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.errors import NodesNotJoinedError, PipelineInputError, TrainingNodeFailedError
 
 NODE_DEPLOYMENT = "train-node/train-node"
-# Long enough for a worker to see a cancellation and stop its flow run's processes.
-CANCEL_WAIT_SECONDS = 120.0
 # An address other hosts reach this one at, when the one facing the Prefect server is not it (NAT, several networks).
 NODE_ADDRESS_VARIABLE = "TRAIN_NODE_ADDRESS"
 # Elastic: how long after the first node run completes the others may still be going (uploading their logs).
@@ -151,186 +149,3 @@ def lost_nodes(states: Sequence, now: datetime.datetime | None = None) -> list[i
     if not completed or (now - min(completed)).total_seconds() <= ELASTIC_FINISH_GRACE_SECONDS:
         return []
     return [rank for rank, state in enumerate(states) if started(state) and not state.is_final()]
-
-
-# --- Prefect ------------------------------------------------------------------------------------
-from prefect import get_run_logger, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-from prefect.client.orchestration import get_client  # noqa: E402
-from prefect.client.schemas.actions import VariableCreate  # noqa: E402
-from prefect.deployments import run_deployment  # noqa: E402
-from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound  # noqa: E402
-from prefect.runtime import flow_run  # noqa: E402
-from prefect.settings import PREFECT_API_URL  # noqa: E402
-from prefect.states import Cancelled, Cancelling, Crashed  # noqa: E402
-from prefect.variables import Variable  # noqa: E402
-
-
-def claim_rendezvous(key: str, endpoint: str) -> tuple[str, bool]:
-    """Publish ``endpoint`` as the rendezvous unless another node did first (the server creates a Variable name
-    once): the endpoint to use, and whether it is this node's."""
-    with get_client(sync_client=True) as client:
-        try:
-            client.create_variable(VariableCreate(name=key, value=endpoint))
-            return endpoint, True
-        except ObjectAlreadyExists:
-            return client.read_variable_by_name(key).value, False
-
-
-@task(name="find-rendezvous", cache_policy=NO_CACHE)
-def find_rendezvous(params: TrainingParams, node_rank: int, key: str) -> Rendezvous:
-    """The first node to start serves the rendezvous on its address towards the Prefect server and a free port;
-    the others join it."""
-    rendezvous_id = params.rendezvous_id or key
-    if params.rendezvous_endpoint:
-        return Rendezvous(endpoint=params.rendezvous_endpoint, id=rendezvous_id, is_host=None)
-    address = reachable_address(PREFECT_API_URL.value(), os.environ.get(NODE_ADDRESS_VARIABLE))
-    endpoint, is_host = claim_rendezvous(key, f"{address}:{free_port()}")
-    role = "serves" if is_host else "joins"
-    get_run_logger().info("node %d %s the rendezvous at %s (Prefect Variable %r)", node_rank, role, endpoint, key)
-    return Rendezvous(endpoint=endpoint, id=rendezvous_id, is_host=is_host)
-
-
-def cancel_unfinished(client, runs: Sequence, message: str, wait_seconds: float = CANCEL_WAIT_SECONDS) -> list:
-    """Cancel every run not yet ended (one not started at once, a started one through its worker, which stops its
-    processes), then wait for them to end. Returns the runs as last read."""
-    for run in runs:
-        state = client.read_flow_run(run.id).state
-        if state is not None and not state.is_final():
-            ending = Cancelled(message=message) if state.is_scheduled() else Cancelling(message=message)
-            client.set_flow_run_state(run.id, ending, force=True)
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        current = [client.read_flow_run(run.id) for run in runs]
-        if all(r.state is not None and r.state.is_final() for r in current):
-            return current
-        if time.monotonic() > deadline:
-            break
-        time.sleep(1.0)
-    # A run still "Cancelling" has no worker left to end it (its host was lost): it would stay so for good.
-    for run in current:
-        if run.state is not None and not run.state.is_final():
-            ended = Cancelled(message=f"{message}; no worker ended it within {wait_seconds:g} s (its host lost?)")
-            client.set_flow_run_state(run.id, ended, force=True)
-    return [client.read_flow_run(run.id) for run in runs]
-
-
-def end_lost_nodes(client, runs: Sequence, log) -> None:
-    """Set the runs of hosts lost with their worker (``lost_nodes``) to Crashed through the API: no worker can,
-    and a Cancelling state would wait for one."""
-    for rank in lost_nodes([run.state for run in runs]):
-        message = (
-            f"node {rank}: still {runs[rank].state.name} {ELASTIC_FINISH_GRACE_SECONDS:g} s after another node of "
-            "its group completed: its host was lost with its worker; ended by the train stage"
-        )
-        client.set_flow_run_state(runs[rank].id, Crashed(message=message), force=True)
-        log(logging.WARNING, message)
-
-
-def submit_node(deployment: str, rank: int, parameters: dict, log):
-    """A flow run of ``deployment`` for one node, a subflow of the calling task's flow run; not waited for."""
-    run = run_deployment(
-        deployment, parameters=parameters, timeout=0, flow_run_name=f"{flow_run.get_name() or 'train'}-node-{rank}"
-    )
-    log(logging.INFO, f"node {rank}: flow run {run.name!r} ({run.id}) submitted to {deployment}")
-    return run
-
-
-def check_nodes(client, runs: Sequence, deployment: str, params: TrainingParams, joining: bool) -> bool:
-    """One look at the node runs: True once training is done (``nodes_outcome``); raises when a node's end fails
-    it, or when ``joining`` is over (``join_timeout_s`` passed) and fewer than the nodes needed have started."""
-    states = [run.state for run in runs]
-    done, failed = nodes_outcome(states, elastic=params.min_nodes < params.max_nodes)
-    if failed is not None:
-        run = runs[failed]
-        message = node_failed_message(failed, run.name, run.state)
-        raise TrainingNodeFailedError(message, returncode=None, rank=None, log_tail=run.state.message or "")
-    if done:
-        return True
-    if not joining and sum(started(state) for state in states) < params.min_nodes:
-        pool = client.read_deployment_by_name(deployment).work_pool_name
-        workers = client.read_workers_for_work_pool(pool)
-        now = datetime.datetime.now(datetime.timezone.utc)
-        raise NodesNotJoinedError(
-            not_joined_message(states, params.min_nodes, pool, workers, params.join_timeout_s, now)
-        )
-    return False
-
-
-def run_nodes(
-    folders: TrainingFolders,
-    params: TrainingParams,
-    *,
-    on_poll: Callable[[], None] = lambda: None,
-    poll_seconds: float = 2.0,
-    deployment: str = NODE_DEPLOYMENT,
-) -> None:
-    """Submit one node run per node and watch them to the end (see the module's docstring); ``on_poll`` runs on
-    every look, for progress. Raises NodesNotJoinedError or TrainingNodeFailedError."""
-    log = get_run_logger().log
-    key = rendezvous_key()
-    with get_client(sync_client=True) as client:
-        require_deployment(client, deployment, f"nodes={params.nodes} trains")
-        runs: list = []
-        try:
-            parameters = node_run_parameters(folders, params, key)
-            for rank, node_parameters in enumerate(parameters):
-                runs.append(submit_node(deployment, rank, node_parameters, log))
-            joined_by = time.monotonic() + params.join_timeout_s
-            seen: dict[int, str] = {}
-            while True:
-                runs = [client.read_flow_run(run.id) for run in runs]
-                for rank, run in enumerate(runs):
-                    if seen.get(rank) != run.state.name:
-                        seen[rank] = run.state.name
-                        log(logging.INFO, f"node {rank} (flow run {run.name!r}): {run.state.name}")
-                on_poll()
-                if check_nodes(client, runs, deployment, params, joining=time.monotonic() < joined_by):
-                    return
-                time.sleep(poll_seconds)
-        finally:
-            if params.min_nodes < params.max_nodes:
-                end_lost_nodes(client, [client.read_flow_run(run.id) for run in runs], log)
-            ended = cancel_unfinished(client, runs, "cancelled with the other nodes of its training")
-            forced = [f"{r.name}" for r in ended if "no worker ended it" in (r.state.message or "")]
-            if forced:
-                log(logging.WARNING, f"node runs set Cancelled through the API, no worker having ended them: {forced}")
-            Variable.unset(key)
-
-
-def run_again(crashed, deployment: str, queue: str):
-    """A crashed flow run of ``deployment`` (its host or worker lost) submitted again through ``queue`` (its cap
-    holds), with the crashed run's parameters and ``replaces_run`` (a sweep's trial resumes from its checkpoint
-    in the same folder: flows/sweep_trial.py), named ``<name>-rerun-N``."""
-    base, _, before = crashed.name.partition("-rerun-")
-    return run_deployment(
-        deployment,
-        parameters={**crashed.parameters, "replaces_run": str(crashed.id)},
-        timeout=0,
-        flow_run_name=f"{base}-rerun-{int(before or 0) + 1}",
-        work_queue_name=queue,
-    )
-
-
-def own_work_queue(client, pool: str, name: str, limit: int | None):
-    """A fan-out's own work queue in ``pool`` (a sweep's, a sharded scoring's), limited to ``limit`` runs Pending or
-    Running at once (None: no limit): Prefect holds the cap (through a resumed or retried fan-out too), whatever
-    is submitted. The pool's workers take runs from every queue of it."""
-    try:
-        return client.create_work_queue(name=name, work_pool_name=pool, concurrency_limit=limit)
-    except ObjectAlreadyExists:  # resumed or retried: the same queue, its limit as now asked
-        queue = client.read_work_queue_by_name(name, work_pool_name=pool)
-        client.update_work_queue(queue.id, concurrency_limit=limit)
-        return queue
-
-
-def require_deployment(client, deployment: str, what: str):
-    """The server's ``deployment`` (``flow/name``); without it one line, saying that ``what`` (e.g. "a sweep
-    trains each trial") goes through it and how to deploy it."""
-    try:
-        return client.read_deployment_by_name(deployment)
-    except ObjectNotFound:
-        raise PipelineInputError(
-            f"{what} through the {deployment!r} deployment, which this Prefect server does not have: deploy "
-            "deployments/prefect.yaml (make deploy)"
-        ) from None

@@ -11,7 +11,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from tasks import errors
+import tasks.errors
 from tasks.contracts.model_directory import (
     DIVERGED_MARKER,
     FAILURE_MARKER,
@@ -105,7 +105,11 @@ def print_line(level: int, line: str) -> None:
 
 def input_error_of(failure: dict | None) -> type[PipelineInputError] | None:
     """The worker raised a mistake in the input (by type name, across the process boundary): retrying cannot help."""
-    found = getattr(errors, failure["type"], None) if failure and failure.get("module") == errors.__name__ else None
+    found = (
+        getattr(tasks.errors, failure["type"], None)
+        if failure and failure.get("module") == tasks.errors.__name__
+        else None
+    )
     if isinstance(found, type) and issubclass(found, PipelineInputError) and not issubclass(found, TrainingFailedError):
         return found
     return None

@@ -10,7 +10,8 @@
     fetch.py         a version as a local ModelDirectory, its files checked (integrity.py: sha256, memoised)
     card.py          the pages in markdown: model card, registered version, promotion verdict, reviewer's view
     __main__.py      the command line, ``python -m tasks.registry --help``
-    prefect_tasks.py the Prefect tasks: register, resolve-model, the approval pause, publishing the model card
+    prefect_tasks.py the Prefect tasks: register, resolve_model, the approval pause and decide_on_promotion,
+                     publishing the model card
 
 Importing this package (or ``core``) imports neither Prefect nor torch: a registration is cheap to run
 from any process.

@@ -25,7 +25,7 @@ import json
 import os
 import sys
 
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # noqa: E402 (before anything imports Prefect)
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before anything imports Prefect
 
 from tasks.contracts.registry_layout import parse_reference
 from tasks.errors import InvalidModelNameError, PipelineInputError

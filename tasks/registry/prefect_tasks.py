@@ -112,7 +112,7 @@ def update_model_card_if_connected(registry: str, name: str) -> str:
         return f"model card updated: artifact {update_model_card(registry, name)}"
 
 
-@stage_task("register")
+@stage_task
 def register(
     registry: str,
     name: str | None,
@@ -163,7 +163,7 @@ def register(
     return RegisteredModel(registration=registration, location=location)
 
 
-@stage_task("resolve-model")
+@stage_task
 def resolve_model(model: str, registry: str, cache_dir: str) -> str:
     """The local ModelDirectory for a ModelDirectory path or a registry reference (downloaded from S3 once)."""
     model_dir = load_model(model, registry, cache_dir)
@@ -225,8 +225,8 @@ def ask_for_approval(registry: str, registration: Registration, timeout_s: int) 
     )
 
 
-@stage_task("decide-promotion")
-def decide(registry: str, registered: RegisteredModel, approval: Approval) -> RegisteredModel:
+@stage_task
+def decide_on_promotion(registry: str, registered: RegisteredModel, approval: Approval) -> RegisteredModel:
     """Record the answer and move the alias if approved; artifacts ``promotion`` and the model card again."""
     promotion = decide_promotion(registry, registered.registration, approval)
     publish_promotion(promotion)
@@ -241,4 +241,4 @@ def settle_promotion(registry: str, registered: RegisteredModel, timeout_s: int)
     promotion = registered.registration.promotion
     if promotion is None or not promotion.awaiting_approval:
         return registered
-    return decide(registry, registered, ask_for_approval(registry, registered.registration, timeout_s))
+    return decide_on_promotion(registry, registered, ask_for_approval(registry, registered.registration, timeout_s))

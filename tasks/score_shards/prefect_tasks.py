@@ -1,4 +1,4 @@
-"""The Prefect side of sharded scoring: the ``score-shard`` task (one shard on its host, tasks/score_shards/shard.py),
+"""The Prefect side of sharded scoring: the ``score_shard`` task (one shard on its host, tasks/score_shards/shard.py),
 and the scoring's fan-out through the work pool: each range of the index is one flow run of the ``score-shard``
 deployment (flows/score_shard.py; pool ``gpu``, or ``default`` through ``score-shard-default``), submitted through
 the scoring's own work queue; the pool's workers take them, one per host at a time as their limits say.
@@ -31,9 +31,9 @@ from prefect.runtime import flow_run
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.scores_table import BATCH_SIZE, Runtime
 from tasks.errors import ShardFailedError
-from tasks.evaluation.score import PREVIEW_ROWS, Scored, publish_scores
+from tasks.evaluation.prefect_tasks import PREVIEW_ROWS, Scored, publish_scores
+from tasks.launch.flow_runs import cancel_unfinished, own_work_queue, require_deployment, run_again
 from tasks.launch.lost_runs import MAX_RERUNS
-from tasks.launch.multinode import cancel_unfinished, own_work_queue, require_deployment, run_again
 from tasks.retrying import stage_task
 from tasks.score_shards.parts import (
     DEFAULT_TIMEOUT_S,
@@ -49,7 +49,8 @@ from tasks.score_shards.parts import (
     shard_ranges,
 )
 from tasks.score_shards.shard import score_part
-from tasks.storage.work_dir_on_s3 import join, store
+from tasks.storage.prefect_tasks import store
+from tasks.storage.work_dir_on_s3 import join
 
 
 @dataclasses.dataclass
@@ -191,7 +192,7 @@ def _look(client, watched: Watched, part: str, timeout_s: float, deployment: str
     return "run again"
 
 
-@stage_task("score-shard")
+@stage_task
 def score_shard(
     model_dir: str,
     image_dir: str,
@@ -216,7 +217,7 @@ def score_shard(
     return summary
 
 
-@stage_task("merge-scores")
+@stage_task
 def merge_scores(
     summaries: list[PartSummary],
     run_dir: str,

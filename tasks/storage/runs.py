@@ -67,7 +67,7 @@ def mark_run(run_dir: str, kind: str, flow_run_id: str) -> None:
         marker.write_text(json.dumps({"kind": kind, "flow_run_id": flow_run_id, "started": started}) + "\n")
 
 
-def keep_results(run_dir: str, model_dir: str, registered: dict) -> int:
+def drop_registered_copies(run_dir: str, model_dir: str, registered: dict) -> int:
     """Drop the registered model's files and the checkpoints from a local run's model folder; write where the
     model now is. Bytes freed (0 for an S3 run folder, which its bucket's lifecycle rules govern)."""
     if is_s3_uri(run_dir) or is_s3_uri(model_dir):
@@ -154,23 +154,3 @@ def prune_runs(
             shutil.rmtree(run.path)
         removed.append(run)
     return removed, kept
-
-
-# --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger, task  # noqa: E402
-
-
-@task(name="keep-results")
-def tidy_registered_run(run_dir: str, model_dir: str, keep: Keep, registered: dict) -> int | None:
-    """After registration, under ``keep="results"``: the run's copies of the registered model and its checkpoints
-    go (``keep_results``). Returns the run folder's size afterwards, in bytes (None on S3)."""
-    logger = get_run_logger()
-    if keep == "results":
-        freed = keep_results(run_dir, model_dir, registered)
-        if freed:
-            logger.info(
-                "keep=results: %.1f MB of model files and checkpoints dropped from %s (the registry holds the model)",
-                freed / 2**20,
-                run_dir,
-            )
-    return run_size(run_dir)

@@ -255,13 +255,3 @@ def stage_training(folders: TrainingFolders) -> StagedTraining:
         local_folder(folders.output_dir),
         mirror,
     )
-
-
-# --- Prefect task -------------------------------------------------------------------------------
-from tasks.retrying import stage_task  # noqa: E402
-
-
-@stage_task("store")  # retries a storage fault, never a mistake in the location (InvalidStorageURIError)
-def store(local: str, location: str) -> str:
-    """``publish``: a folder written on this host, where the next stages (on any host) read it."""
-    return publish(local, location)

@@ -2,9 +2,10 @@
 (flows/sweep_trial.py, pool ``gpu``: one training per host, retried and re-run on a lost host like any training),
 submitted ``parallel`` at a time as the study asks for them. Each trial's per-epoch figure reaches the study as the
 trial writes it (its ``metrics.json``, local or on S3); a trial the pruner stops is cancelled through the API and
-waited for (``tasks.launch.multinode.cancel_unfinished``: its worker stops its processes). A sweep opened again
+waited for (``tasks.launch.flow_runs.cancel_unfinished``: its worker stops its processes). A sweep opened again
 (``SweepStudy`` in the same folder) re-attaches to the trials still running, settles the ones that ended meanwhile,
-and abandons (re-queues) the ones whose flow run is gone."""
+and abandons (re-queues) the ones whose flow run is gone. Prefect orchestration through and through: Prefect is
+imported at the top, and the sweep package does not import this module."""
 
 from __future__ import annotations
 
@@ -16,8 +17,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.client.orchestration import get_client
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
+from prefect.runtime import flow_run
+
 from tasks.contracts.model_directory import TrainingMetrics
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.launch.flow_runs import cancel_unfinished, own_work_queue, require_deployment, run_again
 from tasks.launch.torchrun_output import read_metrics
 from tasks.storage.work_dir_on_s3 import mirror_of
 from tasks.sweep.study import SweepStudy, TrialRecord
@@ -46,17 +55,6 @@ class Watched:
     def metrics(self) -> TrainingMetrics | None:
         mirror = mirror_of(self.output_dir)
         return mirror.remote_metrics() if mirror else read_metrics(Path(self.output_dir))
-
-
-# --- Prefect ------------------------------------------------------------------------------------
-from prefect import get_run_logger  # noqa: E402
-from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
-from prefect.client.orchestration import get_client  # noqa: E402
-from prefect.deployments import run_deployment  # noqa: E402
-from prefect.exceptions import ObjectNotFound  # noqa: E402
-from prefect.runtime import flow_run  # noqa: E402
-
-from tasks.launch.multinode import cancel_unfinished, own_work_queue, require_deployment, run_again  # noqa: E402
 
 
 def trial_rows(records: list[TrialRecord], metric: str) -> list[dict[str, Any]]:

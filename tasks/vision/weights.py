@@ -13,7 +13,7 @@ Where the file comes from, in this order:
 The expected hash is ``weights_sha256`` (64 hex digits) or the prefix in a torch.hub-style file name
 ``name-<hex>.pth`` (what torch.hub's check_hash reads; every torchvision file has one). A download lands in a
 temporary folder beside the cache and is moved in only once its hash matches: a wrong file is refused, never
-loaded and never cached. The model stage (``tasks.model``) resolves the weights once, in the flow's process, and
+loaded and never cached. The model stage (``tasks.model.prefect_tasks``) resolves the weights once, in the flow's process, and
 stages the checked file in the UntrainedModelDirectory; training nodes load that copy (``staged_weights``) and
 never download.
 """
@@ -213,7 +213,7 @@ def staged_weights(spec_dir: str | os.PathLike[str], spec: ModelSpec) -> Path | 
     if spec.weights is None or not path.is_file():
         raise PretrainedWeightsError(
             f"{spec_dir} asks for pretrained weights but holds no {STAGED_WEIGHTS_FILE} with its origin recorded "
-            f"in {SPEC_FILE}: write it with the model stage (tasks.model.write_untrained_model_directory), which "
+            f"in {SPEC_FILE}: write it with the model stage (tasks.model.untrained.write_untrained_model_directory), which "
             "checks the weights and stages them for every training node"
         )
     digest = sha256_file(path)

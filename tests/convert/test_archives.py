@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import InvalidDatasetError, convert_to_image_directory
+from tasks.convert.conversion import convert_to_image_directory
+from tasks.errors import InvalidDatasetError
 from tasks.storage.local_files import sha256_file
 from tests.helpers import write_image
 

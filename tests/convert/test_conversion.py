@@ -10,8 +10,9 @@ import pytest
 from PIL import Image
 
 from deployments.local import PROJECT_ROOT
-from tasks import ImageDirectory, InvalidDatasetError, NotLabeledDatasetError, convert_to_image_directory
-from tasks.contracts.image_directory import MANIFEST_NAME, Normalisation
+from tasks.contracts.image_directory import MANIFEST_NAME, ImageDirectory, Normalisation
+from tasks.convert.conversion import convert_to_image_directory
+from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
 from tasks.storage.local_files import sha256_file
 from tests.helpers import COLOURS, artifacts_and_run_count, write_class_folders, write_image
 
@@ -294,7 +295,7 @@ def test_convert_task_reports_quarantine_and_is_not_retried_on_bad_input(prefect
 
     from prefect import flow
 
-    from tasks.convert import convert
+    from tasks.convert.prefect_tasks import convert
 
     (colour_source / "red" / "notes.jpg").write_text("text")
 
@@ -374,7 +375,7 @@ def peak_memory_of_conversion(source: Path, output: Path, **options) -> tuple[fl
     script = (
         "import json, sys\n"
         "from tasks.memory import peak_rss_mb\n"
-        "from tasks.convert import convert_to_image_directory\n"
+        "from tasks.convert.conversion import convert_to_image_directory\n"
         "before = peak_rss_mb()\n"
         "image_dir = convert_to_image_directory(sys.argv[1], sys.argv[2], **json.loads(sys.argv[3]))\n"
         "print(json.dumps({'growth': peak_rss_mb() - before, 'manifest': image_dir.manifest.model_dump()}))\n"
@@ -610,7 +611,7 @@ def store_then_die(*args, **kwargs):
 
 
 storing.store_image = store_then_die
-from tasks.convert import convert_to_image_directory
+from tasks.convert.conversion import convert_to_image_directory
 
 convert_to_image_directory(sys.argv[1], sys.argv[2], threads=1)
 """

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import InvalidDatasetError, convert_to_image_directory
+from tasks.convert.conversion import convert_to_image_directory
+from tasks.errors import InvalidDatasetError
 from tasks.storage.s3 import s3_client
 from tests.faulty_proxy import FaultyProxy
 from tests.helpers import COLOURS, write_class_folders, write_image

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from tasks import convert_to_image_directory
 from tasks.contracts.image_directory import EXIF_ORIENTATION
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.storage.local_files import sha256_file
 from tests.helpers import orientation_exif, write_phone_photos
 

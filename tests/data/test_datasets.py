@@ -2,8 +2,9 @@ from collections import Counter
 
 import pytest
 
-from tasks import InvalidDatasetError, PipelineInputError, convert_to_image_directory
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.data.datasets import export_digits, given_or_default_sources
+from tasks.errors import InvalidDatasetError, PipelineInputError
 
 
 @pytest.mark.slow

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import convert_to_image_directory
 from tasks.contracts.image_directory import ImageDirectory
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.data.split import Groups, _link_or_copy, split_image_directory, split_markdown
 from tasks.errors import ClassTooSmallToSplitError, InvalidDatasetError, NotLabeledDatasetError, PipelineInputError
 from tasks.near_duplicates import DEFAULT_DISTANCE

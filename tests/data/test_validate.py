@@ -2,15 +2,11 @@ import json
 
 import pytest
 
-from tasks import (
-    InvalidDatasetError,
-    InvalidModelDirectoryError,
-    NotLabeledDatasetError,
-    convert_to_image_directory,
-)
 from tasks.contracts.model_directory import ModelDirectory, ModelSpec, read_model_spec
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.data.validate import check_training_data
-from tasks.model import write_untrained_model_directory
+from tasks.errors import InvalidDatasetError, InvalidModelDirectoryError, NotLabeledDatasetError
+from tasks.model.untrained import write_untrained_model_directory
 from tests.helpers import sample_photos, write_burst, write_class_folders, write_crops, write_image
 
 
@@ -116,7 +112,7 @@ def test_label_validation_artifact_reports_leakage(prefect_server, tmp_path):
 
     from prefect import flow
 
-    from tasks.data.validate import validate_labels
+    from tasks.data.prefect_tasks import validate_labels
     from tests.helpers import artifacts_and_run_count
 
     write_class_folders(tmp_path / "t", 3)

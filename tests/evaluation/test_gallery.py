@@ -14,7 +14,8 @@ from prefect import flow
 
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.scores_table import write_scores
-from tasks.evaluation.gallery import THUMBNAIL_PX, gallery_markdown, show_misclassified
+from tasks.evaluation.gallery import THUMBNAIL_PX, gallery_markdown
+from tasks.evaluation.prefect_tasks import show_misclassified
 from tests.helpers import card_versions
 
 CLASSES = ["blue", "green", "red"]

@@ -9,9 +9,9 @@ import onnxruntime
 import pytest
 import torch
 
-from tasks import ImageDirectory, InvalidModelDirectoryError, ModelDirectory
-from tasks.contracts.model_directory import ONNX_FILE, WEIGHTS_FILE
-from tasks.errors import OnnxMismatchError
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import ONNX_FILE, WEIGHTS_FILE, ModelDirectory
+from tasks.errors import InvalidModelDirectoryError, OnnxMismatchError
 from tasks.evaluation.onnx_export import ONNX_TOLERANCE, check_onnx, export_onnx, sample_inputs
 from tasks.evaluation.score import score_images
 

@@ -7,14 +7,11 @@ import pandas as pd
 import pytest
 
 from deployments.local import PROJECT_ROOT
-from tasks import (
-    ImageDirectory,
-    InvalidDatasetError,
-    ModelDirectory,
-    NotLabeledDatasetError,
-    convert_to_image_directory,
-)
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.scores_table import read_scores, scores_summary, write_score_chunks, write_scores
+from tasks.convert.conversion import convert_to_image_directory
+from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
 from tasks.evaluation.comparison import comparison_rows
 from tasks.evaluation.evaluate import evaluate_scores, evaluation_markdown
 from tasks.evaluation.score import score_chunks, score_images
@@ -260,7 +257,7 @@ def test_two_class_evaluations_show_roc_and_precision_recall_curves(prefect_serv
     from PIL import Image
     from prefect import flow
 
-    from tasks.evaluation.evaluate import evaluate
+    from tasks.evaluation.prefect_tasks import evaluate
     from tests.helpers import card_versions
 
     rng = np.random.default_rng(0)
@@ -298,7 +295,7 @@ def test_a_tagged_photo_scores_like_its_upright_twin_on_the_cpu(trained_model, t
     path and the device pipeline's (run on the CPU here)."""
     from PIL import Image
 
-    from tasks import convert_to_image_directory
+    from tasks.convert.conversion import convert_to_image_directory
     from tests.helpers import orientation_exif
 
     rng = np.random.default_rng(4)

@@ -144,7 +144,7 @@ def test_a_mistake_found_inside_the_run_is_one_line_not_retried_and_fully_logged
         task_runs = client.read_task_runs(flow_run_filter=_runs_of(flow_run.id))
     assert flow_run.state.is_failed() and flow_run.run_count == 1
     failed = [t for t in task_runs if t.state.is_failed()]
-    assert [t.name.split("-")[:2] for t in failed] == [["validate", "labels"]] and failed[0].run_count == 1
+    assert [t.name.rsplit("-", 1)[0] for t in failed] == ["validate_labels"] and failed[0].run_count == 1
 
 
 def _runs_of(flow_run_id):

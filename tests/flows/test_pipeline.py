@@ -13,10 +13,11 @@ import pytest
 from prefect.client.orchestration import get_client
 
 from flows.pipeline import train_pipeline
-from tasks import ImageDirectory, InvalidDatasetError
+from tasks.contracts.conversion_limits import ConversionLimits
+from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory, ModelSpec
 from tasks.contracts.training_config import TrainingParams
-from tasks.convert import ConversionLimits
+from tasks.errors import InvalidDatasetError
 from tasks.evaluation.score import score_images
 from tasks.registry import PromotionPolicy, list_versions, read_registration, resolve
 from tasks.storage.runs import folder_size

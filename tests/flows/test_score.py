@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from flows.score import compare_models, score_pipeline
-from tasks import ModelDirectory
+from tasks.contracts.model_directory import ModelDirectory
 from tasks.evaluation.onnx_export import export_onnx
 from tasks.registry import PromotionPolicy, register_model
 from tasks.storage.s3 import s3_client

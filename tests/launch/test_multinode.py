@@ -5,7 +5,7 @@ import time
 import pytest
 
 from deployments.local import PROJECT_ROOT
-from tasks.launch import multinode
+from tasks.launch import flow_runs, multinode, prefect_tasks
 
 
 @pytest.fixture
@@ -31,11 +31,11 @@ def test_a_node_still_running_past_the_grace_after_another_completed_is_set_cras
             client.set_flow_run_state(run.id, state, force=True)
     warnings = []
     read = [client.read_flow_run(run.id) for run in (done, lost)]
-    multinode.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
+    prefect_tasks.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
     assert client.read_flow_run(lost.id).state.is_running()  # within the grace: the host may still report
     monkeypatch.setattr(multinode, "ELASTIC_FINISH_GRACE_SECONDS", 0.0)
     time.sleep(0.05)
-    multinode.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
+    prefect_tasks.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
     ended = client.read_flow_run(lost.id).state
     assert ended.is_crashed() and "host was lost with its worker" in ended.message
     assert client.read_flow_run(done.id).state.is_completed()
@@ -48,7 +48,7 @@ def test_a_node_run_left_cancelling_by_a_lost_worker_is_set_cancelled_through_th
     client, make = node_runs
     (stuck,) = make(1)
     client.set_flow_run_state(stuck.id, Running(), force=True)
-    (ended,) = multinode.cancel_unfinished(client, [stuck], "cancelled with the other nodes", wait_seconds=1.0)
+    (ended,) = flow_runs.cancel_unfinished(client, [stuck], "cancelled with the other nodes", wait_seconds=1.0)
     assert ended.state.is_cancelled() and "no worker ended it within 1 s" in ended.state.message
 
 

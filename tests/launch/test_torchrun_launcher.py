@@ -8,15 +8,14 @@ import pytest
 import torch
 import torchvision
 
-from tasks import PipelineInputError, TrainingFailedError
 from tasks.contracts.model_directory import (
     STAGED_WEIGHTS_FILE,
     ModelSpec,
 )
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.errors import InvalidTrainingSetupError, PretrainedWeightsError
+from tasks.errors import InvalidTrainingSetupError, PipelineInputError, PretrainedWeightsError, TrainingFailedError
 from tasks.launch.torchrun_launcher import build_torchrun_command, launch_training, worker_environment
-from tasks.model import write_untrained_model_directory
+from tasks.model.untrained import write_untrained_model_directory
 
 DIRS = TrainingFolders(train_dir="/d/train", validation_dir="/d/val", model_spec_dir="/d/spec", output_dir="/d/model")
 

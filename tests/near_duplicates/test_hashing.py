@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks import convert_to_image_directory
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.near_duplicates import DEFAULT_DISTANCE, MIN_SIDE, hamming, perceptual_hash
 from tests.helpers import sample_photos, write_burst, write_crops
 

@@ -8,9 +8,11 @@ import pytest
 from PIL import Image
 
 from flows.cli import main
-from tasks import ImageDirectory, ModelDirectory, convert_to_image_directory
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import ModelDirectory
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.evaluation.score import score_images
-from tasks.predict import Classifier, PhotoError
+from tasks.predict.classifier import Classifier, PhotoError
 from tests.helpers import COLOURS, write_class_folders
 
 

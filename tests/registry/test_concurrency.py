@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from deployments.local import PROJECT_ROOT
-from tasks import ModelDirectory
-from tasks.contracts.model_directory import MODEL_FILES, WEIGHTS_FILE
+from tasks.contracts.model_directory import MODEL_FILES, WEIGHTS_FILE, ModelDirectory
 from tasks.registry import (
     CLAIM_FILE,
     REGISTRATION_FILE,

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from tasks import InvalidModelNameError, ModelDirectory, PipelineInputError
-from tasks.errors import InvalidModelDirectoryError, ModelNotFoundError
+from tasks.contracts.model_directory import ModelDirectory
+from tasks.errors import InvalidModelDirectoryError, InvalidModelNameError, ModelNotFoundError, PipelineInputError
 from tasks.registry import (
     CLAIM_FILE,
     REGISTRATION_FILE,

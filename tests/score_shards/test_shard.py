@@ -11,7 +11,7 @@ import pytest
 from tasks.contracts.image_directory import INDEX_NAME, MANIFEST_NAME, ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.scores_table import ERROR_COLUMN, read_scores, write_score_chunks
-from tasks.convert import convert_to_image_directory
+from tasks.convert.conversion import convert_to_image_directory
 from tasks.evaluation.score import score_chunks, score_images
 from tasks.score_shards.parts import check_failures, merge_parts, part_location, shard_ranges
 from tasks.score_shards.shard import score_part

@@ -148,7 +148,7 @@ def test_store_does_not_retry_a_bad_location(prefect_server, tmp_path):
     from prefect import flow
     from prefect.client.orchestration import get_client
 
-    from tasks.storage.work_dir_on_s3 import store
+    from tasks.storage.prefect_tasks import store
 
     folder = tmp_path / "data"
     folder.mkdir()
@@ -174,7 +174,7 @@ def test_the_stage_retry_rule_retries_a_fault_and_never_a_mistake(prefect_server
     class Limits(BaseModel):
         n: PositiveInt
 
-    @stage_task("flaky", retry_delay_seconds=0)
+    @stage_task(retry_delay_seconds=0)
     def fails_with(kind: str) -> None:
         if kind == "mistake":
             Limits(n=0)  # a pydantic ValidationError: the same input fails the same way

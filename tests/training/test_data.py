@@ -122,10 +122,10 @@ def test_decoding_on_the_device_feeds_the_network_what_the_loader_path_does(tmp_
     """``decode_on="device"`` (auto's choice on CUDA from JPEGs), here on the CPU: the loaders hand over encoded JPEGs,
     the device pipeline decodes them a batch at a time; validation inputs agree with the loader path's within one grey
     level (torch's antialiased resize for PIL's) and the training batch comes in the network's shape."""
-    from tasks import convert_to_image_directory
     from tasks.contracts.image_directory import ImageDirectory
     from tasks.contracts.model_directory import ModelSpec, TrainedModelSpec
     from tasks.contracts.training_config import TrainingParams
+    from tasks.convert.conversion import convert_to_image_directory
     from tasks.training.data import TrainingData
     from tasks.training.distributed import DistributedEnv
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from deployments.local import free_port
-from tasks import PipelineInputError, TrainingDivergedError, TrainingFailedError
 from tasks.contracts.model_directory import CHECKPOINT_FILE, WEIGHTS_FILE, ModelDirectory, driver_log_path
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.errors import PipelineInputError, TrainingDivergedError, TrainingFailedError
 from tasks.launch.torchrun_launcher import launch_training
 from tasks.launch.torchrun_output import read_metrics
 from tasks.storage.local_files import sha256_file

@@ -11,10 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tasks import InvalidDatasetError, InvalidModelDirectoryError, OutputInUseError, TrainingFailedError
 from tasks.contracts.model_directory import LOGS_DIR
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.errors import TrainingHungError, TrainingTimeoutError
+from tasks.errors import (
+    InvalidDatasetError,
+    InvalidModelDirectoryError,
+    OutputInUseError,
+    TrainingFailedError,
+    TrainingHungError,
+    TrainingTimeoutError,
+)
 from tasks.launch.torchrun_launcher import WatchLimits, build_torchrun_command, launch_training, worker_environment
 from tasks.launch.torchrun_output import LineLevels
 from tasks.training.lifeline import HangWatch, TrainingHang, read_heartbeats
@@ -202,7 +208,7 @@ def test_input_errors_inside_the_worker_keep_their_type(tmp_path, colour_image_d
 
 
 def test_a_last_batch_of_one_image_trains(tmp_path, resnet_spec):
-    from tasks import convert_to_image_directory
+    from tasks.convert.conversion import convert_to_image_directory
 
     train = convert_to_image_directory(write_class_folders(tmp_path / "src-train", 11, seed=3), tmp_path / "train").root
     val = convert_to_image_directory(write_class_folders(tmp_path / "src-val", 2, seed=4), tmp_path / "val").root
@@ -242,7 +248,7 @@ def test_each_line_keeps_the_level_it_was_logged_at():
 def test_the_train_task_does_not_retry_an_input_error_raised_in_the_worker(prefect_server, tmp_path, colour_image_dirs):
     from prefect import flow
 
-    from tasks.launch.train import train as train_task
+    from tasks.launch.prefect_tasks import train as train_task
 
     _, val = colour_image_dirs
     empty_spec = tmp_path / "spec"

@@ -138,7 +138,7 @@ def test_a_tagged_sideways_set_trains_to_the_same_figures_as_its_upright_twin(tm
     their upright twins; validated on upright stripes. Conversion turns the tagged PNGs upright losslessly, so both
     train on the same pixels and every epoch's figures are the same. (JPEGs are turned within a grey level: the
     test below holds their pixels to the twin's on both decode paths.)"""
-    from tasks import convert_to_image_directory
+    from tasks.convert.conversion import convert_to_image_directory
 
     write_stripes(tmp_path / "phone", 6, sideways=True, seed=1, ext=".png")
     write_stripes(tmp_path / "twin", 6, sideways=False, seed=1, ext=".png")
@@ -161,9 +161,9 @@ def test_photos_stored_sideways_with_their_tag_train_as_their_upright_twins(tmp_
     """What the network trains on, for a set stored as a phone stores portrait photos (sideways, EXIF orientation 6)
     and for its upright twin: the same pictures, on both decode paths, so the same training. Ignoring the tag, the
     network learned the sideways pixels and scored top-1 0.0 on upright stripes (issue 38)."""
-    from tasks import convert_to_image_directory
     from tasks.contracts.model_directory import IMAGENET_MEAN, IMAGENET_STD
     from tasks.contracts.transformations import ImageTransformations
+    from tasks.convert.conversion import convert_to_image_directory
     from tasks.vision.device_pipeline import DevicePipeline
     from tasks.vision.images import ImageFiles
     from tasks.vision.payloads import EncodedImageFiles, collate_payloads

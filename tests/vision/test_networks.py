@@ -6,10 +6,10 @@ import pytest
 import torch
 import torchvision
 
-from tasks import InvalidModelDirectoryError
 from tasks.contracts.architectures import DENSENETS, RESNETS
 from tasks.contracts.model_directory import ModelSpec
-from tasks.model import write_untrained_model_directory
+from tasks.errors import InvalidModelDirectoryError
+from tasks.model.untrained import write_untrained_model_directory
 from tasks.vision.networks import build_network
 
 

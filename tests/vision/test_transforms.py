@@ -186,7 +186,7 @@ def test_a_model_trained_with_transformations_scores_and_exports_with_their_dete
     from tasks.contracts.image_directory import ImageDirectory
     from tasks.evaluation.onnx_export import check_onnx, export_onnx
     from tasks.evaluation.score import score_images
-    from tasks.model import write_untrained_model_directory
+    from tasks.model.untrained import write_untrained_model_directory
     from tests.helpers import run_worker
 
     transformations = ImageTransformations(

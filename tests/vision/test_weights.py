@@ -26,7 +26,7 @@ from tasks.contracts.model_directory import (
     read_model_spec,
 )
 from tasks.errors import PipelineInputError, PretrainedWeightsError, PretrainedWeightsUnavailableError
-from tasks.model import with_pretrained_default, write_untrained_model_directory
+from tasks.model.untrained import with_pretrained_default, write_untrained_model_directory
 from tasks.registry.card import model_card_markdown
 from tasks.registry.manage import model_versions
 from tasks.registry.prefect_tasks import register

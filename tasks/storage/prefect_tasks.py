@@ -1,0 +1,33 @@
+"""The Prefect tasks of storage: ``store`` (a folder written on this host published where the next stages read
+it) and ``keep_results`` (what a registered run's folder keeps), around ``work_dir_on_s3`` and ``runs``, which
+import no Prefect."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger
+
+from tasks.retrying import stage_task
+from tasks.storage.runs import Keep, drop_registered_copies, run_size
+from tasks.storage.work_dir_on_s3 import publish
+
+
+@stage_task  # retries a storage fault, never a mistake in the location (InvalidStorageURIError)
+def store(local: str, location: str) -> str:
+    """``publish``: a folder written on this host, where the next stages (on any host) read it."""
+    return publish(local, location)
+
+
+@stage_task(retries=0)
+def keep_results(run_dir: str, model_dir: str, keep: Keep, registered: dict) -> int | None:
+    """After registration, under ``keep="results"``: the run's copies of the registered model and its checkpoints
+    go (``drop_registered_copies``). Returns the run folder's size afterwards, in bytes (None on S3)."""
+    logger = get_run_logger()
+    if keep == "results":
+        freed = drop_registered_copies(run_dir, model_dir, registered)
+        if freed:
+            logger.info(
+                "keep=results: %.1f MB of model files and checkpoints dropped from %s (the registry holds the model)",
+                freed / 2**20,
+                run_dir,
+            )
+    return run_size(run_dir)
