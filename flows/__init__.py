@@ -5,9 +5,8 @@ import os
 # Every entry point (python -m flows.pipeline / flows.score, the deployments) imports this package first: no usage
 # reports from the Prefect server it may start, unless the user said otherwise.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-# The temporary server a command starts without PREFECT_API_URL: Prefect waits 20 s for it, and on a loaded 2-core
-# machine (load average 7: a `make test` beside a training) its start took 82.5 s (docs/development.md). A start that
-# still fails is one line (flows.cli.run_command).
+# The temporary server a command starts without PREFECT_API_URL: Prefect waits 20 s for it, far less than its start
+# can take on a loaded small machine (BENCHMARKS.md). A start that still fails is one line (flows.cli.run_command).
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 

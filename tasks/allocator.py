@@ -1,11 +1,9 @@
 """Keep freed memory for reuse: glibc's allocator settings for processes that run a network batch after batch.
 
 By default glibc serves every block above 128 KiB with a fresh ``mmap`` and hands it back to the kernel on
-``free``, so each batch page-faults its activations in afresh: 4,600-8,300 faults per ResNet-18 training
-step at 32 px, 480,000 for 64 images scored at 224 px. Raising both thresholds keeps freed blocks in the heap for
-the next batch. Measured on 2 CPU cores: training steps 1.22-1.38x per second (bench/step.py), scoring at 224 px 45 -> 83
-images/s at batch 64 (a stand-alone loop), with the same peak memory. The trim threshold alone
-is worse than the default (0.4x): both are set, or neither.
+``free``, so each batch page-faults its activations in afresh. Raising both thresholds keeps freed blocks in the
+heap for the next batch: more training steps and scored images per second with the same peak memory
+(bench/step.py; BENCHMARKS.md). The trim threshold alone is worse than the default: both are set, or neither.
 
 A subprocess gets them through its environment (glibc reads ``MALLOC_*_`` at start); a process that is
 already running sets them with ``mallopt``. Settings the user chose are left alone. Other C libraries

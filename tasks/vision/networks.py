@@ -16,7 +16,7 @@ from tasks.vision.weights import load_weights
 
 def memory_format(device: torch.device) -> torch.memory_format:
     """channels_last on CUDA, where cuDNN's NHWC kernels (with bf16) are the fast path; contiguous on CPU,
-    where channels_last measured 0.85x on this project's 2-core AMD EPYC runs (ResNet-18, 32 px, batch 16)."""
+    where channels_last measured slower (BENCHMARKS.md)."""
     return torch.channels_last if device.type == "cuda" else torch.contiguous_format
 
 

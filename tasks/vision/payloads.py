@@ -96,10 +96,10 @@ def threaded_batches(
 
 class PackedPayloads(NamedTuple):
     """A batch's payloads as two tensors: what a loader process hands over and pins in one piece. Handed over as a
-    list, each of a batch's 256 payloads travelled as a shared-memory segment of its own and was pinned on its own:
-    the loading ceiling then stopped at 2,809 images/s on an H200 while the device pipeline alone decoded 11,908
-    (BENCHMARKS.md). A JPEG's EXIF orientation is read while packing, in the loader's processes: read in the
-    training process, beside the step, it cost that process's time (BENCHMARKS.md, 2026-11-26 H100)."""
+    list, each of a batch's payloads travelled as a shared-memory segment of its own and was pinned on its own,
+    which capped loading far below what the device pipeline decodes (BENCHMARKS.md). A JPEG's EXIF orientation is
+    read while packing, in the loader's processes: read in the training process, beside the step, it cost that
+    process's time."""
 
     data: torch.Tensor  # uint8: every payload's bytes, one after another
     shapes: torch.Tensor  # int64 (N, 3): a JPEG's (bytes, 0, EXIF orientation), a decoded image's (C, H, W)

@@ -65,8 +65,8 @@ class EdgePaddedRandomCrop:
     padded. Off the CPU the window's rows and columns are picked by index instead, an index past the edge clamped
     to it (what edge padding repeats); ``DevicePipeline`` crops a whole batch that way with the same draws.
 
-    torchvision pads the whole image in float32 and converts back: 0.40 ms of the 1.9 ms a 224 px training image
-    took on one core of the H100 host (decode, resize, crop, normalise); padding only the margins took 0.13 ms."""
+    torchvision pads the whole image in float32 and converts back, a good share of a training image's CPU time;
+    padding only the margins costs a third of that (BENCHMARKS.md)."""
 
     def __init__(self, size: int, padding: int) -> None:
         self.size, self.padding = size, padding
@@ -90,7 +90,7 @@ class EdgePaddedRandomCrop:
         if pixels.device.type != "cpu":  # a GPU: pick the indexes (no padded copy, any dtype)
             rows, columns = self.window(top, height), self.window(left, width)
             return pixels.index_select(1, rows.to(pixels.device)).index_select(2, columns.to(pixels.device))
-        # On the CPU a slice and a padded margin: 0.03 ms at 224 px, 7x faster than picking indexes.
+        # On the CPU a slice and a padded margin: several times faster than picking indexes.
         first_row, end_row = max(0, top), min(height, top + self.size)
         first_column, end_column = max(0, left), min(width, left + self.size)
         window = pixels[:, first_row:end_row, first_column:end_column]
@@ -124,7 +124,7 @@ def decode_steps(transformations: ImageTransformations, image_size: int) -> list
     """The deterministic options on the PIL image, then to uint8 channels-first.
 
     v2's functional kernels rather than its Transform classes: nothing here is random, and the classes' input
-    flattening took 40 of the 135 us a 32 px decode cost (measured), paid for every image that is not cached."""
+    flattening is a large share of a small image's decode, paid for every image that is not cached."""
     t, steps = transformations, []
     if t.resize is not None:
         side = t.resize.size or image_size

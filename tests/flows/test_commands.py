@@ -63,7 +63,7 @@ def test_one_more_command_is_one_entry_and_a_main_without_prog_still_runs(monkey
 def test_the_flows_import_without_torch_so_a_mistake_is_answered_at_once():
     """torch comes in when scoring or the ONNX export needs it, in the flow's own thread: a command line that stops
     at a mistake, `prefect deploy` reading the flows' parameters and a train-node run waiting for its rendezvous
-    never load it (`import flows.pipeline` took 6.0 CPU-seconds with it, 2.4 without)."""
+    never load it (it more than doubles `import flows.pipeline`'s CPU time)."""
     import subprocess
 
     heavy = "{'torch', 'torchvision'}"

@@ -53,7 +53,7 @@ def test_early_stopping_after_patience_epochs_without_lower_validation_loss():
     assert not last.stopped_early, "finishing on the last epoch is not stopping early"
 
 
-@pytest.mark.slow  # inductor compiles C++ for the CPU: about 30 s
+@pytest.mark.slow  # inductor compiles C++ for the CPU first
 def test_compiled_training_matches_eager_and_runs_the_last_smaller_batch_eagerly(tmp_path):
     """torch.compile (inductor, on the CPU here) trains the full batches to the eager result; the last batch of 3
     runs eagerly instead of compiling the network for a second shape (a recompile would raise here)."""
