@@ -157,7 +157,8 @@ def train_node(folders: TrainingFolders, params: TrainingParams, rendezvous: Ren
     return str(model_dir.root)
 
 
-# --- multi-node: the node side (flows/train_node.py), then the train task's side ---
+# Multi-node: a node's side (flows/train_node.py: find_rendezvous, then train_node above), then the train task's
+# (run_nodes submits the node runs and watches them).
 
 
 def claim_rendezvous(key: str, endpoint: str) -> tuple[str, bool]:
