@@ -264,14 +264,36 @@ async def card_versions(key):
     return sorted(artifacts, key=lambda a: a.created)
 
 
-def registry_cli(registry, *args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "tasks.registry", "--registry", registry, *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=120,
-    )
+def registry_cli(registry, *args, env=None, in_process=None) -> subprocess.CompletedProcess:
+    """``python -m tasks.registry --registry <registry> <args>``: its exit status and output. In this process (its
+    ``main``, the output captured) unless ``env`` is given or ``in_process`` is False: a new Python per command costs
+    more than the command, and what a subprocess alone shows (the console a user sees, the environment read at
+    start) is asserted by the calls that ask for one."""
+    command = ["--registry", str(registry), *args]
+    if in_process is False or (in_process is None and env):
+        return subprocess.run(
+            [sys.executable, "-m", "tasks.registry", *command],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=120,
+        )
+    import contextlib
+    import io
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tasks.registry.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    # As from a shell without PREFECT_API_URL, whichever server an earlier test of this process pointed at.
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(command)
+            except SystemExit as exit:  # argparse's refusals
+                status = exit.code
+    return subprocess.CompletedProcess(command, status, out.getvalue(), err.getvalue())
 
 
 def s3_settings(endpoint: str) -> dict[str, str]:

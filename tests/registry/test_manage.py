@@ -195,7 +195,7 @@ def test_the_command_line(registry, trained_model):
     unknown = registry_cli(registry, "search", "--where", "acc>=0.9")
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1, unknown.stderr
     assert "no version records the figure 'acc' (did you mean 'accuracy'?); figures: accuracy" in unknown.stderr
-    typo = registry_cli(registry, "show", f"{NAME}x@production")
+    typo = registry_cli(registry, "show", f"{NAME}x@production", in_process=False)  # the console a user sees
     assert typo.returncode == 2 and f"no model named '{NAME}x'" in typo.stderr and f"models: {NAME}" in typo.stderr
 
     # For scripts: --json; and a reader that goes away (`show ... | head`) is no error.
