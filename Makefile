@@ -73,9 +73,9 @@ TEST_WORKERS ?= 3
 test: $(VENV)/.installed browser postgres-programs lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-# The fast loop while editing: the tests that start no server, torchrun or subprocess (under a minute).
+# The fast loop while editing: the tests that start no server, torchrun or subprocess, in two processes.
 test-fast: $(VENV)/.installed
-	$(BIN)/python -m pytest -m "not slow and not integration" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not integration" -n 2 $(PYTEST_ARGS)
 
 # One linter and formatter, configured in pyproject.toml.
 lint: $(VENV)/.installed

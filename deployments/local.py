@@ -55,9 +55,10 @@ class PrefectStack:
             "PREFECT_HOME": str(self.home),
             "PREFECT_API_URL": self.api_url,
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            # Workers poll every second, so a triggered run starts at once.
-            "PREFECT_WORKER_QUERY_SECONDS": "1",
-            "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+            # Workers poll every 2 s: a triggered run starts within seconds (Prefect's default is 10 s), and an idle
+            # stack costs less CPU than at 1 s (BENCHMARKS.md, "Figures that used to sit in code comments").
+            "PREFECT_WORKER_QUERY_SECONDS": "2",
+            "PREFECT_WORKER_PREFETCH_SECONDS": "2",
             **(settings or {}),
         }
         if database_url:

@@ -374,14 +374,16 @@ INTEGRATION_FIXTURES = {"prefect_server", "s3_endpoint", "s3_bucket", "trained_m
 # them with the other cores idle). Order only: a stale entry costs time, never a test.
 LONGEST_FILES = (
     "tests/flows/test_multinode_gang.py",
+    "tests/flows/test_sweep.py",
     "tests/flows/test_multinode.py",
     "tests/deployments/test_deployments.py",
     "tests/test_docs_commands.py",
-    "tests/deployments/test_zombie.py",
-    "tests/training/test_lifeline.py",
-    "tests/training/test_distributed.py",
-    "tests/deployments/test_auth.py",
+    "tests/flows/test_score_shards.py",
     "tests/bench/test_bench.py",
+    "tests/training/test_lifeline.py",
+    "tests/flows/test_cli.py",
+    "tests/training/test_distributed.py",
+    "tests/deployments/test_zombie.py",
 )
 
 

@@ -207,6 +207,7 @@ except OutputStorageError as error:
 """
 
 
+@pytest.mark.integration  # a Python of its own in a mount namespace with a small tmpfs
 def test_a_checkpoint_that_does_not_fit_says_so_in_its_first_line(tmpfs):
     outcome = on_tmpfs(tmpfs, "256k", SAVE_CHECKPOINT, "save")
     first = outcome["error"].splitlines()[0]
@@ -215,6 +216,7 @@ def test_a_checkpoint_that_does_not_fit_says_so_in_its_first_line(tmpfs):
     assert outcome["left"] == []  # no half-written checkpoint for a resumed run to trip on
 
 
+@pytest.mark.integration  # a Python of its own in a mount namespace with a small tmpfs
 def test_training_refuses_before_the_first_epoch_where_two_checkpoints_cannot_fit(tmpfs):
     outcome = on_tmpfs(tmpfs, "1m", SAVE_CHECKPOINT, "check")
     assert outcome["error"].startswith(f"not enough space for training's checkpoints at {tmpfs}: about 1.3 MB needed")

@@ -60,6 +60,7 @@ def test_one_more_command_is_one_entry_and_a_main_without_prog_still_runs(monkey
     assert main(["extra", "--keep", "3"]) == 0 and called == [["--keep", "3"]]
 
 
+@pytest.mark.integration  # a fresh Python: what it imports
 def test_the_flows_import_without_torch_so_a_mistake_is_answered_at_once():
     """torch comes in when scoring or the ONNX export needs it, in the flow's own thread: a command line that stops
     at a mistake, `prefect deploy` reading the flows' parameters and a train-node run waiting for its rendezvous
