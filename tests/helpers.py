@@ -264,11 +264,29 @@ async def card_versions(key):
     return sorted(artifacts, key=lambda a: a.created)
 
 
+def main_in_process(main, argv: list[str]) -> subprocess.CompletedProcess:
+    """A command line's ``main(argv)`` run in this process, as from a shell without PREFECT_API_URL (whichever server
+    an earlier test of this process pointed at): its exit status and what it printed. A new Python per command costs
+    more than the command; what only a new process shows (the console a user sees, the environment read at start)
+    is asserted by the tests that run one."""
+    import contextlib
+    import io
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    out, err = io.StringIO(), io.StringIO()
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(argv)
+            except SystemExit as exit:  # argparse's refusals and the one-line mistakes
+                status = exit.code
+    return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
+
+
 def registry_cli(registry, *args, env=None, in_process=None) -> subprocess.CompletedProcess:
-    """``python -m tasks.registry --registry <registry> <args>``: its exit status and output. In this process (its
-    ``main``, the output captured) unless ``env`` is given or ``in_process`` is False: a new Python per command costs
-    more than the command, and what a subprocess alone shows (the console a user sees, the environment read at
-    start) is asserted by the calls that ask for one."""
+    """``python -m tasks.registry --registry <registry> <args>``: in this process (``main_in_process``) unless ``env``
+    is given or ``in_process`` is False."""
     command = ["--registry", str(registry), *args]
     if in_process is False or (in_process is None and env):
         return subprocess.run(
@@ -278,22 +296,9 @@ def registry_cli(registry, *args, env=None, in_process=None) -> subprocess.Compl
             env={**os.environ, **(env or {})},
             timeout=120,
         )
-    import contextlib
-    import io
-
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     from tasks.registry.__main__ import main
 
-    out, err = io.StringIO(), io.StringIO()
-    # As from a shell without PREFECT_API_URL, whichever server an earlier test of this process pointed at.
-    with temporary_settings(restore_defaults={PREFECT_API_URL}):
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                status = main(command)
-            except SystemExit as exit:  # argparse's refusals
-                status = exit.code
-    return subprocess.CompletedProcess(command, status, out.getvalue(), err.getvalue())
+    return main_in_process(main, command)
 
 
 def s3_settings(endpoint: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import NAME, register_test_model, write_class_folders
+from tests.helpers import NAME, main_in_process, register_test_model, write_class_folders
 
 pytestmark = pytest.mark.integration  # subprocesses
 
@@ -29,6 +29,15 @@ def command(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Comple
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         timeout=300,
     )
+
+
+def in_process(module: str, *args: str, cwd: Path, monkeypatch) -> subprocess.CompletedProcess:
+    """``python -m <module> <args>`` in ``cwd`` as its ``main(argv)`` in this process (tests.helpers.main_in_process):
+    for the mistakes a command finds before any run. The tests that run a new Python assert what only it shows."""
+    import importlib
+
+    monkeypatch.chdir(cwd)
+    return main_in_process(importlib.import_module(module).main, list(args))
 
 
 def one_line_mistake(done: subprocess.CompletedProcess, *expected: str) -> str:
@@ -71,14 +80,21 @@ def test_a_missing_training_folder_is_one_line_before_any_run(mistakes):
         (["--metric", "f1"], "argument --metric: invalid choice: 'f1'"),
     ],
 )
-def test_a_sweep_that_cannot_run_is_one_line_before_any_trial(mistakes, flags, expected):
-    done = command("flows.sweep", "--train-data", "train", "--validation-data", "train", *flags, cwd=mistakes)
+def test_a_sweep_that_cannot_run_is_one_line_before_any_trial(mistakes, flags, expected, monkeypatch):
+    arguments = ("flows.sweep", "--train-data", "train", "--validation-data", "train", *flags)
+    if flags[0] == "--trials":  # one in a new Python, as a user runs it: nothing else on the console
+        done = command(*arguments, cwd=mistakes)
+        assert done.stderr.count("\n") == 1, done.stderr
+    else:
+        done = in_process(*arguments, cwd=mistakes, monkeypatch=monkeypatch)
     one_line_mistake(done, expected)
     assert not (mistakes / "runs").exists(), "nothing written"
 
 
-def test_classes_that_differ_between_train_and_validation_are_one_line_before_any_run(mistakes):
-    done = command("flows.pipeline", "--train-data", "train", "--validation-data", "val", cwd=mistakes)
+def test_classes_that_differ_between_train_and_validation_are_one_line_before_any_run(mistakes, monkeypatch):
+    done = in_process(
+        "flows.pipeline", "--train-data", "train", "--validation-data", "val", cwd=mistakes, monkeypatch=monkeypatch
+    )
     one_line_mistake(done, "only in training ['green'], only in validation ['blue']")
     assert done.stderr.count("\n") == 1
 
@@ -97,8 +113,8 @@ def test_classes_that_differ_between_train_and_validation_are_one_line_before_an
         (["--near-duplicate-distance", "40"], "near_duplicate_distance 40 is not allowed: give the largest number"),
     ],
 )
-def test_a_misspelt_or_impossible_parameter_is_argparse_or_pydantic_in_one_line(mistakes, flags, expected):
-    done = command("flows.pipeline", *flags, cwd=mistakes)
+def test_a_misspelt_or_impossible_parameter_is_argparse_or_pydantic_in_one_line(mistakes, flags, expected, monkeypatch):
+    done = in_process("flows.pipeline", *flags, cwd=mistakes, monkeypatch=monkeypatch)
     one_line_mistake(done, expected)
     assert done.stderr.count("\n") == 1
 
@@ -153,7 +169,7 @@ def _runs_of(flow_run_id):
     return FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
 
 
-def test_a_prefect_server_that_does_not_answer_is_one_line_before_any_work(mistakes, server, tmp_path):
+def test_a_prefect_server_that_does_not_answer_is_one_line_before_any_work(mistakes, server, tmp_path, monkeypatch):
     """PREFECT_API_URL naming no server, or something that is not a Prefect API, and deployments with no server
     named: one line that says what to do, exit 2, before anything is converted, trained or deployed."""
     from deployments.local import free_port
@@ -168,13 +184,10 @@ def test_a_prefect_server_that_does_not_answer_is_one_line_before_any_work(mista
     done = command("deployments.deploy", cwd=tmp_path, env={"PREFECT_API_URL": not_prefect})
     one_line_mistake(done, f"{not_prefect} answered HTTP 404 when asked for its Prefect version", "ends in /api")
 
-    environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
     for module in (["deployments.deploy"], ["deployments.serve"], ["deployments.worker", "--pool", "gpu"]):
-        done = subprocess.run(
-            [sys.executable, "-m", *module], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120
-        )
+        done = in_process(*module, cwd=ROOT, monkeypatch=monkeypatch)
         one_line_mistake(done, "PREFECT_API_URL is not set", "make server")
-    shown = command("deployments.deploy", "--help", cwd=tmp_path)
+    shown = in_process("deployments.deploy", "--help", cwd=tmp_path, monkeypatch=monkeypatch)
     assert shown.returncode == 0 and "leaves each schedule switched on or off" in shown.stdout
 
 
