@@ -11,8 +11,6 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 from tasks.data.split import check_fraction
 from tasks.errors import InvalidDatasetError
@@ -34,6 +32,9 @@ def export_digits(output: str | Path, validation_fraction: float = 0.2, seed: in
         return output / "train", output / "validation"
     if output.exists() and any(output.iterdir()) and not done.is_file():
         raise FileExistsError(f"{output} exists and is not a digits export: choose an empty or new folder")
+
+    from sklearn.datasets import load_digits  # here: every flow imports this module, few export the digits
+    from sklearn.model_selection import train_test_split
 
     digits = load_digits()
     # Pixel values are 0..16; stretch them to 0..255 for 8-bit grayscale files.

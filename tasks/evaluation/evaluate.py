@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel
-from sklearn import metrics as skm
 
 from tasks.contracts.scores_table import (
     ERROR_COLUMN,
@@ -15,6 +15,9 @@ from tasks.contracts.scores_table import (
     scored_classes,
 )
 from tasks.errors import NotLabeledDatasetError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class ClassReport(BaseModel):
@@ -56,6 +59,10 @@ class Evaluation(BaseModel):
 
 
 def evaluate_scores(scores: pd.DataFrame) -> Evaluation:
+    from sklearn import (
+        metrics as skm,
+    )  # here: the flows import this module at their start, most commands never evaluate
+
     if LABEL_COLUMN not in scores.columns:
         raise NotLabeledDatasetError("the scores table has no 'label' column: evaluation needs labeled images")
     if ERROR_COLUMN in scores.columns:  # images a sharded scoring could not read have no scores to judge

@@ -7,20 +7,20 @@ import base64
 import os
 from pathlib import Path
 
-import matplotlib
-import matplotlib.pyplot as plt
 import numpy as np
-from sklearn.metrics import (
-    ConfusionMatrixDisplay,
-    PrecisionRecallDisplay,
-    RocCurveDisplay,
-    precision_score,
-    recall_score,
-)
 
 from tasks.contracts.model_directory import TrainingMetrics
 
-matplotlib.use("Agg")  # files only, no display; pyplot picks its backend at the first figure, so after it is fine
+
+def pyplot():
+    """matplotlib's pyplot drawing into files only (no display), imported when a picture is drawn: every flow
+    and command imports this module, most of them to draw nothing."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def significant(value, digits: int = 4):
@@ -29,6 +29,7 @@ def significant(value, digits: int = 4):
 
 
 def plot_training_curves(metrics: TrainingMetrics, path: str | os.PathLike[str]) -> None:
+    plt = pyplot()
     epochs = [e.epoch for e in metrics.epochs]
     figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
     loss_axes.plot(epochs, [e.train_loss for e in metrics.epochs], marker="o", label="training")
@@ -49,6 +50,9 @@ def plot_training_curves(metrics: TrainingMetrics, path: str | os.PathLike[str])
 
 def plot_confusion_matrix(matrix: list[list[int]], classes: list[str], path: str | os.PathLike[str]) -> None:
     size = min(14, 3 + 0.5 * len(classes))
+    from sklearn.metrics import ConfusionMatrixDisplay
+
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(size, size))
     ConfusionMatrixDisplay(confusion_matrix=np.array(matrix), display_labels=classes).plot(
         ax=axes, cmap="Blues", colorbar=False, xticks_rotation=45 if max(map(len, classes)) > 3 else "horizontal"
@@ -64,6 +68,9 @@ def plot_two_class_curves(
 ) -> None:
     """ROC (with its AUC) and precision-recall (with average precision) of ``probability`` of class ``positive``
     against the true ``labels``, the point of the decision ``probability >= threshold`` marked on both."""
+    from sklearn.metrics import PrecisionRecallDisplay, RocCurveDisplay, precision_score, recall_score
+
+    plt = pyplot()
     figure, (roc_axes, pr_axes) = plt.subplots(1, 2, figsize=(10, 4.5))
     options = {"pos_label": positive, "name": positive, "plot_chance_level": True}
     RocCurveDisplay.from_predictions(labels, probability, ax=roc_axes, **options)
