@@ -375,7 +375,7 @@ INTEGRATION_FIXTURES = {"prefect_server", "s3_endpoint", "s3_bucket", "trained_m
 LONGEST_FILES = (
     "tests/flows/test_multinode_gang.py",
     "tests/flows/test_sweep.py",
-    "tests/flows/test_multinode.py",
+    "tests/flows/test_pipeline_nodes.py",
     "tests/deployments/test_deployments.py",
     "tests/test_docs_commands.py",
     "tests/flows/test_score_shards.py",

@@ -150,7 +150,7 @@ pip install prefect-kubernetes
 prefect work-pool create gpu-kubernetes --type kubernetes \\
     --base-job-template deployments/kubernetes-gpu-job-template.json
 prefect worker start --pool gpu-kubernetes""": "needs a Kubernetes cluster and the internet; the job template "
-    "is checked in tests/flows/test_multinode.py",
+    "is checked in tests/flows/test_pipeline_nodes.py",
     # docs/operations.md
     """make server
 make deploy
