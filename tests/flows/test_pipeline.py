@@ -1,6 +1,8 @@
 """End to end: the real flow on a real (temporary) Prefect server, with a real 2-process torchrun."""
 
 import asyncio
+import hashlib
+import io
 import json
 import os
 import re
@@ -10,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+import torchvision
 from prefect.client.orchestration import get_client
 
 from flows.pipeline import train_pipeline
@@ -17,6 +21,7 @@ from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory, ModelSpec
 from tasks.contracts.training_config import TrainingParams
+from tasks.contracts.transformations import ImageTransformations, RandomFlip
 from tasks.errors import InvalidDatasetError
 from tasks.evaluation.score import score_images
 from tasks.registry import PromotionPolicy, list_versions, read_registration, resolve
@@ -136,11 +141,23 @@ def test_conversion_limits_reach_the_convert_stage(prefect_server, tmp_path):
     assert not list((tmp_path / "runs").glob("*/model"))
 
 
-def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_server, digits_subset, tmp_path):
-    """torchrun without restarts fails when a worker dies; the train task's retry resumes from the checkpoint."""
+def test_one_folder_fine_tuned_from_fetched_weights_survives_a_killed_worker_through_the_prefect_retry(
+    prefect_server, digits_subset, server, torch_home, tmp_path
+):
+    """Your own images to a fine-tuned model: one folder is split, a MobileNet v3 starts from pretrained weights
+    fetched from a mirror (HTTP on loopback) and hash-checked, trains with a flip, exports to ONNX and is
+    registered; the model card records the split, the transformations and the weights. torchrun without restarts
+    fails when a worker dies after the first epoch; the train task's retry resumes from the checkpoint.
+
+    The weights are a state dict of our own (real ImageNet files cannot be fetched here) with its real sha256."""
     from tests.helpers import worker_pids
 
-    train, val = digits_subset
+    train, _ = digits_subset
+    buffer = io.BytesIO()
+    torch.manual_seed(0)
+    torch.save(torchvision.models.mobilenet_v3_small().state_dict(), buffer)
+    weights, sha256 = buffer.getvalue(), hashlib.sha256(buffer.getvalue()).hexdigest()
+    server.files["/models/mobilenet-v3-small-own.pth"] = weights
     training = TrainingParams(epochs=3, processes_per_node=1, learning_rate=0.002, max_restarts=0)
     killed, stop = [], threading.Event()
 
@@ -157,11 +174,17 @@ def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_se
     try:
         result = train_pipeline(
             train_data=str(train),
-            validation_data=str(val),
-            model=ModelSpec(pretrained=False),
+            validation_fraction=0.25,
+            model=ModelSpec(
+                architecture="mobilenet_v3_small",
+                weights_path=f"{server.url}/models/mobilenet-v3-small-own.pth",
+                weights_sha256=sha256,
+                transformations=ImageTransformations(random_horizontal_flip=RandomFlip()),
+            ),  # pretrained left empty: your own images start from the pretrained weights
             training=training,
             registry=str(tmp_path / "registry"),
             work_dir=str(tmp_path / "runs"),
+            export_onnx=True,
             keep="all",
         )
     finally:
@@ -175,9 +198,30 @@ def test_a_worker_killed_mid_training_is_resumed_by_the_prefect_retry(prefect_se
     assert "run files (data, model, logs, scores; " in result.summary()
     assert [e.epoch for e in ModelDirectory(model_dir).metrics().epochs] == [1, 2, 3]
     assert "resuming from" in (model_dir / "logs" / "driver_log_0.txt").read_text()
-    _, task_runs = asyncio.run(artifacts_and_task_runs(result.registration.flow_run_id))
+    artifacts, task_runs = asyncio.run(artifacts_and_task_runs(result.registration.flow_run_id))
     train_run = next(t for t in task_runs if t.name.startswith("train"))
     assert train_run.run_count == 2 and train_run.state.is_completed()
     # The retry carries on the first attempt's progress bar instead of leaving it stuck part-way.
     progress = asyncio.run(progress_artifacts(train_run.id))
     assert [(p.data, p.description) for p in progress] == [(100.0, "3 of 3 epochs")]
+
+    assert result.model_name == "digits-mobilenet_v3_small" and result.version == 1
+    registration = read_registration(tmp_path / "registry", result.model_name, 1)
+    # The split: a quarter of each class's 30 images (7 or 8) validate, and each side's manifest says where it came
+    # from.
+    validation = ImageDirectory(Path(result.run_dir) / "data" / "validation")
+    assert registration.datasets["validation"].images == len(validation) in range(70, 81)
+    assert registration.datasets["train"].images == 300 - registration.datasets["validation"].images
+    assert validation.manifest.split.side == "second" and validation.manifest.split.fraction == pytest.approx(0.75)
+    assert registration.datasets["validation"].split == validation.manifest.split
+    # The weights were fetched once (not again by the retry), checked, and recorded by name and hash; the model was
+    # trained from them.
+    assert server.requests == ["/models/mobilenet-v3-small-own.pth"]
+    trained = ModelDirectory(result.location)
+    assert trained.spec.pretrained and trained.spec.weights.sha256 == sha256
+    assert registration.params["pretrained_weights"]["sha256"] == sha256
+    assert trained.spec.transformations.random_horizontal_flip == RandomFlip()
+    assert "model.onnx" in registration.files
+    card = next(a for a in artifacts if a.key == "model-card-digits-mobilenet-v3-small").data
+    assert sha256[:12] in card and "horizontal flip" in card
+    assert "75% of" in card and "split with seed 1" in card
