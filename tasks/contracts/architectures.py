@@ -2,7 +2,7 @@
 is, which ModelSpec options apply, and the input sizes it accepts.
 
 Imports no torch: the model spec (and through it the Prefect form, the launcher and the registry) reads it.
-``tests/vision/test_architectures.py`` checks every name against ``torchvision.models.list_models`` and every
+``tests/contracts/test_architectures.py`` checks every name against ``torchvision.models.list_models`` and every
 head path against the built network, so a model torchvision renames or restructures fails there.
 
 Left out on purpose: SqueezeNet (its head is a 1x1 convolution, not a Linear), GoogLeNet and Inception v3

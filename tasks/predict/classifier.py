@@ -7,7 +7,7 @@
 
 The photos go through scoring's own decode and transforms (``ImageFiles`` with the model's deterministic
 transformations: EXIF orientation applied, RGB, resize and crop, normalise), so a photo gets the probabilities
-``score_images`` gives it (tests/predict/test_predict.py). ``image-classifier predict`` (``flows/predict.py``) is the command line.
+``score_images`` gives it (tests/predict/test_classifier.py). ``image-classifier predict`` (``flows/predict.py``) is the command line.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 import logging
 import os
-import struct
-import zipfile
-import zlib
-from pathlib import Path, PurePosixPath
 
-import numpy as np
 import pytest
 from PIL import Image
 
 from deployments.local import PROJECT_ROOT
-from tasks.contracts.image_directory import MANIFEST_NAME, ImageDirectory, Normalisation
+from tasks.contracts.image_directory import ImageDirectory, Normalisation
 from tasks.convert.conversion import convert_to_image_directory
-from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
+from tasks.errors import InvalidDatasetError
 from tasks.storage.local_files import sha256_file
+from tests.convert.sample_sources import snapshot, write_flat
 from tests.helpers import COLOURS, artifacts_and_run_count, write_class_folders, write_image
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_class_folders_become_a_manifest_with_counts_and_hashes(colour_source, tmp_path):
@@ -36,28 +28,6 @@ def test_class_folders_become_a_manifest_with_counts_and_hashes(colour_source, t
     assert manifest.class_folders == {name: name for name in COLOURS} and manifest.normalisation is None
     assert snapshot(colour_source) == before, "the source must not change"
     assert ImageDirectory(tmp_path / "out").manifest == manifest
-
-
-def test_zip_with_wrapper_folders_finds_the_class_folders(colour_source, tmp_path):
-    archive = tmp_path / "photos.zip"
-    with zipfile.ZipFile(archive, "w") as zf:
-        for path in colour_source.rglob("*.png"):
-            zf.write(path, f"export/photos/{path.relative_to(colour_source).as_posix()}")
-        zf.writestr("__MACOSX/export/._junk.png", b"resource fork")
-        zf.writestr("export/photos/.DS_Store", b"\0\0\0\1Bud1")
-        zf.writestr("export/photos/red/Thumbs.db", b"\xd0\xcf\x11\xe0")
-        zf.writestr("export/photos/red/._red_0.png", b"AppleDouble")
-    image_dir = convert_to_image_directory(archive, tmp_path / "out")
-    assert image_dir.classes == sorted(COLOURS) and len(image_dir) == 18
-    assert image_dir.manifest.quarantined == [] and image_dir.manifest.source == str(archive)
-
-
-def test_flat_folder_is_unlabeled(tmp_path):
-    for i in range(3):
-        write_image(tmp_path / "flat" / f"img{i}.JPG", (10, 20, 30), seed=i, fmt="JPEG")
-    image_dir = convert_to_image_directory(tmp_path / "flat", tmp_path / "out")
-    assert not image_dir.labeled and image_dir.classes == [] and len(image_dir) == 3
-    assert all(label == -1 for _, label in image_dir.samples())
 
 
 def test_refuses_to_overwrite_a_folder_that_is_not_an_image_directory(colour_source, tmp_path):
@@ -99,73 +69,6 @@ def test_content_hash_follows_files_and_labels(colour_source, tmp_path):
     assert first == again != moved
 
 
-def test_image_directory_without_manifest_is_refused(tmp_path):
-    with pytest.raises(InvalidDatasetError, match=MANIFEST_NAME):
-        ImageDirectory(tmp_path)
-
-
-def write_pixel_bomb(path: Path, side: int = 20_000) -> Path:
-    """A valid 1-bit PNG of side x side pixels (2.2x Pillow's MAX_IMAGE_PIXELS) that is ~50 kB on disk."""
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    compressor, row = zlib.compressobj(9), b"\0" * (1 + side // 8)
-    pixels = b"".join(compressor.compress(row) for _ in range(side)) + compressor.flush()
-    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
-    return path
-
-
-def test_bad_files_are_quarantined_with_their_reason(colour_source, tmp_path):
-    red, blue = colour_source / "red", colour_source / "blue"
-    (red / "noise.png").write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
-    (red / "notes.jpg").write_text("this is text, not a JPEG")
-    (red / "empty.png").write_bytes(b"")
-    png = (blue / "blue_0.png").read_bytes()
-    (blue / "truncated.png").write_bytes(png[: len(png) // 2])
-    jpeg = write_image(tmp_path / "big.jpg", COLOURS["blue"], size=256, fmt="JPEG").read_bytes()
-    (blue / "truncated.jpg").write_bytes(jpeg[: len(jpeg) // 2])
-    write_pixel_bomb(blue / "bomb.png")
-    (red / "README.txt").write_text("photos from the lab")
-    before = snapshot(colour_source)
-
-    image_dir = convert_to_image_directory(colour_source, tmp_path / "out")
-
-    reasons = {q.path: q.reason for q in image_dir.manifest.quarantined}
-    assert (
-        reasons["red/noise.png"] == reasons["red/notes.jpg"] == "not an image: Pillow cannot identify the file's format"
-    )
-    assert reasons["red/empty.png"] == "empty file (0 bytes)"
-    assert reasons["blue/truncated.png"].startswith("damaged or truncated image")
-    assert reasons["blue/truncated.jpg"].startswith("damaged or truncated image")
-    assert reasons["blue/bomb.png"].startswith("over Pillow's decompression-bomb guard")
-    assert reasons["red/README.txt"].startswith("not an image type this stage reads (.avif, .bmp, .heic, .heif, .jpeg")
-    assert len(reasons) == 7 and image_dir.manifest.counts == {name: 6 for name in COLOURS}
-    assert not (tmp_path / "out" / "red" / "notes.jpg").exists() and snapshot(colour_source) == before
-
-
-def test_every_image_type_is_read_whatever_the_case_of_its_extension(tmp_path):
-    formats = {
-        ".jpg": "JPEG",
-        ".JPEG": "JPEG",
-        ".png": "PNG",
-        ".ppm": "PPM",
-        ".BMP": "BMP",
-        ".tif": "TIFF",
-        ".Tiff": "TIFF",
-        ".webp": "WEBP",
-    }
-    for i, (ext, fmt) in enumerate(formats.items()):
-        write_image(tmp_path / "src" / "colour" / f"image{i}{ext}", COLOURS["red"], seed=i, fmt=fmt)
-    (tmp_path / "src" / "grey").mkdir()
-    Image.new("L", (12, 10), 128).save(tmp_path / "src" / "grey" / "image.PGM", format="PPM")
-    image_dir = convert_to_image_directory(tmp_path / "src", tmp_path / "out")
-    assert image_dir.manifest.counts == {"colour": 8, "grey": 1} and image_dir.manifest.quarantined == []
-    grey = next(r for r in image_dir.records() if r.label == "grey")
-    assert (grey.width, grey.height, grey.mode) == (12, 10, "L")
-
-
 def test_unchanged_source_reuses_the_output_and_a_changed_one_rebuilds_it(colour_source, tmp_path):
     first = convert_to_image_directory(colour_source, tmp_path / "out")
     inode = (tmp_path / "out").stat().st_ino
@@ -196,58 +99,6 @@ def test_normalisation_converts_to_rgb_and_bounds_the_longer_side(tmp_path):
     assert image_dir.manifest.normalisation == Normalisation(mode="RGB", max_side=16)
     with Image.open(tmp_path / "src" / "wide.png") as original:
         assert original.size == (64, 32) and original.mode == "L"
-
-
-def write_flat(folder: Path, names_and_colours: dict[str, str]) -> Path:
-    for i, (name, colour) in enumerate(names_and_colours.items()):
-        write_image(folder / name, COLOURS[colour], seed=i)
-    return folder
-
-
-def test_flat_folder_with_a_labels_csv(tmp_path):
-    write_flat(tmp_path / "flat", {"a.png": "red", "b.png": "red", "c.png": "blue", "d.png": "blue", "e.png": "red"})
-    labels = tmp_path / "labels.csv"
-    labels.write_text("image,label\na.png,red\nb.png,red\nc.png,blue\nd.png,blue\nghost.png,blue\n")
-
-    image_dir = convert_to_image_directory(tmp_path / "flat", tmp_path / "out", labels=str(labels))
-
-    manifest = image_dir.manifest
-    assert manifest.labeled and manifest.classes == ["blue", "red"] and manifest.counts == {"blue": 2, "red": 2}
-    assert {r.path for r in image_dir.records()} == {"red/a.png", "red/b.png", "blue/c.png", "blue/d.png"}
-    assert [(q.path, q.reason) for q in manifest.quarantined] == [("e.png", f"not named in the labels file {labels}")]
-    assert any("1 images named in" in w and "'ghost.png'" in w for w in manifest.warnings)
-    assert any("1 images are not in" in w and "'e.png'" in w for w in manifest.warnings)
-    assert manifest.labels_source == str(labels)
-    assert [label for _, label in image_dir.samples()] == [1, 1, 0, 0]
-
-
-def test_labels_files_that_cannot_be_used_are_clear_errors(tmp_path):
-    write_flat(tmp_path / "flat", {"a.png": "red", "b.png": "blue"})
-    cases = {
-        "wrong.csv": ("file,class\na.png,red\n", "needs an 'image' and a 'label' column"),
-        "nothing.csv": ("image,label\nx.png,red\ny.png,blue\n", "none of the 2 images named in the labels file"),
-        "twice.csv": ("image,label\na.png,red\na.png,blue\n", "gives 'a.png' two labels, 'red' and 'blue'"),
-        "list.json": ('["a.png", "red"]', "must be one JSON object"),
-    }
-    for name, (text, message) in cases.items():
-        (tmp_path / name).write_text(text)
-        with pytest.raises(InvalidDatasetError, match=message):
-            convert_to_image_directory(tmp_path / "flat", tmp_path / "out", labels=str(tmp_path / name))
-    with pytest.raises(InvalidDatasetError, match="does not exist"):
-        convert_to_image_directory(tmp_path / "flat", tmp_path / "out", labels=str(tmp_path / "missing.csv"))
-    assert not (tmp_path / "out").exists()
-
-
-def test_labels_json_inside_a_zip_is_found_beside_an_images_folder(tmp_path):
-    write_flat(tmp_path / "export" / "images", {"1.png": "red", "2.png": "green", "3.png": "red"})
-    archive = tmp_path / "set.zip"
-    with zipfile.ZipFile(archive, "w") as zf:
-        for path in sorted((tmp_path / "export").rglob("*.png")):
-            zf.write(path, f"wrapper/{path.relative_to(tmp_path / 'export').as_posix()}")
-        zf.writestr("wrapper/labels.json", '{"images/1.png": "red", "2.png": "green", "3.png": "red"}')
-    image_dir = convert_to_image_directory(archive, tmp_path / "out")
-    assert image_dir.manifest.counts == {"green": 1, "red": 2} and image_dir.manifest.labels_source == "labels.json"
-    assert {r.path for r in image_dir.records()} == {"red/images/1.png", "green/images/2.png", "red/images/3.png"}
 
 
 def test_awkward_class_names_stay_readable_and_get_safe_folders(tmp_path):
@@ -282,14 +133,6 @@ def test_empty_class_folder_and_single_class_are_warnings(tmp_path):
     ]
 
 
-def test_labeled_flag_forces_unlabeled_or_requires_labels(colour_source, tmp_path):
-    unlabeled = convert_to_image_directory(colour_source, tmp_path / "score", labeled=False)
-    assert not unlabeled.labeled and len(unlabeled) == 18 and "red/red_0.png" in {r.path for r in unlabeled.records()}
-    write_flat(tmp_path / "flat", {"a.png": "red"})
-    with pytest.raises(NotLabeledDatasetError, match="neither class folders nor a labels file"):
-        convert_to_image_directory(tmp_path / "flat", tmp_path / "out", labeled=True)
-
-
 def test_convert_task_reports_quarantine_and_is_not_retried_on_bad_input(prefect_server, colour_source, tmp_path):
     import asyncio
 
@@ -318,263 +161,6 @@ def test_an_image_directory_given_as_a_source_converts_without_its_manifest(colo
     first = convert_to_image_directory(colour_source, tmp_path / "first")
     again = convert_to_image_directory(first.root, tmp_path / "again")
     assert again.manifest.quarantined == [] and again.manifest.counts == first.manifest.counts
-
-
-def reasons_by_path(image_dir: ImageDirectory) -> dict[str, str]:
-    return {q.path: q.reason for q in image_dir.manifest.quarantined}
-
-
-def test_links_are_followed_only_inside_the_source_and_every_skipped_entry_is_reported(colour_source, tmp_path):
-    outside = write_image(tmp_path / "private" / "secret.png", COLOURS["red"], seed=50)
-    write_image(tmp_path / "elsewhere" / "purple_0.png", COLOURS["blue"], seed=51)
-    red = colour_source / "red"
-    (red / "alias.png").symlink_to("red_0.png")
-    (colour_source / "verdant").symlink_to("green", target_is_directory=True)
-    (red / "secret.png").symlink_to(outside)
-    (colour_source / "purple").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
-    (red / "gone.png").symlink_to("no-such-file.png")
-    (red / "loop").symlink_to("..", target_is_directory=True)
-    os.mkfifo(red / "pipe.png")
-
-    image_dir = convert_to_image_directory(colour_source, tmp_path / "out")
-
-    manifest, reasons = image_dir.manifest, reasons_by_path(image_dir)
-    assert manifest.counts == {"blue": 6, "green": 6, "red": 7, "verdant": 6}, "links inside the source are read"
-    assert reasons["red/secret.png"].startswith(f"link to {str(outside)!r}, outside the source")
-    assert reasons["purple"].startswith(f"link to {str(tmp_path / 'elsewhere')!r}, outside the source")
-    assert reasons["red/gone.png"] == "broken link to 'no-such-file.png': its target does not exist"
-    assert reasons["red/loop"].startswith("link to '..', a folder that holds it: following it would loop")
-    assert reasons["red/pipe.png"].startswith("a FIFO, not a regular file")
-    assert len(reasons) == 5 and "purple" not in manifest.classes
-    assert any(w.startswith("5 hidden entries, links or special files were skipped") for w in manifest.warnings)
-    assert not any("without images" in w for w in manifest.warnings), "a skipped folder link is no empty class"
-    stored = {p.read_bytes() for p in (tmp_path / "out").rglob("*.png")}
-    assert outside.read_bytes() not in stored, "nothing from outside the source is copied"
-
-
-def write_zero_png(path: Path, width: int, height: int, colour_type: int = 2) -> Path:
-    """A valid 8-bit PNG of black pixels (colour type 2: RGB) that compresses to almost nothing."""
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    compressor, row = zlib.compressobj(9), b"\0" * (1 + width * {0: 1, 2: 3}[colour_type])
-    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
-    header = struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
-    return path
-
-
-def peak_memory_of_conversion(source: Path, output: Path, **options) -> tuple[float, dict]:
-    """Convert in a fresh process: its peak resident memory above what it held once imported (MB), and the manifest."""
-    import json
-    import subprocess
-    import sys
-
-    script = (
-        "import json, sys\n"
-        "from tasks.memory import peak_rss_mb\n"
-        "from tasks.convert.conversion import convert_to_image_directory\n"
-        "before = peak_rss_mb()\n"
-        "image_dir = convert_to_image_directory(sys.argv[1], sys.argv[2], **json.loads(sys.argv[3]))\n"
-        "print(json.dumps({'growth': peak_rss_mb() - before, 'manifest': image_dir.manifest.model_dump()}))\n"
-    )
-    # A fixed mmap threshold hands every freed image block back at once: the peak then shows the pixels held
-    # together, not what glibc's per-thread heaps keep after each decode.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**17)}
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(source), str(output), json.dumps(options)],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT_ROOT,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.splitlines()[-1])
-    return report["growth"], report["manifest"]
-
-
-@pytest.mark.slow
-def test_a_huge_file_and_large_dimension_pngs_are_refused_from_their_header_in_bounded_memory(colour_source, tmp_path):
-    huge = colour_source / "red" / "huge.jpg"
-    with open(huge, "wb") as handle:
-        handle.truncate(2**30)  # sparse: 1 GiB that costs no disk
-    bomb = write_zero_png(tmp_path / "bomb.png", 9_500, 9_500, colour_type=0)  # over Pillow's warning, under its error
-    for i in range(4):
-        (colour_source / "blue" / f"wide_{i}.png").write_bytes(bomb.read_bytes())
-    growth, manifest = peak_memory_of_conversion(colour_source, tmp_path / "out", threads=4)
-
-    reasons = {q["path"]: q["reason"] for q in manifest["quarantined"]}
-    assert reasons["red/huge.jpg"] == "not an image: Pillow cannot identify the file's format"
-    assert (
-        reasons["blue/wide_0.png"] == "9500x9500 pixels (90,250,000), over the limit of 50,000,000 (max_image_pixels)"
-    )
-    assert manifest["counts"] == {name: 6 for name in COLOURS}
-    assert growth < 100, f"converting grew the process by {growth:.0f} MB"
-
-
-@pytest.mark.slow
-def test_images_under_the_pixel_cap_share_a_decode_memory_budget(tmp_path):
-    big = write_zero_png(tmp_path / "big.png", 4_000, 4_000)  # 16 MP: 64 MB decoded
-    (tmp_path / "src").mkdir()
-    for i in range(4):
-        (tmp_path / "src" / f"{i}.png").write_bytes(big.read_bytes())
-    write_image(tmp_path / "src" / "small.png", COLOURS["red"])
-    growth, manifest = peak_memory_of_conversion(
-        tmp_path / "src", tmp_path / "out", threads=4, decode_memory_bytes=70 * 2**20
-    )
-    assert manifest["image_count"] == 5 and manifest["quarantined"] == []
-    assert growth < 120, f"4 threads decoding 64 MB images one at a time grew the process by {growth:.0f} MB"
-
-    capped = convert_to_image_directory(tmp_path / "src", tmp_path / "again", max_image_pixels=10**7).manifest
-    assert len(capped.quarantined) == 4 and capped.image_count == 1
-
-
-@pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
-def test_a_raised_pixel_cap_records_pillows_decompression_bomb_warning(tmp_path):
-    write_zero_png(tmp_path / "src" / "wide.png", 10_000, 9_000, colour_type=0)
-    image_dir = convert_to_image_directory(tmp_path / "src", tmp_path / "out", max_image_pixels=10**8)
-    assert len(image_dir) == 1
-    assert any(
-        w.startswith("Pillow's DecompressionBombWarning: 1 stored images") and "'wide.png'" in w
-        for w in image_dir.manifest.warnings
-    )
-
-
-def test_stray_files_beside_wrapper_folders_do_not_hide_the_class_folders(colour_source, tmp_path):
-    archive = tmp_path / "photos.zip"
-    with zipfile.ZipFile(archive, "w") as zf:
-        for path in colour_source.rglob("*.png"):
-            zf.write(path, f"export/photos/set/{path.relative_to(colour_source).as_posix()}")
-        zf.writestr("export/README.md", "# Lab photos")
-        zf.writestr("export/photos/LICENSE", "CC-BY")
-    image_dir = convert_to_image_directory(archive, tmp_path / "out")
-
-    assert image_dir.classes == sorted(COLOURS) and len(image_dir) == 18
-    reasons = reasons_by_path(image_dir)
-    assert set(reasons) == {"export/README.md", "export/photos/LICENSE"}
-    assert all(r.startswith("beside the wrapper folders above 'export/photos/set'") for r in reasons.values())
-    assert any(w.startswith("2 files beside the wrapper folders") for w in image_dir.manifest.warnings)
-    red_0 = next(r for r in image_dir.records() if r.path == "red/red_0.png")
-    assert red_0.source_path == "export/photos/set/red/red_0.png"
-
-
-def test_names_equal_once_normalised_are_merged_and_never_overwrite_each_other(tmp_path):
-    nfc, nfd = "caf\u00e9", "cafe\u0301"
-    write_image(tmp_path / "src" / nfc / "1.png", COLOURS["red"], seed=1)
-    write_image(tmp_path / "src" / nfd / "1.png", COLOURS["red"], seed=2)
-    write_image(tmp_path / "src" / "tea" / "A.png", COLOURS["green"], seed=3)
-    write_image(tmp_path / "src" / "tea" / "a.png", COLOURS["green"], seed=4)
-
-    image_dir = convert_to_image_directory(tmp_path / "src", tmp_path / "out")
-
-    manifest = image_dir.manifest
-    assert manifest.classes == [nfc, "tea"] and manifest.counts == {nfc: 2, "tea": 2}
-    assert sorted(r.path for r in image_dir.records()) == [f"{nfc}/1.png", f"{nfc}/1~2.png", "tea/A.png", "tea/a~2.png"]
-    for record in image_dir.records():
-        assert record.sha256 == sha256_file(image_dir.root / record.path)
-        assert record.sha256 == sha256_file(tmp_path / "src" / record.source_path), "each record is its own file"
-    assert (
-        f"class folders {ascii(nfd)} and {ascii(nfc)} differ only in Unicode normalisation (NFC/NFD): merged "
-        f"into one class {nfc!r}" in manifest.warnings
-    )
-    assert any(w.startswith("2 files whose names collide") for w in manifest.warnings)
-
-
-def test_storing_an_image_never_overwrites_one_already_stored(tmp_path):
-    from tasks.convert.plan import SourceFile
-    from tasks.convert.storing import DecodeBudget, StoreSettings, store_image
-
-    settings = StoreSettings(None, 10**6, DecodeBudget(2**20))
-    first, second = (write_image(tmp_path / f"{i}.png", COLOURS["red"], seed=i) for i in range(2))
-    store_image(
-        SourceFile(first, PurePosixPath("0.png"), PurePosixPath("0.png"), None),
-        "x.png",
-        tmp_path / "out",
-        settings,
-    )
-    with pytest.raises(FileExistsError):
-        store_image(
-            SourceFile(second, PurePosixPath("1.png"), PurePosixPath("1.png"), None),
-            "x.png",
-            tmp_path / "out",
-            settings,
-        )
-    assert sha256_file(tmp_path / "out" / "x.png") == sha256_file(first)
-
-
-def test_hidden_class_folders_are_classes_and_other_hidden_entries_are_reported(colour_source, tmp_path):
-    write_class_folders(colour_source, 2, classes=("red",), seed=5)
-    (colour_source / "red").rename(colour_source / ".net")
-    write_image(colour_source / "blue" / ".secret.png", COLOURS["blue"], seed=60)
-    for i in range(2):
-        write_image(colour_source / "green" / ".thumbs" / f"{i}.png", COLOURS["green"], seed=61 + i)
-    (colour_source / ".git").mkdir()
-    (colour_source / ".git" / "HEAD").write_text("ref: refs/heads/main")
-
-    image_dir = convert_to_image_directory(colour_source, tmp_path / "out")
-
-    assert image_dir.classes == [".net", "blue", "green"] and image_dir.manifest.class_folders[".net"] == "%2Enet"
-    assert image_dir.manifest.counts == {".net": 6, "blue": 6, "green": 6}
-    reasons = reasons_by_path(image_dir)
-    assert reasons["blue/.secret.png"] == "hidden file (its name starts with '.'): skipped"
-    assert reasons["green/.thumbs"].startswith("hidden folder (its name starts with '.'), skipped with the 2 files")
-    assert reasons[".git"].startswith("hidden folder (its name starts with '.'), skipped with the 1 files")
-    assert len(reasons) == 3
-
-    flat = write_flat(tmp_path / "flat", {"a.png": "red", "b.png": "blue", ".cache/c.png": "green"})
-    unlabeled = convert_to_image_directory(flat, tmp_path / "flat-out")
-    assert not unlabeled.labeled and len(unlabeled) == 2 and set(reasons_by_path(unlabeled)) == {".cache"}
-
-
-def test_long_escaped_names_keep_their_extension_and_stay_distinct(tmp_path):
-    from tasks.contracts.image_directory import safe_name
-
-    names = ["a:" * 100 + "1.png", "a:" * 100 + "2.png"]
-    write_flat(tmp_path / "src", {name: "red" for name in names})
-    image_dir = convert_to_image_directory(tmp_path / "src", tmp_path / "out")
-    stored = sorted(r.path for r in image_dir.records())
-    assert len(set(stored)) == 2 and all(p.endswith(".png") and len(p.encode()) <= 255 for p in stored)
-    assert sorted(r.source_path for r in image_dir.records()) == sorted(names)
-    assert safe_name("x" * 300 + ".JPEG").endswith(".JPEG") and len(safe_name("é" * 200 + ".jpg").encode()) <= 255
-
-
-def test_a_single_folder_of_images_is_unlabeled_when_scoring(tmp_path):
-    archive = tmp_path / "photos.zip"
-    with zipfile.ZipFile(archive, "w") as zf:
-        for i in range(3):
-            zf.write(write_image(tmp_path / "loose" / f"{i}.png", COLOURS["red"], seed=i), f"photos/{i}.png")
-    training = convert_to_image_directory(archive, tmp_path / "train")
-    assert training.labeled and training.classes == ["photos"], "for training a single folder is one class"
-
-    scoring = convert_to_image_directory(archive, tmp_path / "score", single_class="unlabeled")
-    assert not scoring.labeled and sorted(r.path for r in scoring.records()) == ["0.png", "1.png", "2.png"]
-    assert sorted(r.source_path for r in scoring.records()) == ["photos/0.png", "photos/1.png", "photos/2.png"]
-    forced = convert_to_image_directory(archive, tmp_path / "forced", labeled=True, single_class="unlabeled")
-    assert forced.labeled and forced.classes == ["photos"]
-
-
-def test_labels_files_in_common_encodings_are_read_and_others_named(tmp_path):
-    write_flat(tmp_path / "flat", {"a.png": "red", "b.png": "blue"})
-    text = "image,label\na.png,café\nb.png,thé\n"
-    encodings = {
-        "cp1252.csv": text.encode("cp1252"),
-        "utf16.csv": text.encode("utf-16"),
-        "bom.csv": text.encode("utf-8-sig"),
-        "utf32.csv": text.encode("utf-32"),
-    }
-    for name, data in encodings.items():
-        (tmp_path / name).write_bytes(data)
-        image_dir = convert_to_image_directory(tmp_path / "flat", tmp_path / f"out-{name}", labels=str(tmp_path / name))
-        assert image_dir.classes == ["café", "thé"], name
-    (tmp_path / "nobom.csv").write_bytes(text.encode("utf-16-le"))
-    with pytest.raises(InvalidDatasetError, match="NUL bytes: UTF-16 without a byte-order mark.*Accepted: UTF-8"):
-        convert_to_image_directory(tmp_path / "flat", tmp_path / "out", labels=str(tmp_path / "nobom.csv"))
-    (tmp_path / "bad.csv").write_bytes(b"image,label\na.png,\x81\n")
-    with pytest.raises(InvalidDatasetError, match=r"neither UTF-8 nor Windows-1252 \(byte 0x81 at offset 18\)"):
-        convert_to_image_directory(tmp_path / "flat", tmp_path / "out", labels=str(tmp_path / "bad.csv"))
 
 
 def test_an_existing_file_as_output_is_refused_and_left_alone(colour_source, tmp_path):

@@ -2,23 +2,8 @@
 
 import time
 
-import pytest
-
 from deployments.local import PROJECT_ROOT
-from tasks.launch import flow_runs, multinode, prefect_tasks
-
-
-@pytest.fixture
-def node_runs(prefect_server):
-    """Make ``n`` flow runs of a small flow, as a multi-node training's node runs are, on the real server."""
-    from prefect import flow
-    from prefect.client.orchestration import get_client
-
-    @flow(name="node-run")
-    def node_run() -> None: ...
-
-    with get_client(sync_client=True) as client:
-        yield client, lambda n: [client.create_flow_run(node_run) for _ in range(n)]
+from tasks.launch import multinode, prefect_tasks
 
 
 def test_a_node_still_running_past_the_grace_after_another_completed_is_set_crashed(node_runs, monkeypatch):
@@ -40,16 +25,6 @@ def test_a_node_still_running_past_the_grace_after_another_completed_is_set_cras
     assert ended.is_crashed() and "host was lost with its worker" in ended.message
     assert client.read_flow_run(done.id).state.is_completed()
     assert len(warnings) == 1 and warnings[0].startswith("node 1: still Running")
-
-
-def test_a_node_run_left_cancelling_by_a_lost_worker_is_set_cancelled_through_the_api(node_runs):
-    from prefect.states import Running
-
-    client, make = node_runs
-    (stuck,) = make(1)
-    client.set_flow_run_state(stuck.id, Running(), force=True)
-    (ended,) = flow_runs.cancel_unfinished(client, [stuck], "cancelled with the other nodes", wait_seconds=1.0)
-    assert ended.state.is_cancelled() and "no worker ended it within 1 s" in ended.state.message
 
 
 def test_the_node_deployment_the_train_stage_submits_is_the_one_deployments_prefect_yaml_defines():

@@ -1,15 +1,12 @@
 """The resume state on its own: a checkpoint saved and restored into fresh objects, a checkpoint of other classes
 refused, a full disk found behind torch's own error, the schedule rescaled for another world size."""
 
-import errno
-
 import pytest
 import torch
 from torch import nn
 
 from tasks.contracts.model_directory import EpochMetrics, TrainingMetrics
 from tasks.errors import InvalidDatasetError
-from tasks.storage.local_files import storage_cause
 from tasks.training.checkpoint import (
     read_checkpoint,
     rescale_schedule,
@@ -66,17 +63,6 @@ def test_a_saved_checkpoint_restores_weights_optimiser_schedule_and_metrics(tmp_
     ):
         restore_checkpoint(read_checkpoint(path), path, *training_state(2), ["a", "b"])
     assert read_checkpoint(tmp_path / "none.pt") is None and restore_checkpoint(None, path, *fresh, []) is None
-
-
-def test_a_full_disk_is_found_behind_the_error_torch_raises():
-    try:
-        try:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        except OSError:
-            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3") from None
-    except RuntimeError as error:
-        assert storage_cause(error).errno == errno.ENOSPC
-    assert storage_cause(RuntimeError("a bug")) is None and storage_cause(OSError(errno.ENOENT, "gone")) is None
 
 
 def test_resuming_at_another_world_size_sets_the_rate_and_step_an_unbroken_run_would_have():

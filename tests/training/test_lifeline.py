@@ -22,7 +22,6 @@ from tasks.errors import (
     TrainingTimeoutError,
 )
 from tasks.launch.torchrun_launcher import WatchLimits, build_torchrun_command, launch_training, worker_environment
-from tasks.launch.torchrun_output import LineLevels
 from tasks.training.lifeline import HangWatch, TrainingHang, read_heartbeats
 from tests.helpers import alive, processes_of, write_class_folders
 
@@ -218,31 +217,6 @@ def test_a_last_batch_of_one_image_trains(tmp_path, resnet_spec):
         TrainingFolders(train, val, resnet_spec, tmp_path / "model"), params, log=lambda level, line: None
     )
     assert [e.epoch for e in model_dir.metrics().epochs] == [1]
-
-
-def test_each_line_keeps_the_level_it_was_logged_at():
-    levels = LineLevels()
-    lines = [
-        ("[rank 0] INFO epoch 1/5 batch 10/20 loss 0.3", "INFO"),
-        ("[rank 1] WARNING something odd", "WARNING"),
-        ("[rank 0] ERROR TRAINING FAILED on rank 0", "ERROR"),
-        ("Traceback (most recent call last):", "ERROR"),
-        ('  File "worker.py", line 3, in main', "ERROR"),
-        (
-            "W1122 06:01:02.123000 1234 torch/distributed/elastic/agent/server/api.py:719] Received Signals.SIGTERM",
-            "WARNING",
-        ),
-        (
-            "E1122 07:48:24.994000 14627 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1)",
-            "ERROR",
-        ),
-        ("Traceback (most recent call last):", "INFO"),
-        ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "INFO"),
-        ("[rank 0] INFO done", "INFO"),
-    ]
-    import logging
-
-    assert [logging.getLevelName(levels(line)) for line, _ in lines] == [level for _, level in lines]
 
 
 def test_the_train_task_does_not_retry_an_input_error_raised_in_the_worker(prefect_server, tmp_path, colour_image_dirs):

@@ -10,28 +10,11 @@ import torch
 from PIL import Image, ImageOps
 
 from tasks.contracts.image_directory import EXIF_ORIENTATION
-from tasks.contracts.transformations import ImageTransformations
-from tasks.vision.device_pipeline import DecodedAhead, DevicePipeline, turned_upright
+from tasks.vision.device_pipeline import DecodedAhead, turned_upright
 from tasks.vision.images import ImageFiles
-from tasks.vision.payloads import (
-    EncodedImageFiles,
-    PackedPayloads,
-    collate_payloads,
-    exif_orientation,
-    is_jpeg,
-    threaded_batches,
-)
-from tasks.vision.transforms import eval_transform, train_transform
+from tasks.vision.payloads import EncodedImageFiles, PackedPayloads, collate_payloads, exif_orientation, is_jpeg
 from tests.helpers import write_phone_photos
-
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-CPU = torch.device("cpu")
-
-
-def pipeline_for(options: dict, size: int = 32, training: bool = True) -> DevicePipeline:
-    transformations = ImageTransformations(**options)
-    make = train_transform if training else eval_transform
-    return DevicePipeline(make(transformations, size, MEAN, STD), transformations, size, CPU)
+from tests.vision.device_batches import pipeline_for, write_images
 
 
 @pytest.mark.parametrize(
@@ -65,18 +48,6 @@ def test_random_steps_it_has_no_batched_form_for_run_image_by_image_with_the_sam
     one_by_one = torch.stack([pipeline.transform.augment(pixels) for pixels in batch])
     torch.manual_seed(3)
     assert torch.equal(pipeline.augment(batch), one_by_one)
-
-
-def write_images(root, sizes: list[tuple[int, int]], suffix: str = ".jpg", mode: str = "RGB") -> list:
-    rng = np.random.default_rng(len(sizes))
-    paths = []
-    for i, (width, height) in enumerate(sizes):
-        # Smooth content, as photographs are: noise would measure the JPEG codec, not the decoders.
-        small = rng.integers(0, 256, (max(2, height // 8), max(2, width // 8), 3), dtype=np.uint8)
-        image = Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC).convert(mode)
-        paths.append(root / f"{i:03d}{suffix}")
-        image.save(paths[-1], **({"quality": 92} if suffix == ".jpg" else {}))
-    return paths
 
 
 def test_decoding_a_batch_of_mixed_images_agrees_with_the_cpu_path(tmp_path):
@@ -157,27 +128,6 @@ def test_a_file_that_only_claims_to_be_a_jpeg_is_left_to_pil_which_names_it(tmp_
     payload, _ = EncodedImageFiles([(broken, 0)], pipeline.transform)[0]
     with pytest.raises(OSError, match="image file"):  # PIL's own error: what the CPU path raises for it
         pipeline.decode([payload])
-
-
-def test_loader_processes_hand_a_batch_over_packed(tmp_path):
-    """Across the DataLoader's process boundary (two worker processes), as training with ``decode_on="device"`` gets
-    it: one PackedPayloads per batch, which unpacks to the files' own payloads."""
-    jpegs = write_images(tmp_path, [(40, 30), (33, 57), (48, 48)])
-    pngs = write_images(tmp_path, [(20, 20)], suffix=".png")
-    samples = [(path, i) for i, path in enumerate(jpegs + pngs)]
-    dataset = EncodedImageFiles(samples, pipeline_for({}, training=False).transform)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2, collate_fn=collate_payloads)
-    batches = list(loader)
-    assert all(isinstance(payloads, PackedPayloads) for payloads, _ in batches)
-    handed_over = [payload for payloads, _ in batches for payload in payloads.unpack()]
-    assert all(torch.equal(a, dataset[i][0]) for i, a in enumerate(handed_over))
-    assert [labels.tolist() for _, labels in batches] == [[0, 1], [2, 3]]
-
-
-def test_threads_read_every_batch_in_order():
-    dataset = [(torch.tensor([i]), i) for i in range(23)]
-    batches = list(threaded_batches(dataset, 5, collate_payloads, threads=3, ahead=2))
-    assert [labels.tolist() for _, labels in batches] == [list(range(s, min(s + 5, 23))) for s in range(0, 23, 5)]
 
 
 def test_decoding_ahead_in_a_thread_hands_over_every_batch_in_order_and_raises_its_errors(tmp_path):

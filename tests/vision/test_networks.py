@@ -6,11 +6,8 @@ import pytest
 import torch
 import torchvision
 
-from tasks.contracts.architectures import DENSENETS, RESNETS
 from tasks.contracts.model_directory import ModelSpec
-from tasks.errors import InvalidModelDirectoryError
-from tasks.model.untrained import write_untrained_model_directory
-from tasks.vision.networks import build_network
+from tasks.vision.networks import backbone_modules, build_network, split_head_and_backbone
 
 
 @pytest.mark.slow
@@ -19,11 +16,6 @@ def test_heads_match_the_number_of_classes(architecture):
     model = build_network(ModelSpec(architecture=architecture), num_classes=7)
     logits = model.eval()(torch.zeros(2, 3, 32, 32))
     assert logits.shape == (2, 7)
-
-
-def test_the_zoo_is_the_azure_components():
-    assert DENSENETS == ("densenet121", "densenet161", "densenet169", "densenet201")
-    assert set(RESNETS) >= {"resnet18", "resnet152", "resnext101_32x8d", "wide_resnet101_2"}
 
 
 def test_family_options_reach_the_model():
@@ -65,14 +57,12 @@ def test_pretrained_densenet_in_torchvisions_old_key_format(tmp_path):
     assert model.classifier.out_features == 3
 
 
-@pytest.mark.slow
-def test_weights_of_another_architecture_are_refused_before_training(tmp_path):
-    weights = tmp_path / "resnet18.pth"
-    torch.save(torchvision.models.resnet18().state_dict(), weights)
-    with pytest.raises(InvalidModelDirectoryError, match="do not fit resnet34"):
-        write_untrained_model_directory(
-            tmp_path / "model", ModelSpec(architecture="resnet34", pretrained=True, weights_path=str(weights))
-        )
-    weights.write_bytes(b"not a state dict")
-    with pytest.raises(InvalidModelDirectoryError, match="not a readable PyTorch state dict"):
-        write_untrained_model_directory(tmp_path / "model", ModelSpec(pretrained=True, weights_path=str(weights)))
+def test_head_and_backbone_split_every_parameter_once():
+    model = build_network(ModelSpec(architecture="mobilenet_v3_small"), num_classes=3)
+    head, backbone = split_head_and_backbone(model, "mobilenet_v3_small")
+    assert [p.shape for p in head] == [(3, 1024), (3,)]
+    assert {id(p) for p in head} | {id(p) for p in backbone} == {id(p) for p in model.parameters()}
+    assert len(head) + len(backbone) == len(list(model.parameters()))
+    frozen = backbone_modules(model, "mobilenet_v3_small")
+    assert model.classifier[2] in frozen and model.features in frozen  # the Dropout before the head, the body
+    assert model.classifier not in frozen and model.classifier[3] not in frozen and model not in frozen

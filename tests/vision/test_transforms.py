@@ -1,26 +1,17 @@
 """Image transformations: the typed options, the pipelines built from them, which of them inference applies."""
 
-import json
-
 import pytest
 import torch
 from PIL import Image
-from pydantic import ValidationError
 from torchvision.transforms import v2
 
-from tasks.contracts.model_directory import SPEC_FILE, ModelDirectory, ModelSpec, TrainedModelSpec, read_model_spec
+from tasks.contracts.model_directory import ModelDirectory, ModelSpec
 from tasks.contracts.transformations import DETERMINISTIC, RANDOM, ImageTransformations
 from tasks.errors import InvalidTransformationsError
 from tasks.vision.transforms import EdgePaddedRandomCrop, eval_transform, train_transform
+from tests.contracts.transformation_options import EVERY_OPTION
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-EVERY_OPTION = ImageTransformations(
-    resize={"size": 20, "keep_aspect_ratio": True},
-    center_crop={"size": 18},
-    pad={"padding": 1, "padding_mode": "reflect"},
-    grayscale=True,
-    **dict.fromkeys(RANDOM, True),
-)
 
 
 def photo(width: int = 27, height: int = 19, seed: int = 0) -> Image.Image:
@@ -126,55 +117,11 @@ def test_random_erasing_fills_with_the_mean_by_default():
     assert transform.normalize(torch.tensor([124, 116, 104], dtype=torch.uint8).view(3, 1, 1)).abs().max() < 0.01
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"random_flip": True}, "unknown transformations ['random_flip']: the options are resize, center_crop"),
-        ({"random_horizontal_flip": {"p": 1.5}}, "less than or equal to 1"),
-        ({"random_resized_crop": {"scale": (0.9, 0.2)}}, "scale (0.9, 0.2) is not allowed: give (min, max) with"),
-        ({"color_jitter": {"brightness": 0, "contrast": 0, "saturation": 0}}, "color_jitter changes nothing"),
-        ({"resize": {"keep_aspect_ratio": True}}, "keep resize (to size x size) or add center_crop"),
-        ({"resize": None}, "images of different shapes cannot be batched"),
-        ({"random_crop": {"padding_mode": "wrap"}}, "'constant', 'edge', 'reflect' or 'symmetric'"),
-        ({"pad": {"padding": 2, "fill": 300}}, "less than or equal to 255"),
-    ],
-)
-def test_bad_options_say_what_is_allowed(options, message):
-    with pytest.raises(ValidationError, match="transformations") as error:
-        ModelSpec(transformations=options)
-    assert message in str(error.value)
-
-
 def test_a_crop_larger_than_the_padded_image_is_refused_at_the_training_size():
     transformations = ImageTransformations(random_crop={"size": 48, "padding": 0.125})
     with pytest.raises(InvalidTransformationsError, match="random_crop of 48 px cannot fit the 32 px image padded"):
         train_transform(transformations, 32, MEAN, STD)
     assert eval_transform(transformations, 32, MEAN, STD).size == 32
-
-
-def test_the_spec_carries_them_through_json_and_old_specs_load_with_the_default(tmp_path):
-    spec = ModelSpec(
-        transformations={"random_horizontal_flip": True, "color_jitter": {"hue": 0.1}, "pad": {"padding": 2}}
-    )
-    assert ModelSpec.model_validate_json(spec.model_dump_json()) == spec
-    assert spec.transformations.random_horizontal_flip.p == 0.5 and spec.transformations.color_jitter.brightness == 0.4
-    old = {"architecture": "resnet18", "pretrained": False, "memory_efficient": False, "zero_init_residual": False}
-    (tmp_path / SPEC_FILE).write_text(json.dumps(old))
-    assert read_model_spec(tmp_path).transformations == ImageTransformations()
-    (tmp_path / SPEC_FILE).write_text(json.dumps({**old, "num_classes": 2, "image_size": 32}))
-    (tmp_path / "model.pt").write_bytes(b"")
-    (tmp_path / "classes.json").write_text('["a", "b"]')
-    assert ModelDirectory(tmp_path).spec.transformations == ImageTransformations()
-    assert TrainedModelSpec(**spec.model_dump(), num_classes=2, image_size=32).transformations == spec.transformations
-
-
-def test_describe_names_the_options_in_order():
-    assert ImageTransformations().describe(32) == "resize to 32x32, random crop 32x32, padding 4 px (edge)"
-    assert ImageTransformations().describe() == (
-        "resize to the training size, random crop the training size, padding 0.125 of the size (edge)"
-    )
-    assert ImageTransformations().for_inference().describe(224) == "resize to 224x224"
-    assert EVERY_OPTION.describe(16).endswith("perspective, color jitter, random grayscale, random erasing")
 
 
 @pytest.mark.integration

@@ -26,7 +26,7 @@ from tasks.contracts.model_directory import (
     read_model_spec,
 )
 from tasks.errors import PipelineInputError, PretrainedWeightsError, PretrainedWeightsUnavailableError
-from tasks.model.untrained import with_pretrained_default, write_untrained_model_directory
+from tasks.model.untrained import write_untrained_model_directory
 from tasks.registry.card import model_card_markdown
 from tasks.registry.manage import model_versions
 from tasks.registry.prefect_tasks import register
@@ -159,13 +159,6 @@ def test_a_local_weights_file_without_a_hash_is_the_users_own_and_is_recorded(im
         resolve_weights(ModelSpec(pretrained=True, weights_path=str(path), weights_sha256="0" * 64))
     scratch = write_untrained_model_directory(tmp_path / "model_spec", ModelSpec(pretrained=False))
     assert read_model_spec(scratch).weights is None and not (scratch / STAGED_WEIGHTS_FILE).exists()
-
-
-def test_pretrained_by_default_for_own_images_not_for_the_bundled_digits():
-    assert with_pretrained_default(ModelSpec(), own_data=True).pretrained is True
-    assert with_pretrained_default(ModelSpec(), own_data=False).pretrained is False
-    assert with_pretrained_default(ModelSpec(weights_path="w.pth"), own_data=False).pretrained is True
-    assert with_pretrained_default(ModelSpec(pretrained=False), own_data=True).pretrained is False
 
 
 def test_an_offline_host_fails_the_flow_on_the_weights_before_any_conversion(prefect_server, torch_home, tmp_path):

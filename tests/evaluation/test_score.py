@@ -1,33 +1,15 @@
-import math
-import subprocess
-import sys
-
 import numpy as np
 import pandas as pd
 import pytest
 
-from deployments.local import PROJECT_ROOT
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.scores_table import read_scores, scores_summary, write_score_chunks, write_scores
 from tasks.convert.conversion import convert_to_image_directory
 from tasks.errors import InvalidDatasetError, NotLabeledDatasetError
-from tasks.evaluation.comparison import comparison_rows
-from tasks.evaluation.evaluate import evaluate_scores, evaluation_markdown
+from tasks.evaluation.evaluate import evaluate_scores
 from tasks.evaluation.score import score_chunks, score_images
 from tests.helpers import COLOURS, write_class_folders, write_image
-
-# What a process has loaded after importing the scores table's contract, then Evaluate Model.
-IMPORTS_PROBE = (
-    "import sys, tasks.contracts.scores_table; contract = sorted({'torch', 'prefect', 'sklearn'} & set(sys.modules)); "
-    "import tasks.evaluation.evaluate; print(contract, 'torch' in sys.modules)"
-)
-
-
-@pytest.mark.integration
-def test_the_scores_table_contract_loads_neither_torch_nor_prefect_and_evaluation_no_torch():
-    probe = subprocess.run([sys.executable, "-c", IMPORTS_PROBE], capture_output=True, text=True, cwd=PROJECT_ROOT)
-    assert probe.stdout.split() == ["[]", "False"], probe.stderr
 
 
 def test_scores_table_has_azure_columns_and_probabilities(trained_model, colour_image_dirs):
@@ -155,139 +137,6 @@ def test_images_with_classes_the_model_never_saw_are_refused(trained_model, tmp_
     images = convert_to_image_directory(tmp_path / "src", tmp_path / "out")
     with pytest.raises(InvalidDatasetError, match="purple"):
         score_images(ModelDirectory(trained_model), images)
-
-
-def scores(labels, predicted, classes=("cat", "dog", "cow")):
-    table = pd.DataFrame({"image": [f"{i}.png" for i in range(len(labels))], "Scored Labels": predicted})
-    for c in classes:
-        table[f"Scored Probabilities_{c}"] = [0.8 if p == c else 0.1 for p in predicted]
-    table["label"] = labels
-    return table
-
-
-def test_evaluation_figures_and_confusion_matrix():
-    labels = ["cat", "cat", "dog", "dog", "cow", "cow"]
-    predicted = ["cat", "dog", "dog", "dog", "cow", "cat"]
-    evaluation = evaluate_scores(scores(labels, predicted))
-    assert evaluation.accuracy == pytest.approx(4 / 6)
-    assert evaluation.classes == ["cat", "dog", "cow"]
-    assert evaluation.confusion_matrix == [[1, 1, 0], [0, 2, 0], [1, 0, 1]]
-    # precision cat 1/2, dog 2/3, cow 1; recall cat 1/2, dog 1, cow 1/2
-    assert evaluation.precision_macro == pytest.approx((0.5 + 2 / 3 + 1) / 3)
-    assert evaluation.recall_macro == pytest.approx((0.5 + 1 + 0.5) / 3)
-    assert 0.5 < evaluation.auc_ovr <= 1
-    assert "| **cow** | 1 | 0 | 1 |" in evaluation_markdown(evaluation)
-
-
-def test_macro_figures_average_over_the_classes_present():
-    """All right on two of the model's three classes: macro F1 1.0, not 2/3 (the absent cow's zeros left out)."""
-    evaluation = evaluate_scores(scores(["cat", "dog", "dog"], ["cat", "dog", "dog"]))
-    assert evaluation.f1_macro == evaluation.precision_macro == evaluation.recall_macro == 1.0
-    assert evaluation.macro_classes == ["cat", "dog"] and "macro_classes" not in evaluation.figures()
-    assert evaluation.per_class[2].name == "cow" and evaluation.per_class[2].support == 0
-    assert "mean over the 2 classes present; left out, as neither labelled nor predicted here: cow" in (
-        evaluation_markdown(evaluation)
-    )
-    # A wrong prediction of an absent class counts it: its precision 0 enters the mean.
-    wrong = evaluate_scores(scores(["cat", "dog"], ["cat", "cow"]))
-    assert wrong.macro_classes == ["cat", "dog", "cow"] and wrong.f1_macro == pytest.approx(1 / 3)
-
-
-def test_evaluation_markdown_rounds_for_people_and_labels_the_matrix():
-    evaluation = evaluate_scores(scores(["cat", "cat", "dog"], ["cat", "dog", "dog"]))
-    markdown = evaluation_markdown(evaluation)
-    assert "| accuracy | 0.6667 |" in markdown and "0.66666" not in markdown
-    assert "| true class ↓ predicted → | cat | dog | cow |" in markdown
-    assert evaluation.headline() == "accuracy 0.6667, F1 (macro) 0.6667 on 3 images (2 of 3 classes present)"
-
-
-def test_log_loss_is_the_mean_cross_entropy_of_the_true_labels():
-    # The classes are not in sorted order (cat, dog, cow): the probability columns must be matched by name.
-    evaluation = evaluate_scores(scores(["cat", "dog"], ["cat", "cow"]))
-    assert evaluation.log_loss == pytest.approx(-(math.log(0.8) + math.log(0.1)) / 2)
-    assert evaluation.figures()["log_loss"] == evaluation.log_loss
-    assert f"| log loss | {evaluation.log_loss:.4g} |" in evaluation_markdown(evaluation)
-
-
-def test_auc_is_absent_when_a_class_has_no_images():
-    evaluation = evaluate_scores(scores(["cat", "dog"], ["cat", "dog"]))
-    assert evaluation.auc_ovr is None and evaluation.accuracy == 1.0
-
-
-def test_scores_csv_keeps_class_names_as_text(tmp_path):
-    table = scores(["01", "2"], ["01", "01"], classes=("01", "2"))
-    table.to_csv(tmp_path / "s.csv", index=False)
-    evaluation = evaluate_scores(read_scores(tmp_path / "s.csv"))
-    assert evaluation.classes == ["01", "2"] and evaluation.accuracy == 0.5
-
-
-def test_weighted_figures_follow_class_support():
-    labels = ["cat"] * 4 + ["dog"] * 2
-    predicted = ["cat", "cat", "cat", "dog", "dog", "dog"]
-    evaluation = evaluate_scores(scores(labels, predicted, classes=("cat", "dog")))
-    # cat: precision 1, recall 3/4; dog: precision 2/3, recall 1; weights 4/6 and 2/6
-    assert evaluation.precision_weighted == pytest.approx(4 / 6 * 1 + 2 / 6 * 2 / 3)
-    assert evaluation.recall_weighted == pytest.approx(evaluation.accuracy) == pytest.approx(5 / 6)
-    assert evaluation.f1_weighted == pytest.approx(4 / 6 * (6 / 7) + 2 / 6 * 0.8)
-    assert {"f1_weighted", "auc_ovr", "images"} <= set(evaluation.figures()) and "per_class" not in evaluation.figures()
-
-
-def test_comparison_rows_put_figures_side_by_side():
-    rows = comparison_rows(
-        {"accuracy": 0.5, "auc_ovr": None, "best_epoch": 3}, {"accuracy": 0.75, "f1_macro": 0.7}, "digits/1", "digits/2"
-    )
-    assert rows == [
-        {"figure": "accuracy", "digits/1": 0.5, "digits/2": 0.75, "difference": 0.25},
-        {"figure": "best_epoch", "digits/1": 3, "digits/2": None, "difference": None},
-        {"figure": "f1_macro", "digits/1": None, "digits/2": 0.7, "difference": None},
-    ]
-
-
-def test_scores_go_to_s3_and_come_back(s3_bucket):
-    table = scores(["01", "2"], ["01", "01"], classes=("01", "2"))
-    location = write_scores(table, f"s3://{s3_bucket}/scores/run-1.csv")
-    back = read_scores(location)
-    pd.testing.assert_frame_equal(back, table)
-    assert scores_summary(back) == "scored labels: 01: 2; mean top probability 0.800"
-
-
-def test_two_class_evaluations_show_roc_and_precision_recall_curves(prefect_server, tmp_path):
-    import asyncio
-
-    from PIL import Image
-    from prefect import flow
-
-    from tasks.evaluation.prefect_tasks import evaluate
-    from tests.helpers import card_versions
-
-    rng = np.random.default_rng(0)
-    labels = ["cat"] * 20 + ["dog"] * 20
-    dog = np.clip(np.r_[rng.normal(0.35, 0.2, 20), rng.normal(0.65, 0.2, 20)], 0.01, 0.99)
-    table = pd.DataFrame(
-        {
-            "image": [f"{i}.png" for i in range(40)],
-            "Scored Labels": np.where(dog >= 0.5, "dog", "cat"),
-            "Scored Probabilities_cat": 1 - dog,
-            "Scored Probabilities_dog": dog,
-            "label": labels,
-        }
-    )
-    two, three = tmp_path / "two" / "scores.csv", tmp_path / "three" / "scores.csv"
-    write_scores(table, str(two))
-    write_scores(scores(["cat", "dog", "cow"], ["cat", "dog", "cat"]), str(three))
-
-    @flow(name="evaluate-two-and-three")
-    def evaluate_both():
-        return evaluate(str(two)), evaluate(str(three))
-
-    evaluation, _ = evaluate_both()
-    pages = [a.data for a in asyncio.run(card_versions("evaluation"))][-2:]
-    assert "![ROC and precision-recall curves](data:image/png;base64," in pages[0]
-    assert "'dog' is the positive class; the dot marks the threshold 0.5" in pages[0]
-    assert "ROC" not in pages[1], "three classes: no two-class curves"
-    with Image.open(two.with_name("roc_pr_curves.png")) as picture:
-        assert picture.format == "PNG" and picture.size == (1000, 450)
-    assert not three.with_name("roc_pr_curves.png").exists() and 0.5 < evaluation.auc_ovr < 1
 
 
 def test_a_tagged_photo_scores_like_its_upright_twin_on_the_cpu(trained_model, tmp_path):

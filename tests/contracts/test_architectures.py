@@ -9,11 +9,11 @@ import torchvision
 from pydantic import ValidationError
 from torch import nn
 
-from tasks.contracts.architectures import ARCHITECTURES, FAMILIES, family_of, input_size
+from tasks.contracts.architectures import ARCHITECTURES, DENSENETS, FAMILIES, RESNETS, family_of, input_size
 from tasks.contracts.model_directory import CLASSES_FILE, WEIGHTS_FILE, ModelDirectory, ModelSpec, TrainedModelSpec
 from tasks.errors import InvalidTrainingSetupError
 from tasks.evaluation.onnx_export import ONNX_TOLERANCE, check_onnx, export_onnx
-from tasks.vision.networks import backbone_modules, build_network, head_module, split_head_and_backbone
+from tasks.vision.networks import build_network, head_module
 
 # torchvision classifiers the table leaves out, and why (tasks/contracts/architectures.py's docstring).
 LEFT_OUT = {"squeezenet1_0", "squeezenet1_1", "googlenet", "inception_v3", "vit_h_14"}
@@ -61,17 +61,6 @@ def test_input_sizes_follow_the_family():
     with pytest.raises(InvalidTrainingSetupError, match="densenet121 .* needs at least 32 px"):
         input_size("densenet121", 16, automatic=32)
     assert input_size("resnet18", 16, automatic=224) == 16 and input_size("resnet18", None, automatic=96) == 96
-
-
-def test_head_and_backbone_split_every_parameter_once():
-    model = build_network(ModelSpec(architecture="mobilenet_v3_small"), num_classes=3)
-    head, backbone = split_head_and_backbone(model, "mobilenet_v3_small")
-    assert [p.shape for p in head] == [(3, 1024), (3,)]
-    assert {id(p) for p in head} | {id(p) for p in backbone} == {id(p) for p in model.parameters()}
-    assert len(head) + len(backbone) == len(list(model.parameters()))
-    frozen = backbone_modules(model, "mobilenet_v3_small")
-    assert model.classifier[2] in frozen and model.features in frozen  # the Dropout before the head, the body
-    assert model.classifier not in frozen and model.classifier[3] not in frozen and model not in frozen
 
 
 def _built_on_meta(architecture: str) -> nn.Module:
@@ -138,3 +127,8 @@ def test_a_new_family_builds_trains_a_step_and_exports_to_onnx(architecture, tmp
 
     model_dir = export_onnx(_model_directory(tmp_path / "model", architecture, model, size))
     assert check_onnx(model_dir) <= ONNX_TOLERANCE
+
+
+def test_the_zoo_is_the_azure_components():
+    assert DENSENETS == ("densenet121", "densenet161", "densenet169", "densenet201")
+    assert set(RESNETS) >= {"resnet18", "resnet152", "resnext101_32x8d", "wide_resnet101_2"}
