@@ -56,7 +56,7 @@ def plain_loop_images_per_s(train_source: Path, params: TrainingParams, epochs: 
     torch.set_num_threads(int(worker_environment(params)["OMP_NUM_THREADS"]))
     torch.manual_seed(params.random_seed)
     # Written the usual way, on PIL images; it computes exactly what our train_transform does
-    # (tests/test_train.py checks that they agree to the bit).
+    # (tests/training/test_data.py checks that they agree to the bit).
     transform = T.Compose(
         [
             T.Resize((IMAGE_SIZE, IMAGE_SIZE)),
