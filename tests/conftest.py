@@ -407,12 +407,15 @@ def server():
 
 @pytest.fixture
 def torch_home(tmp_path, monkeypatch) -> Path:
-    """An empty torch cache; no mirror; the internet behind a proxy that is down."""
+    """An empty torch cache; no mirror; the internet behind a proxy that is down (loopback bypasses it: the
+    websockets library sends even ws:// through an https proxy, and a flow's task runs reach the server as events
+    over one)."""
     from tasks.vision.weights import MIRROR_VARIABLE
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     monkeypatch.delenv(MIRROR_VARIABLE, raising=False)
-    for variable in ("no_proxy", "NO_PROXY", "http_proxy", "HTTP_PROXY"):
+    for variable in ("NO_PROXY", "http_proxy", "HTTP_PROXY"):
         monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
     monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{free_port()}")
     return tmp_path / "torch" / "hub" / "checkpoints"
