@@ -15,6 +15,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -64,14 +65,19 @@ def build_torchrun_command(
     run_id: str = "image-classifier",
     is_host: bool | None = None,
     python: str = sys.executable,
+    log_dir: str | None = None,
 ) -> list[str]:
     """The ``python -m torch.distributed.run ... -m tasks.training.worker ...`` argument list.
 
     With ``nodes > 1``, ``is_host`` says whether this node serves the rendezvous (the first node of a launch
-    through the work pool); ``None`` leaves it to torchrun, which serves it when the endpoint names this machine."""
+    through the work pool); ``None`` leaves it to torchrun, which serves it when the endpoint names this machine.
+    ``log_dir``: where torchrun makes its per-attempt folders (without it, a new ``torchelastic_*`` folder in the
+    system's temporary folder that it never removes)."""
     # fmt: off
     command = [python, "-m", "torch.distributed.run", "--nnodes", str(params.nodes),
                "--nproc-per-node", str(params.processes_per_node), "--max-restarts", str(params.max_restarts)]
+    if log_dir is not None:
+        command += ["--log-dir", log_dir]
     if params.max_nodes == 1:
         # A private rendezvous on a free port: runs on one host never collide.
         command.append("--standalone")
@@ -265,20 +271,22 @@ def launch_training(
     comes through here. Any location may be ``s3://``: the inputs are fetched to this host's cache and the
     output kept in step with its S3 folder while training runs (tasks/storage/work_dir_on_s3.py)."""
     staged = stage_training(folders)
-    command = build_torchrun_command(staged, params, run_id=run_id, is_host=is_host)
-    # One short line at INFO; the whole command (tens of flags and paths) at DEBUG, for whoever needs to rerun it.
-    nodes = f"{params.nodes} nodes x " if str(params.nodes) != "1" else ""
-    log(logging.INFO, f"launching torchrun: {nodes}{params.processes_per_node} process(es), {params.epochs} epochs")
-    log(logging.DEBUG, f"torchrun command: {shlex.join(command)}")
-    model_dir = run_training(
-        command,
-        staged.output_dir,
-        worker_environment(params),
-        log=log,
-        on_metrics=on_metrics,
-        limits=limits or WatchLimits.for_params(params),
-        poll_seconds=poll_seconds,
-        on_poll=staged.sync,
-    )
+    # torchrun's attempt folders hold nothing here (the ranks' output comes through its stdout): removed after.
+    with tempfile.TemporaryDirectory(prefix="torchrun-") as torchrun_logs:
+        command = build_torchrun_command(staged, params, run_id=run_id, is_host=is_host, log_dir=torchrun_logs)
+        # One short line at INFO; the whole command (tens of flags and paths) at DEBUG, for whoever reruns it.
+        nodes = f"{params.nodes} nodes x " if str(params.nodes) != "1" else ""
+        log(logging.INFO, f"launching torchrun: {nodes}{params.processes_per_node} process(es), {params.epochs} epochs")
+        log(logging.DEBUG, f"torchrun command: {shlex.join(command)}")
+        model_dir = run_training(
+            command,
+            staged.output_dir,
+            worker_environment(params),
+            log=log,
+            on_metrics=on_metrics,
+            limits=limits or WatchLimits.for_params(params),
+            poll_seconds=poll_seconds,
+            on_poll=staged.sync,
+        )
     staged.finish()
     return model_dir

@@ -206,17 +206,28 @@ def test_input_errors_inside_the_worker_keep_their_type(tmp_path, colour_image_d
     assert "raised by training rank" in str(error.value) and "driver_log_" in str(error.value)
 
 
-def test_a_last_batch_of_one_image_trains(tmp_path, resnet_spec):
+def test_a_last_batch_of_one_image_trains_and_the_launch_leaves_nothing_in_the_temporary_folder(
+    tmp_path, resnet_spec, monkeypatch
+):
+    import tempfile
+
     from tasks.convert.conversion import convert_to_image_directory
 
     train = convert_to_image_directory(write_class_folders(tmp_path / "src-train", 11, seed=3), tmp_path / "train").root
     val = convert_to_image_directory(write_class_folders(tmp_path / "src-val", 2, seed=4), tmp_path / "val").root
+    # The system's temporary folder, this launch's alone: torchrun left a torchelastic_* folder there every launch.
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    monkeypatch.setattr(tempfile, "tempdir", None)
     # 33 images in batches of 16 on one process: 16 + 16 + 1; the images are 16 px, trained at 32 px (1x1 at the end).
     params = TrainingParams(epochs=1, batch_size=16, processes_per_node=1, device="cpu", image_size=32)
     model_dir = launch_training(
         TrainingFolders(train, val, resnet_spec, tmp_path / "model"), params, log=lambda level, line: None
     )
     assert [e.epoch for e in model_dir.metrics().epochs] == [1]
+    # torch's compile cache (torchinductor_<user>) is one folder per user, kept and reused by every run on purpose.
+    assert [p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
 def test_the_train_task_does_not_retry_an_input_error_raised_in_the_worker(prefect_server, tmp_path, colour_image_dirs):
