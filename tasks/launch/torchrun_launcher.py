@@ -272,7 +272,7 @@ def launch_training(
     output kept in step with its S3 folder while training runs (tasks/storage/work_dir_on_s3.py)."""
     staged = stage_training(folders)
     # torchrun's attempt folders hold nothing here (the ranks' output comes through its stdout): removed after.
-    with tempfile.TemporaryDirectory(prefix="torchrun-") as torchrun_logs:
+    with tempfile.TemporaryDirectory(prefix="torchrun-", ignore_cleanup_errors=True) as torchrun_logs:
         command = build_torchrun_command(staged, params, run_id=run_id, is_host=is_host, log_dir=torchrun_logs)
         # One short line at INFO; the whole command (tens of flags and paths) at DEBUG, for whoever reruns it.
         nodes = f"{params.nodes} nodes x " if str(params.nodes) != "1" else ""
