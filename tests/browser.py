@@ -68,28 +68,48 @@ def click_text(driver, text: str, timeout: float = 30) -> None:
     WebDriverWait(driver, timeout).until(expected_conditions.element_to_be_clickable(locator)).click()
 
 
-def paused_run_id(stack, pipeline: subprocess.Popen, timeout: float = 300) -> str:
-    """The id of the first Paused flow run on ``stack``'s server (``pipeline``, the process expected to pause)."""
+def paused_run_id(
+    stack, pipeline: subprocess.Popen, timeout: float = 300, flow: str | None = None, registry: str | None = None
+) -> str:
+    """The id of the first Paused flow run on ``stack``'s server (``pipeline``, the process expected to pause); on a
+    server that others use, the run of ``flow`` whose ``registry`` parameter is the one given."""
     from prefect.client.orchestration import SyncPrefectClient
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
 
     waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
+    named = FlowFilter(name=FlowFilterName(any_=[flow])) if flow else None
     deadline = time.monotonic() + timeout
     with SyncPrefectClient(stack.api_url) as client:
-        while not (runs := client.read_flow_runs(flow_run_filter=waiting)):
+        while not (
+            runs := [
+                r
+                for r in client.read_flow_runs(flow_filter=named, flow_run_filter=waiting)
+                if registry is None or r.parameters.get("registry") == registry
+            ]
+        ):
             if pipeline.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"the pipeline never paused:\n{pipeline.communicate(timeout=60)[0][-3000:]}")
             time.sleep(1)
     return str(runs[0].id)
 
 
-def latest_artifact_id(stack, key: str) -> str:
+def latest_artifact_id(stack, key: str, flow_run_id: str | None = None) -> str:
+    """The latest artifact of ``key`` on ``stack``'s server (of one flow run when given)."""
     from prefect.client.orchestration import SyncPrefectClient
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
+    of_run = ArtifactFilterFlowRunId(any_=[flow_run_id]) if flow_run_id else None
     with SyncPrefectClient(stack.api_url) as client:
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]), flow_run_id=of_run)
+        )
     return str(max(artifacts, key=lambda a: a.created).id)
 
 

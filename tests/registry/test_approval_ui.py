@@ -1,14 +1,16 @@
-"""The registry in the Prefect UI, in headless Chromium against a real `prefect server start`: the paused run's
-approval form, answered in the browser, and the model card recording the answer. The screenshots land in
+"""The registry in the Prefect UI, in headless Chromium against the run's shared `prefect server start`: the paused
+run's approval form, answered in the browser, and the model card recording the answer. The screenshots land in
 build/ui-check/ (the README's docs/images/ pictures are copies of them)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
-from deployments.local import PROJECT_ROOT, PrefectStack
+from deployments.local import PROJECT_ROOT
 from tasks.registry import resolve
 from tasks.registry.manage import show_version
 from tests.browser import (
@@ -28,10 +30,15 @@ NAME = "colours-resnet18"
 SHOTS = PROJECT_ROOT / "build" / "ui-check"
 
 
-@pytest.fixture(scope="module")
-def stack(prefect_home):
-    with PrefectStack(home=prefect_home("prefect-home")) as running:
-        yield running
+@pytest.fixture
+def stack(prefect_server):
+    """The shared server as the browser and a command line reach it: its UI's address and a client's environment."""
+    from prefect.settings import PREFECT_API_URL
+
+    api_url = PREFECT_API_URL.value()
+    return SimpleNamespace(
+        api_url=api_url, url=api_url.removesuffix("/api"), env={**os.environ, "PREFECT_API_URL": api_url}
+    )
 
 
 def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(stack, tmp_path):
@@ -56,7 +63,8 @@ def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(sta
     SHOTS.mkdir(parents=True, exist_ok=True)
     driver = chromium(tmp_path / "chromium")
     try:
-        run_id = paused_run_id(stack, pipeline)
+        # Other tests pause runs on the shared server too: this one is the pipeline's run with this test's registry.
+        run_id = paused_run_id(stack, pipeline, flow="train-pipeline", registry=f"{tmp_path}/registry")
         driver.get(f"{stack.url}/runs/flow-run/{run_id}")
         wait_for_text(driver, ["Paused", "Resume"])
         click_text(driver, "Resume")
@@ -84,7 +92,7 @@ def test_the_approval_form_is_answered_in_the_ui_and_the_model_card_shows_it(sta
         assert resolve(registry, f"{NAME}@production").version == 1
         assert show_version(registry, f"{NAME}/1").approval.reviewer == "ada"
 
-        driver.get(f"{stack.url}/artifacts/artifact/{latest_artifact_id(stack, f'model-card-{NAME}')}")
+        driver.get(f"{stack.url}/artifacts/artifact/{latest_artifact_id(stack, f'model-card-{NAME}', run_id)}")
         driver.set_window_size(1440, 900)
         wait_for_text(driver, [f"Model card: {NAME}", "approved by ada", "“looks right”", "production"])
         driver.save_screenshot(str(SHOTS / "model-card.png"))
