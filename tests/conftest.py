@@ -373,17 +373,15 @@ INTEGRATION_FIXTURES = {"prefect_server", "s3_endpoint", "s3_bucket", "trained_m
 # the files with most tests first, which left these few-test files to start last and the suite to end on one of
 # them with the other cores idle). Order only: a stale entry costs time, never a test.
 LONGEST_FILES = (
-    "tests/flows/test_multinode_gang.py",
-    "tests/flows/test_sweep.py",
     "tests/flows/test_pipeline_nodes.py",
     "tests/deployments/test_deployments.py",
+    "tests/flows/test_sweep.py",
     "tests/test_docs_commands.py",
     "tests/flows/test_score_shards.py",
     "tests/bench/test_bench.py",
     "tests/training/test_lifeline.py",
     "tests/flows/test_cli.py",
     "tests/training/test_distributed.py",
-    "tests/deployments/test_zombie.py",
 )
 
 
