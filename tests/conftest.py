@@ -304,7 +304,7 @@ def postgres_template(shared_server) -> str:
 @pytest.fixture(scope="session")
 def postgres_database(postgres_template) -> Callable[[str], str]:
     """``postgres_database(name)``: the URL of a new database, a copy of ``postgres_template`` (migrated: a server
-    starts on it at once), for one Prefect server of the deployment, fan-out and lost-host tests."""
+    starts on it at once), for the Prefect server of a fan-out test file (multi-node, sweep, sharded scoring)."""
     import uuid
 
     from deployments.postgres import create_database

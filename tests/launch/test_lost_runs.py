@@ -1,6 +1,7 @@
 """A run that replaces lost ones, on a real (ephemeral) Prefect server: the lost runs are flow runs created through
 the API and set Crashed as the zombie automation sets them; the replacing run is a flow calling
-take_over_lost_run. (The whole path through two workers and S3 is tests/deployments/test_zombie.py.)"""
+take_over_lost_run. (The whole path through two workers and S3 is tests/deployments/test_deployments.py's last
+test.)"""
 
 import json
 import uuid
