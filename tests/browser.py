@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -69,10 +70,15 @@ def click_text(driver, text: str, timeout: float = 30) -> None:
 
 
 def paused_run_id(
-    stack, pipeline: subprocess.Popen, timeout: float = 300, flow: str | None = None, registry: str | None = None
+    stack,
+    pipeline: subprocess.Popen | Future,
+    timeout: float = 300,
+    flow: str | None = None,
+    registry: str | None = None,
 ) -> str:
-    """The id of the first Paused flow run on ``stack``'s server (``pipeline``, the process expected to pause); on a
-    server that others use, the run of ``flow`` whose ``registry`` parameter is the one given."""
+    """The id of the first Paused flow run on ``stack``'s server; on a server that others use, the run of ``flow``
+    whose ``registry`` parameter is the one given. ``pipeline`` is what is expected to pause: a process, or a flow
+    running in a thread."""
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import (
         FlowFilter,
@@ -94,8 +100,12 @@ def paused_run_id(
                 if registry is None or r.parameters.get("registry") == registry
             ]
         ):
-            if pipeline.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the pipeline never paused:\n{pipeline.communicate(timeout=60)[0][-3000:]}")
+            if isinstance(pipeline, Future):
+                ended, said = pipeline.done(), lambda: repr(pipeline.exception()) if pipeline.done() else "running"
+            else:
+                ended, said = pipeline.poll() is not None, lambda: pipeline.communicate(timeout=60)[0][-3000:]
+            if ended or time.monotonic() > deadline:
+                raise AssertionError(f"the pipeline never paused:\n{said()}")
             time.sleep(1)
     return str(runs[0].id)
 

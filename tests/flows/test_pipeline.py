@@ -1,4 +1,5 @@
-"""End to end: the real flow on a real (temporary) Prefect server, with a real 2-process torchrun."""
+"""End to end: the real flow on a real (temporary) Prefect server, with a real 2-process torchrun; the approval form
+answered in the Prefect UI (headless Chromium)."""
 
 import asyncio
 import hashlib
@@ -9,13 +10,16 @@ import re
 import signal
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torchvision
 from prefect.client.orchestration import get_client
 
+from deployments.local import PROJECT_ROOT
 from flows.pipeline import train_pipeline
 from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.image_directory import ImageDirectory
@@ -25,10 +29,22 @@ from tasks.contracts.transformations import ImageTransformations, RandomFlip
 from tasks.errors import InvalidDatasetError
 from tasks.evaluation.score import score_images
 from tasks.registry import PromotionPolicy, list_versions, read_registration, resolve
+from tasks.registry.manage import show_version
 from tasks.storage.runs import folder_size
+from tests.browser import (
+    chromium,
+    click_text,
+    field,
+    latest_artifact_id,
+    paused_run_id,
+    table_overflow,
+    wait_for_text,
+)
 from tests.helpers import artifacts_and_task_runs, progress_artifacts, write_class_folders
 
 pytestmark = pytest.mark.integration
+
+SHOTS = PROJECT_ROOT / "build" / "ui-check"
 
 STAGE_ARTIFACTS = {
     "train-images",
@@ -53,28 +69,104 @@ async def flow_run_message(flow_run_id) -> str:
         return (await client.read_flow_run(flow_run_id)).state.message
 
 
-def test_train_pipeline_registers_a_trained_model(prefect_server, digits_subset, tmp_path):
+def shared_server() -> SimpleNamespace:
+    """The shared server as the browser reaches it: its API's and its UI's addresses."""
+    from prefect.settings import PREFECT_API_URL
+
+    api_url = PREFECT_API_URL.value()
+    return SimpleNamespace(api_url=api_url, url=api_url.removesuffix("/api"))
+
+
+def answer_the_approval_form_in_the_ui(running: Future, registry: Path, driver) -> str:
+    """The paused run's approval form, opened from the run's page in headless Chromium against the shared server,
+    answered (approve, reviewer, comment) and submitted; the run's id. The form is screenshotted into SHOTS."""
+    server = shared_server()
+    # Other tests pause runs on the shared server too: this one is the pipeline's run with this test's registry.
+    run_id = paused_run_id(server, running, flow="train-pipeline", registry=str(registry))
+    driver.get(f"{server.url}/runs/flow-run/{run_id}")
+    wait_for_text(driver, ["Paused", "Resume"])
+    click_text(driver, "Resume")
+    form = wait_for_text(
+        driver,
+        [
+            "Promote digits-resnet18 version 1 to production?",
+            "challenger: version 1",
+            "Decision",
+            "Reviewer",  # required: the record names who decided
+            "Comment (Optional)",
+        ],
+    )
+    assert "f1_macro (decides)" in form and "Reviewer (Optional)" not in form
+    field(driver, "Decision", "div[contains(@class, 'p-select')]").click()
+    click_text(driver, "approve")
+    field(driver, "Reviewer", "textarea").send_keys("ada")
+    field(driver, "Comment", "textarea").send_keys("looks right")
+    driver.save_screenshot(str(SHOTS / "approval-form.png"))
+    click_text(driver, "Submit")
+    # The answer reached the server once the run leaves Paused (the page, as a person sees it, if it never does).
+    deadline = time.monotonic() + 60
+    with get_client(sync_client=True) as client:
+        while client.read_flow_run(run_id).state.is_paused():
+            if time.monotonic() > deadline:
+                driver.save_screenshot(str(SHOTS / "approval-submitted.png"))
+                page = driver.find_element("tag name", "body").text
+                raise AssertionError(f"the run is still paused 60 s after Submit; the page shows:\n{page[:2000]}")
+            time.sleep(1)
+    return run_id
+
+
+def test_train_pipeline_registers_a_trained_model_promoted_once_approved_in_the_ui(
+    prefect_server, digits_subset, tmp_path
+):
+    """The whole pipeline in this process on the shared server; the promotion waits for a person's approval, given
+    in the Prefect UI's form (headless Chromium), and the model card records it. The screenshots land in
+    build/ui-check/ (the README's docs/images/ pictures are made the same way by docs/screenshots.py)."""
     train, val = digits_subset
     training = TrainingParams(epochs=4, processes_per_node=2, learning_rate=0.002)
-    result = train_pipeline(
-        train_data=str(train),
-        validation_data=str(val),
-        model=ModelSpec(architecture="resnet18", pretrained=False),
-        training=training,
-        registry=str(tmp_path / "registry"),
-        work_dir=str(tmp_path / "runs"),
-        promotion=PromotionPolicy(promote_to="production", promotion_metric="f1_macro"),
-        export_onnx=True,
-    )
+    registry = tmp_path / "registry"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    driver = chromium(tmp_path / "chromium")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(
+                train_pipeline,
+                train_data=str(train),
+                validation_data=str(val),
+                model=ModelSpec(architecture="resnet18", pretrained=False),
+                training=training,
+                registry=str(registry),
+                work_dir=str(tmp_path / "runs"),
+                promotion=PromotionPolicy(
+                    promote_to="production", promotion_metric="f1_macro", approval=True, approval_timeout_s=300
+                ),
+                export_onnx=True,
+            )
+            run_id = answer_the_approval_form_in_the_ui(running, registry, driver)
+            result = running.result(timeout=300)
+
+        assert show_version(registry, "digits-resnet18/1").approval.reviewer == "ada"
+        card = latest_artifact_id(shared_server(), "model-card-digits-resnet18", run_id)
+        driver.get(f"{shared_server().url}/artifacts/artifact/{card}")
+        driver.set_window_size(1440, 900)
+        wait_for_text(driver, ["Model card: digits-resnet18", "approved by ada", "“looks right”", "production"])
+        driver.save_screenshot(str(SHOTS / "model-card.png"))
+        # The card's table fits a 1440 px window: the box around it (which scrolls what does not fit) needs no scroll.
+        assert table_overflow(driver) <= 0, f"the model card's table is {table_overflow(driver)} px too wide at 1440 px"
+    finally:
+        driver.quit()
+    assert all((SHOTS / name).stat().st_size > 10_000 for name in ("approval-form.png", "model-card.png"))
 
     assert result.model_name == "digits-resnet18" and result.version == 1
+    assert "approved by ada: looks right" in result.summary(), result.summary()
     assert list_versions(tmp_path / "registry", "digits-resnet18") == [1]
     registration = read_registration(tmp_path / "registry", "digits-resnet18", 1)
     assert registration.params["training"] == training.model_dump()
     assert registration.datasets["train"].images == 300 and registration.datasets["validation"].images == 100
     assert registration.flow_run_id
     assert "model.onnx" in registration.files and registration.metrics["f1_weighted"] > 0
-    assert registration.promotion.promoted and registration.promotion.metric == "f1_macro"
+    # The record says the version awaited approval; the answer and the promotion are the version's status (above).
+    assert registration.promotion.awaiting_approval and registration.promotion.metric == "f1_macro"
+    assert result.registration.promotion.promoted and result.registration.promotion.approval.decision == "approved"
     assert resolve(tmp_path / "registry", "digits-resnet18@production").version == 1
 
     # Sensible, not lucky: ten classes from 300 images in four epochs, far above chance (0.1).
