@@ -91,6 +91,7 @@ def paused_run_id(
 
     waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
     named = FlowFilter(name=FlowFilterName(any_=[flow])) if flow else None
+    in_thread = isinstance(pipeline, Future)
     deadline = time.monotonic() + timeout
     with SyncPrefectClient(stack.api_url) as client:
         while not (
@@ -100,12 +101,13 @@ def paused_run_id(
                 if registry is None or r.parameters.get("registry") == registry
             ]
         ):
-            if isinstance(pipeline, Future):
-                ended, said = pipeline.done(), lambda: repr(pipeline.exception()) if pipeline.done() else "running"
-            else:
-                ended, said = pipeline.poll() is not None, lambda: pipeline.communicate(timeout=60)[0][-3000:]
+            ended = pipeline.done() if in_thread else pipeline.poll() is not None
             if ended or time.monotonic() > deadline:
-                raise AssertionError(f"the pipeline never paused:\n{said()}")
+                if in_thread:
+                    said = repr(pipeline.exception()) if ended else "still running"
+                else:
+                    said = pipeline.communicate(timeout=60)[0][-3000:]
+                raise AssertionError(f"the pipeline never paused:\n{said}")
             time.sleep(1)
     return str(runs[0].id)
 

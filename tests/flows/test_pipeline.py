@@ -145,8 +145,9 @@ def test_train_pipeline_registers_a_trained_model_promoted_once_approved_in_the_
             result = running.result(timeout=300)
 
         assert show_version(registry, "digits-resnet18/1").approval.reviewer == "ada"
-        card = latest_artifact_id(shared_server(), "model-card-digits-resnet18", run_id)
-        driver.get(f"{shared_server().url}/artifacts/artifact/{card}")
+        server = shared_server()
+        card = latest_artifact_id(server, "model-card-digits-resnet18", run_id)
+        driver.get(f"{server.url}/artifacts/artifact/{card}")
         driver.set_window_size(1440, 900)
         wait_for_text(driver, ["Model card: digits-resnet18", "approved by ada", "“looks right”", "production"])
         driver.save_screenshot(str(SHOTS / "model-card.png"))
