@@ -139,7 +139,7 @@ def train_pipeline(
             training hosts need no shared filesystem (each keeps a cache, $IMAGE_CLASSIFIER_CACHE).
         promotion: Whether the new version takes an alias (promote_to, e.g. production): only if it beats the alias's current version on a figure, and with approval only once a person approves it (the run pauses on a form).
         export_onnx: Also export model.onnx (checked against PyTorch with onnxruntime) and register it.
-        keep: What the run folder keeps once the version is registered: results (data, metrics, logs, scores, pictures; the registry holds the model, the checkpoints go) or all.
+        keep: What the run folder keeps once the version is registered: results (data, metrics, logs, scores, pictures; the registry holds the model, the checkpoints and the staged pretrained weights go) or all.
         replaces_run: Set by the automation that runs a crashed training again: the lost run's id; this run takes over its folder and resumes from its checkpoint.
     """
     check_inputs(locals())  # before any work; locals() here: the flow's arguments, by name

@@ -21,13 +21,10 @@ def store(local: str, location: str) -> str:
 def keep_results(run_dir: str, model_dir: str, keep: Keep, registered: dict) -> int | None:
     """After registration, under ``keep="results"``: the run's copies of the registered model and its checkpoints
     go (``drop_registered_copies``). Returns the run folder's size afterwards, in bytes (None on S3)."""
-    logger = get_run_logger()
-    if keep == "results":
-        freed = drop_registered_copies(run_dir, model_dir, registered)
-        if freed:
-            logger.info(
-                "keep=results: %.1f MB of model files and checkpoints dropped from %s (the registry holds the model)",
-                freed / 2**20,
-                run_dir,
-            )
+    if freed := drop_registered_copies(run_dir, model_dir, registered, keep):
+        get_run_logger().info(
+            "keep=results: %.1f MB of model files and checkpoints dropped from %s (the registry holds the model)",
+            freed / 2**20,
+            run_dir,
+        )
     return run_size(run_dir)

@@ -3,7 +3,8 @@
 A run folder (``<work_dir>/<flow run name>-<id>``) holds the converted data, the model folder (checkpoints, the
 best weights, metrics, logs, curves), the scores table and the pictures. Once its version is registered, the
 registry holds its own copy of the model files (model.pt, model.onnx) and the checkpoints serve no retry any more:
-with ``keep="results"`` (the flows' default) they go, and ``model/registered.json`` says where the model now is.
+with ``keep="results"`` (the flows' default) they go, with the copy of the pretrained weights staged in
+``model_spec/``, and ``model/registered.json`` says where the model now is.
 The data, metrics, logs, scores and pictures, what the run's page and artifacts point at, stay. ``keep="all"``
 keeps everything. A registered model is never touched: it lives in the registry, never in a run folder.
 
@@ -34,6 +35,9 @@ REGISTERED_NOTE = "registered.json"
 # What a registered run's model folder drops under keep="results": the registry holds the model files, and the
 # checkpoints only served a retry of the training.
 DROPPED = ("checkpoints", "model.pt", "model.onnx")
+# And beside the model folder: the copy of the pretrained weights staged for the training nodes (the untrained
+# model directory's STAGED_WEIGHTS_FILE, tasks/model/untrained.py); the version records their origin and hash.
+STAGED_WEIGHTS = ("model_spec", "pretrained_weights.pth")
 BUSY_SECONDS = 600
 _LEGACY_NAME = re.compile(r".+-[0-9a-f]{8}")
 
@@ -67,15 +71,15 @@ def mark_run(run_dir: str, kind: str, flow_run_id: str) -> None:
         marker.write_text(json.dumps({"kind": kind, "flow_run_id": flow_run_id, "started": started}) + "\n")
 
 
-def drop_registered_copies(run_dir: str, model_dir: str, registered: dict) -> int:
-    """Drop the registered model's files and the checkpoints from a local run's model folder; write where the
-    model now is. Bytes freed (0 for an S3 run folder, which its bucket's lifecycle rules govern)."""
-    if is_s3_uri(run_dir) or is_s3_uri(model_dir):
+def drop_registered_copies(run_dir: str, model_dir: str, registered: dict, keep: Keep = "results") -> int:
+    """Under ``keep="results"``, drop the registered model's files and the checkpoints from a local run's model
+    folder, and the staged pretrained weights beside it, and write where the model now is; under ``keep="all"``
+    touch nothing. Bytes freed (0 for an S3 run folder, which its bucket's lifecycle rules govern)."""
+    if keep == "all" or is_s3_uri(run_dir) or is_s3_uri(model_dir):
         return 0
     model = Path(model_dir)
     freed = 0
-    for name in DROPPED:
-        path = model / name
+    for path in [*(model / name for name in DROPPED), model.parent.joinpath(*STAGED_WEIGHTS)]:
         if path.is_dir():
             freed += folder_size(path)
             shutil.rmtree(path)
