@@ -19,11 +19,13 @@ def store(local: str, location: str) -> str:
 
 @stage_task(retries=0)
 def keep_results(run_dir: str, model_dir: str, keep: Keep, registered: dict) -> int | None:
-    """After registration, under ``keep="results"``: the run's copies of the registered model and its checkpoints
-    go (``drop_registered_copies``). Returns the run folder's size afterwards, in bytes (None on S3)."""
+    """After registration, under ``keep="results"``: the run's copies of the registered model, its checkpoints and
+    the staged pretrained weights go (``drop_registered_copies``). Returns the run folder's size afterwards, in bytes
+    (None on S3)."""
     if freed := drop_registered_copies(run_dir, model_dir, registered, keep):
         get_run_logger().info(
-            "keep=results: %.1f MB of model files and checkpoints dropped from %s (the registry holds the model)",
+            "keep=results: %.1f MB of model files, checkpoints and staged weights dropped from %s (the registry "
+            "holds the model)",
             freed / 2**20,
             run_dir,
         )
