@@ -42,7 +42,7 @@ from tests.browser import (
     table_overflow,
     wait_for_text,
 )
-from tests.helpers import artifacts_and_task_runs, progress_artifacts, write_class_folders
+from tests.helpers import artifacts_and_task_runs, progress_artifacts, worker_pids, write_class_folders
 
 pytestmark = pytest.mark.integration
 
@@ -131,8 +131,6 @@ def test_one_folder_fine_tuned_from_fetched_weights_survives_a_killed_worker_and
     README's docs/images/ pictures are made the same way by docs/screenshots.py).
 
     The weights are a state dict of our own (real ImageNet files cannot be fetched here) with its real sha256."""
-    from tests.helpers import worker_pids
-
     photos = tmp_path / "digits"  # one folder: the digits' 40 images of each class
     for part in digits_subset:
         shutil.copytree(part, photos, dirs_exist_ok=True)
