@@ -68,12 +68,16 @@ class TrialRecord(BaseModel):
     flow_run_id: str | None = None
 
 
-def _sampler(settings: SweepSettings):
+def _sampler(settings: SweepSettings, asked: int = 0):
+    """The sampler for a sweep whose study holds ``asked`` trials. A sweep opened again draws from a stream of its
+    own (the seed and ``asked``): with the seed alone it would draw its first trials' parameters again."""
+    import numpy as np
     import optuna
 
+    seed = settings.seed if not asked else int(np.random.SeedSequence([settings.seed, asked]).generate_state(1)[0])
     if settings.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=settings.seed)
-    return optuna.samplers.TPESampler(seed=settings.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
 
 
 def _pruner(settings: SweepSettings):
@@ -106,6 +110,8 @@ class SweepStudy:
             direction=settings.objective,
             load_if_exists=True,
         )
+        if asked := len(self.study.get_trials(deepcopy=False)):
+            self.study.sampler = _sampler(settings, asked)
         self.distributions = space.distributions()
 
     def _trial(self, number: int):

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import time
+from pathlib import PurePosixPath
 
 import pytest
 
@@ -16,8 +17,8 @@ from tasks.registry import read_registration
 from tasks.storage.s3 import list_s3_names, read_s3_object
 from tasks.sweep.study import STUDY_FILE
 from tests import helpers
-from tests.flows.nodes_stack import HOSTS, host_env, nodes_stack, run_folders
-from tests.helpers import flow_run_log, lose_host_of, processes_of, training_processes
+from tests.flows.nodes_stack import HOSTS, host_env, nodes_stack
+from tests.helpers import flow_run_log, lose_host_of, training_processes
 
 pytestmark = pytest.mark.integration
 
@@ -71,77 +72,29 @@ def most_at_once(runs) -> int:
     return most
 
 
-def test_a_sweep_trains_two_trials_at_a_time_over_the_pool_prunes_a_poor_one_and_registers_the_best(
-    stack, colour_image_dirs, tmp_path
+# Enough epochs that the lost trial's re-run ends while the poor trial still trains: the pruner waits for two
+# completed trials before it judges one.
+EPOCHS = "12"
+
+
+def test_a_sweep_on_s3_killed_and_resumed_on_another_host_trains_two_at_a_time_prunes_a_poor_trial_and_registers_the_best(
+    stack, s3_work, colour_image_dirs, tmp_path
 ):
-    """Two trials at a time on the two hosts, then a third: two learn, the third (a learning rate far too small)
-    is worse than their median once it may be pruned, so the sweep cancels its flow run through the API and marks
-    it pruned. The best trial is registered with the sweep's record and pictures."""
+    """Work dir and registry on S3; two trials at a time on the two hosts, then a third. The sweep's process is
+    killed (SIGKILL) while its first two trials train; `--resume` with its run folder, from a host with an empty
+    cache (the study comes back from S3), re-attaches to both and trains only the third. The second trial's host
+    is lost after its first epoch: its run crashes, and the sweep runs it again, through its own queue, to resume
+    from the checkpoint on S3. The third (a learning rate far too small, drawn by the resumed sweep) is worse than
+    the median once it may be pruned, so the sweep cancels its flow run through the API and marks it pruned. The
+    best trial is registered with the sweep's record and pictures."""
     space = {"learning_rate": {"kind": "choice", "values": [0.01, 1e-7]}, "weight_decay": None}
     command = sweep_command(
         colour_image_dirs,
-        tmp_path,
+        s3_work,
         "colours-sweep",
         space,
-        *("--epochs", "6", "--patience", "10", "--trials", "3", "--parallel", "2", "--pruner", "median"),
-        *("--sampler", "random", "--seed", "6"),  # seed 6 draws 0.01, 0.01, then 1e-7
-    )
-    done = subprocess.run(command, env=stack.env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
-
-    registration = read_registration(tmp_path / "registry", "colours-sweep", 1)
-    record = registration.params["sweep"]
-    trials = record["trials"]
-    assert [t["params"]["learning_rate"] for t in trials] == [0.01, 0.01, 1e-7]
-    assert [t["state"] for t in trials] == ["complete", "complete", "pruned"], trials
-    assert [t["epochs"] for t in trials[:2]] == [6, 6] and 2 <= trials[2]["epochs"] < 6, "pruned after its warm-up"
-    best = max(trials[:2], key=lambda t: t["value"])
-    assert record["best_trial"] == best["number"]
-    assert registration.params["training"]["learning_rate"] == best["params"]["learning_rate"]
-    (run_dir,) = run_folders(tmp_path / "runs")
-    runs = trial_runs(stack, run_dir)
-    assert [r.parameters["trial"] for r in runs] == [0, 1, 2]
-    assert [r.state.type.value for r in runs] == ["COMPLETED", "COMPLETED", "CANCELLED"], runs
-    assert any("pruned by its sweep after epoch" in (state.message or "") for state in states_of(stack, runs[2]))
-    assert {str(r.id) for r in runs} == {t["flow_run_id"] for t in trials}
-    assert most_at_once(runs) == 2, [(r.name, r.start_time, r.end_time) for r in runs]
-    assert not processes_of(run_dir), "a training process was left running"
-    # Two at a time is the sweep's own work queue's limit (Prefect's, not only the flow's); gone once it is done.
-    assert {r.work_queue_name for r in runs} == {run_dir.name}
-    assert f"trials go to work queue '{run_dir.name}' of pool 'gpu': at most 2 at once" in output, output[-3000:]
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
-        assert run_dir.name not in {q.name for q in client.read_work_queues(work_pool_name="gpu")}
-        # The version carries the sweep's pictures, and its model card shows them with the trials.
-        assert set(SWEEP_PICTURES) <= set(registration.files)
-        cards = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["model-card-colours-sweep"]))
-        )
-    card = max(cards, key=lambda a: a.created)
-    assert f"best of 3 trials by top1: trial {best['number']}" in card.data
-    for caption in SWEEP_PICTURES.values():
-        assert f"![{caption}](data:image/png;base64," in card.data
-
-
-def test_a_sweep_on_s3_killed_part_way_is_resumed_on_another_host_to_exactly_its_trials(
-    stack, s3_work, colour_image_dirs, tmp_path
-):
-    """Work dir and registry on S3. The sweep's process is killed (SIGKILL) while its second trial trains;
-    `--resume` with its run folder, from a host with an empty cache (the study comes back from S3), keeps the
-    finished trial, re-attaches to the one still training on its worker and trains only the last. That last trial's
-    host is lost after its first epoch: its run crashes, and the sweep runs it again, through its own queue, to
-    resume from the checkpoint on S3."""
-    space = {"learning_rate": {"kind": "log_uniform", "low": 0.001, "high": 0.1}, "weight_decay": None}
-    command = sweep_command(
-        colour_image_dirs,
-        s3_work,
-        "colours-resumed",
-        space,
-        *("--epochs", "3", "--trials", "3", "--parallel", "1", "--sampler", "random", "--pruner", "none"),
+        *("--epochs", EPOCHS, "--patience", EPOCHS, "--trials", "3", "--parallel", "2", "--pruner", "median"),
+        *("--sampler", "random", "--seed", "6"),  # seed 6 draws 0.01 and 0.01, then (resumed after two) 1e-7
     )
     first = subprocess.Popen(
         command,
@@ -152,7 +105,7 @@ def test_a_sweep_on_s3_killed_part_way_is_resumed_on_another_host_to_exactly_its
     )
     try:
         deadline = time.monotonic() + 600
-        while not ((runs := trial_runs(stack, f"{s3_work}/runs")) and len(runs) == 2 and runs[1].state.is_running()):
+        while not ((runs := trial_runs(stack, f"{s3_work}/runs")) and all(r.state.is_running() for r in runs[:2])):
             assert first.poll() is None and time.monotonic() < deadline, [(r.name, r.state) for r in runs]
             time.sleep(1)
     finally:
@@ -169,40 +122,73 @@ def test_a_sweep_on_s3_killed_part_way_is_resumed_on_another_host_to_exactly_its
         text=True,
     )
     try:
-        # The last trial's host is lost once the trial has stored an epoch: its flow run's process and the
+        # The second trial's host is lost once the trial has stored an epoch: its flow run's process and the
         # training it started stop at once; the worker, as a pool's other host would, reports the run Crashed.
         deadline = time.monotonic() + 600
         while not (
-            len(runs := trial_runs(stack, run_dir)) == 3
-            and runs[2].state.is_running()
-            and (epochs_stored(f"{run_dir}/trials/trial-002/model") or 0) >= 1
+            (runs := trial_runs(stack, run_dir))[1].state.is_running()
+            and (epochs_stored(f"{run_dir}/trials/trial-001/model") or 0) >= 1
         ):
             assert resumed.poll() is None and time.monotonic() < deadline, [(r.name, r.state) for r in runs]
             time.sleep(0.5)
-        lost = runs[2]
+        lost = runs[1]
         lose_host_of(lost)
         output, _ = resumed.communicate(timeout=900)
     finally:
         resumed.kill()
     assert resumed.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
 
-    trials = read_registration(f"{s3_work}/registry", "colours-resumed", 1).params["sweep"]["trials"]
-    assert [(t["number"], t["state"]) for t in trials] == [(0, "complete"), (1, "complete"), (2, "complete")]
-    runs = trial_runs(stack, run_dir)
-    assert [r.parameters["trial"] for r in runs] == [0, 1, 2, 2], "the running trial was re-attached, not trained again"
-    assert [r.state.type.value for r in runs] == ["COMPLETED", "COMPLETED", "CRASHED", "COMPLETED"], runs
-    rerun = runs[3]
-    assert rerun.parameters["replaces_run"] == str(lost.id) == str(runs[2].id) and trials[2]["flow_run_id"] == str(
-        rerun.id
+    registration = read_registration(f"{s3_work}/registry", "colours-sweep", 1)
+    record = registration.params["sweep"]
+    trials = record["trials"]
+    assert [t["params"]["learning_rate"] for t in trials] == [0.01, 0.01, 1e-7]
+    assert [t["state"] for t in trials] == ["complete", "complete", "pruned"], trials
+    epochs = int(EPOCHS)
+    assert [t["epochs"] for t in trials[:2]] == [epochs] * 2 and 2 <= trials[2]["epochs"] < epochs, (
+        "pruned after its warm-up"
     )
-    assert rerun.work_queue_name == lost.work_queue_name, "run again through the sweep's own queue (its cap)"
-    assert f"trial 2: flow run {lost.name!r} crashed" in output and f"run again as '{lost.name}-rerun-1'" in output
-    # The host is lost once an epoch is stored; under load more, even the last, may be stored before the kill lands
-    # (CI, 2026-11-27: all three): the re-run then resumes after its last epoch and trains none.
+    best = max(trials[:2], key=lambda t: t["value"])
+    assert record["best_trial"] == best["number"]
+    assert registration.params["training"]["learning_rate"] == best["params"]["learning_rate"]
+
+    runs = trial_runs(stack, run_dir)
+    assert [r.parameters["trial"] for r in runs] == [0, 1, 1, 2], (
+        "the running trials were re-attached, not trained again"
+    )
+    assert [r.state.type.value for r in runs] == ["COMPLETED", "CRASHED", "COMPLETED", "CANCELLED"], runs
+    assert any("pruned by its sweep after epoch" in (state.message or "") for state in states_of(stack, runs[3]))
+    assert [str(r.id) for r in (runs[0], runs[2], runs[3])] == [t["flow_run_id"] for t in trials]
+    assert most_at_once(runs) == 2, [(r.name, r.start_time, r.end_time) for r in runs]
+
+    # The crashed trial was run again through the sweep's own queue (its cap), and went on from its checkpoint.
+    rerun = runs[2]
+    assert rerun.parameters["replaces_run"] == str(lost.id) == str(runs[1].id)
+    assert f"trial 1: flow run {lost.name!r} crashed" in output and f"run again as '{lost.name}-rerun-1'" in output
+    # The host is lost once an epoch is stored; under load more may be stored before the kill lands.
     log = flow_run_log(stack.api_url, rerun.id)
     found = re.search(r"resuming from its last checkpoint \(epoch (\d+) or later\)", log)
-    assert found and 1 <= int(found[1]) <= 3, log[:3000]
+    assert found and 1 <= int(found[1]) <= epochs, log[:3000]
     resumed_at = re.search(r"resuming from \S+ after epoch (\d+)", log)  # the checkpoint may be ahead of metrics.json
-    assert resumed_at and int(found[1]) <= int(resumed_at[1]) <= 3, "the re-run went on from that checkpoint"
+    assert resumed_at and int(found[1]) <= int(resumed_at[1]) <= epochs, "the re-run went on from that checkpoint"
+
+    # Two at a time is the sweep's own work queue's limit (Prefect's, not only the flow's); gone once it is done.
+    queue = PurePosixPath(run_dir).name
+    assert {r.work_queue_name for r in runs} == {queue}
+    assert f"trials go to work queue '{queue}' of pool 'gpu': at most 2 at once" in output, output[-3000:]
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        assert queue not in {q.name for q in client.read_work_queues(work_pool_name="gpu")}
+        # The version carries the sweep's pictures, and its model card shows them with the trials.
+        assert set(SWEEP_PICTURES) <= set(registration.files)
+        cards = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["model-card-colours-sweep"]))
+        )
+    card = max(cards, key=lambda a: a.created)
+    assert f"best of 3 trials by top1: trial {best['number']}" in card.data
+    for caption in SWEEP_PICTURES.values():
+        assert f"![{caption}](data:image/png;base64," in card.data
     assert read_s3_object(f"{run_dir}/sweep/{STUDY_FILE}"), "the study is stored beside the run's files"
     assert not any(training_processes(stack.folders[host]) for host in HOSTS), "a training process was left running"

@@ -1,6 +1,7 @@
 """The sweep's Optuna study in its journal file: exactly ``trials`` trials, seeded sampling, pruning by the
 median and by successive halving, and a sweep opened again that keeps its finished trials, re-queues an
-abandoned one with the same parameters and never counts a trial twice."""
+abandoned one with the same parameters, never counts a trial twice and draws new parameters, not its first ones
+again."""
 
 import pytest
 
@@ -32,6 +33,19 @@ def test_the_same_seed_samples_the_same_trials(tmp_path):
         again = [study(tmp_path / f"{sampler}-b", sampler=sampler).ask().params for _ in range(1)]
         other = [study(tmp_path / f"{sampler}-c", sampler=sampler, seed=2).ask().params for _ in range(1)]
         assert first == again and first != other
+
+
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_a_reopened_sweep_samples_new_parameters_the_same_way_each_time(tmp_path, sampler):
+    """A sweep's process killed after two trials and the sweep opened again: its third trial is not its first
+    again (the seed's stream restarted would draw it), and the same sweep resumed elsewhere draws the same one."""
+    thirds = []
+    for folder in ("a", "b"):
+        sweep = study(tmp_path / folder, sampler=sampler, trials=4)
+        first = [sweep.ask().params for _ in range(2)]
+        thirds.append(study(tmp_path / folder, sampler=sampler, trials=4).ask().params)
+        assert thirds[-1] not in first
+    assert thirds[0] == thirds[1]
 
 
 def test_a_reopened_sweep_keeps_its_trials_and_reruns_an_abandoned_one_without_counting_it(tmp_path):
