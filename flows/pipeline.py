@@ -13,6 +13,7 @@ gallery of misclassified images) -> register [-> a person approves the promotion
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -234,9 +235,11 @@ def evaluate_and_register(
     keep: Keep,
     export_onnx: bool = False,
     training_run_id: str | None = None,
+    unregistered: Sequence[str] = (),
 ) -> tuple[Any, Evaluation, int]:
     """Score the trained model on the validation images, evaluate it (and show the misclassified), register it
-    under the promotion policy, and tidy the run folder: (the registration, the evaluation, the folder's size)."""
+    under the promotion policy, and tidy the run folder (``unregistered``: a sweep's other trials' model folders):
+    (the registration, the evaluation, the folder's size)."""
     local_run = local_folder(run_dir)
     if export_onnx:
         model_dir = export_and_check_onnx(model_dir, validation_dir)
@@ -255,9 +258,8 @@ def evaluate_and_register(
     )
     registered = settle_promotion(registry, registered, promotion.approval_timeout_s)
     record = registered.registration
-    size = keep_results(
-        run_dir, model_dir, keep, {"name": record.name, "version": record.version, "location": registered.location}
-    )
+    where = {"name": record.name, "version": record.version, "location": registered.location}
+    size = keep_results(run_dir, model_dir, keep, where, unregistered)
     return registered, evaluation, size
 
 

@@ -35,7 +35,7 @@ from tasks.storage.s3 import is_s3_uri, read_s3_object
 from tasks.storage.work_dir_on_s3 import fetch_folder, join, local_folder, mirror_of
 from tasks.sweep import SearchSpace, SweepSettings, SweepStudy, TrialRecord, apply_params
 from tasks.sweep.space import check_search_space
-from tasks.sweep.study import STUDY_FILE
+from tasks.sweep.study import STUDY_FILE, trial_folder
 
 
 @flow(name="sweep-pipeline", log_prints=True)
@@ -72,7 +72,7 @@ def sweep_pipeline(
         registry: Registry folder or s3://bucket/prefix.
         work_dir: Folder or s3://bucket/prefix for the sweep's run folder (data, study, each trial's model).
         promotion: Whether the best trial's version takes an alias (as train_pipeline's promotion).
-        keep: What the run folder keeps once the best version is registered: results, or all.
+        keep: What the run folder keeps once the best version is registered: results (every trial's figures, curves and logs; the model files, checkpoints and staged pretrained weights go, the registry holds the best), or all.
         resume: The run folder of a sweep that stopped part way (its process killed, its host lost): its finished trials are kept, its running ones watched again, and only the trials still missing are trained.
     """
     check_sweep_inputs(locals())
@@ -105,13 +105,13 @@ def sweep_pipeline(
     def make_trial(trial: TrialRecord) -> tuple[TrainingFolders, TrainingParams]:
         trial_spec, params = apply_params(search_space, trial.params, spec, training)
         resolve_pretrained_weights(trial_spec)
-        folder = f"trial-{trial.number:03d}"
-        spec_dir = untrained_model_directory(str(local_run / "trials" / folder / "model_spec"), trial_spec)
+        folder = trial_folder(trial.number)
+        spec_dir = untrained_model_directory(str(local_run / folder / "model_spec"), trial_spec)
         folders = TrainingFolders(
             train_dir=stored_train,
             validation_dir=stored_validation,
-            model_spec_dir=store(spec_dir, join(run_dir, "trials", folder, "model_spec")),
-            output_dir=join(run_dir, "trials", folder, "model"),
+            model_spec_dir=store(spec_dir, join(run_dir, folder, "model_spec")),
+            output_dir=join(run_dir, folder, "model"),
         )
         return folders, params
 
@@ -134,7 +134,7 @@ def sweep_pipeline(
     pictures = publish_pictures(study, study_dir, importances)
     store(str(study_dir), stored_study)
     best_spec, best_training = apply_params(search_space, best.params, spec, training)
-    output_dir = join(run_dir, "trials", f"trial-{best.number:03d}", "model")
+    output_dir = join(run_dir, trial_folder(best.number), "model")
     mirror = mirror_of(output_dir)
     model_dir = mirror.download_all() if mirror else output_dir
     for picture in pictures:  # registered with the model: its card shows them
@@ -159,6 +159,9 @@ def sweep_pipeline(
         },
         promotion=promotion,
         keep=keep,
+        unregistered=[
+            join(run_dir, trial_folder(r.number), "model") for r in study.records() if r.number != best.number
+        ],
     )
     result = PipelineResult.of(registered, evaluation, run_dir, size, keep)
     return Completed(message=f"best of {sweep.trials} trials: trial {best.number}; {result.headline()}", data=result)

@@ -4,10 +4,12 @@ import no Prefect."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prefect import get_run_logger
 
 from tasks.retrying import stage_task
-from tasks.storage.runs import Keep, drop_registered_copies, run_size
+from tasks.storage.runs import Keep, drop_registered_copies, drop_unregistered_models, run_size
 from tasks.storage.work_dir_on_s3 import publish
 
 
@@ -18,15 +20,21 @@ def store(local: str, location: str) -> str:
 
 
 @stage_task(retries=0)
-def keep_results(run_dir: str, model_dir: str, keep: Keep, registered: dict) -> int | None:
+def keep_results(
+    run_dir: str, model_dir: str, keep: Keep, registered: dict, unregistered: Sequence[str] = ()
+) -> int | None:
     """After registration, under ``keep="results"``: the run's copies of the registered model, its checkpoints and
-    the staged pretrained weights go (``drop_registered_copies``). Returns the run folder's size afterwards, in bytes
-    (None on S3)."""
-    if freed := drop_registered_copies(run_dir, model_dir, registered, keep):
+    the staged pretrained weights go (``drop_registered_copies``), and so do those of the ``unregistered`` model
+    folders (a sweep's other trials: ``drop_unregistered_models``). Returns the run folder's size afterwards, in
+    bytes (None on S3)."""
+    freed = drop_registered_copies(run_dir, model_dir, registered, keep)
+    others = drop_unregistered_models(unregistered, keep)
+    if freed or others:
         get_run_logger().info(
             "keep=results: %.1f MB of model files, checkpoints and staged weights dropped from %s (the registry "
-            "holds the model)",
-            freed / 2**20,
+            "holds the model%s)",
+            (freed + others) / 2**20,
             run_dir,
+            f"; {len(unregistered)} other trials keep their figures" if unregistered else "",
         )
     return run_size(run_dir)

@@ -5,8 +5,8 @@ best weights, metrics, logs, curves), the scores table and the pictures. Once it
 registry holds its own copy of the model files (model.pt, model.onnx) and the checkpoints serve no retry any more:
 with ``keep="results"`` (the flows' default) they go, with the copy of the pretrained weights staged in
 ``model_spec/``, and ``model/registered.json`` says where the model now is.
-The data, metrics, logs, scores and pictures, what the run's page and artifacts point at, stay. ``keep="all"``
-keeps everything. A registered model is never touched: it lives in the registry, never in a run folder.
+The data, metrics, logs, scores and pictures, what the run's page and artifacts point at, stay. A sweep's other
+trials lose the same files (``drop_unregistered_models``): their figures stay. ``keep="all"`` keeps everything. A registered model is never touched: it lives in the registry, never in a run folder.
 
 ``prune_runs`` (``python -m flows.runs prune``) removes whole run folders, oldest first, keeping the newest N or
 those newer than a date. It recognises a run folder by the ``run.json`` every run writes first (or, for a folder
@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,7 +78,22 @@ def drop_registered_copies(run_dir: str, model_dir: str, registered: dict, keep:
     touch nothing. Bytes freed (0 for an S3 run folder, which its bucket's lifecycle rules govern)."""
     if keep == "all" or is_s3_uri(run_dir) or is_s3_uri(model_dir):
         return 0
-    model = Path(model_dir)
+    freed = _drop_model_files(Path(model_dir))
+    (Path(model_dir) / REGISTERED_NOTE).write_text(json.dumps(registered, indent=2) + "\n")
+    return freed
+
+
+def drop_unregistered_models(model_dirs: Sequence[str], keep: Keep = "results") -> int:
+    """Under ``keep="results"``, once a sweep's best trial is registered: the other trials' model files,
+    checkpoints and staged pretrained weights, from their local model folders (their metrics, curves and logs
+    stay); under ``keep="all"``, or on S3, nothing. Bytes freed."""
+    if keep == "all":
+        return 0
+    return sum(_drop_model_files(Path(folder)) for folder in model_dirs if not is_s3_uri(folder))
+
+
+def _drop_model_files(model: Path) -> int:
+    """A model folder's ``DROPPED`` files and the ``STAGED_WEIGHTS`` beside it, removed: the bytes they took."""
     freed = 0
     for path in [*(model / name for name in DROPPED), model.parent.joinpath(*STAGED_WEIGHTS)]:
         if path.is_dir():
@@ -86,7 +102,6 @@ def drop_registered_copies(run_dir: str, model_dir: str, registered: dict, keep:
         elif path.is_file():
             freed += disk_usage(path.lstat())
             path.unlink()
-    (model / REGISTERED_NOTE).write_text(json.dumps(registered, indent=2) + "\n")
     return freed
 
 

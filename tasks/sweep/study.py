@@ -24,6 +24,11 @@ _FLOW_RUN = "flow_run_id"  # a trial's user attribute: the flow run that trains 
 METRICS = {"top1": "maximize", "top5": "maximize", "val_loss": "minimize"}
 
 
+def trial_folder(number: int) -> str:
+    """Trial ``number``'s folder in the sweep's run folder: its ``model_spec/`` and ``model/`` go below it."""
+    return f"trials/trial-{number:03d}"
+
+
 class SweepSettings(BaseModel):
     """How many trials, how many at once, how they are sampled and pruned, and what they are judged by."""
 
