@@ -6,7 +6,8 @@ registry holds its own copy of the model files (model.pt, model.onnx) and the ch
 with ``keep="results"`` (the flows' default) they go, with the copy of the pretrained weights staged in
 ``model_spec/``, and ``model/registered.json`` says where the model now is.
 The data, metrics, logs, scores and pictures, what the run's page and artifacts point at, stay. A sweep's other
-trials lose the same files (``drop_unregistered_models``): their figures stay. ``keep="all"`` keeps everything. A registered model is never touched: it lives in the registry, never in a run folder.
+trials lose the same files (``drop_unregistered_models``): their figures stay. ``keep="all"`` keeps everything.
+A registered model is never touched: it lives in the registry, never in a run folder.
 
 ``prune_runs`` (``python -m flows.runs prune``) removes whole run folders, oldest first, keeping the newest N or
 those newer than a date. It recognises a run folder by the ``run.json`` every run writes first (or, for a folder
