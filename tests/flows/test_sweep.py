@@ -105,7 +105,7 @@ def test_a_sweep_on_s3_killed_and_resumed_on_another_host_trains_two_at_a_time_p
     )
     try:
         deadline = time.monotonic() + 600
-        while not ((runs := trial_runs(stack, f"{s3_work}/runs")) and all(r.state.is_running() for r in runs[:2])):
+        while not (len(runs := trial_runs(stack, f"{s3_work}/runs")) == 2 and all(r.state.is_running() for r in runs)):
             assert first.poll() is None and time.monotonic() < deadline, [(r.name, r.state) for r in runs]
             time.sleep(1)
     finally:
