@@ -1,5 +1,6 @@
 """What a registered run's folder keeps (``drop_registered_copies``, and a sweep's other trials:
-``drop_unregistered_models``), on folders laid out as the pipeline and the sweep lay them out; listing and pruning runs are tested through their command line (tests/flows/test_runs.py)."""
+``drop_unregistered_models``), on folders laid out as the pipeline and the sweep lay them out; listing and pruning
+runs are tested through their command line (tests/flows/test_runs.py)."""
 
 import json
 import os
