@@ -161,12 +161,12 @@ export PREFECT_API_URL=http://127.0.0.1:4200/api
 python -m deployments.auth client -- \\
     prefect deployment run train-pipeline/retrain-digits --param training='{"epochs": 10}' --watch""": SERVER,
     """ssh gpu-0 'umask 077 && mkdir -p ~/.config/image-classifier && cat > ~/.config/image-classifier/prefect-auth' < ~/.config/image-classifier/prefect-auth""": "a second host (gpu-0) and the file "
-    "make server HOST=0.0.0.0 writes; tests/deployments/test_auth.py checks what reads it",
+    "make server HOST=0.0.0.0 writes; tests/deployments/test_deployments.py's stack reads it there",
     """. .venv/bin/activate
 export PREFECT_API_URL=http://prefect.example.org:4200/api
 python -m deployments.auth client -- prefect deployment run train-pipeline/retrain-digits --watch
 python -m deployments.auth client -- image-classifier train --processes-per-node 2""": "a server on the network "
-    "with basic auth (make server HOST=0.0.0.0): tests/deployments/test_auth.py runs the same wrapper",
+    "with basic auth (make server HOST=0.0.0.0): tests/deployments/test_deployments.py runs the same wrapper",
     """make postgres
 make server DB=postgresql
 make postgres-stop""": "long-running (the server keeps running), and a cluster in the user's own folder on a fixed "

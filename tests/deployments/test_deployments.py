@@ -1,6 +1,7 @@
-"""Deployments on the real path: a Prefect server on PostgreSQL, `make deploy`, two `make worker`s on the `gpu` pool,
-`make serve`; and, last, a host lost mid-training: its run set Crashed by `make deploy`'s automation and resumed on
-the other host."""
+"""Deployments on the real path, as a team sets them up: a Prefect server on PostgreSQL and on the network (basic
+auth on, its secret in a 0600 file), `make deploy`, two `make worker`s on the `gpu` pool, `make serve`; a training
+run that leaves no secret anywhere; and, last, a host lost mid-training: its run set Crashed by `make deploy`'s
+automation and resumed on the other host."""
 
 import asyncio
 import http.server
@@ -21,6 +22,7 @@ import pytest
 import yaml
 from prefect.flows import load_flow_from_entrypoint
 
+from deployments.auth import AUTH_FILE, CLIENT_AUTH, read_secret
 from deployments.automations import (
     HEARTBEAT_SETTING,
     MISSED_HEARTBEATS,
@@ -30,6 +32,7 @@ from deployments.automations import (
     heartbeat_seconds,
 )
 from deployments.local import PROJECT_ROOT, PrefectStack, free_port
+from deployments.postgres import Cluster
 from tasks.registry import list_versions, read_registration
 from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE
 from tests.browser import chromium, click_text, wait_for_text
@@ -75,42 +78,62 @@ def make(stack, target: str, **variables: str) -> None:
 
 @pytest.fixture(scope="module")
 def stack(prefect_home, tmp_path_factory, s3_endpoint):
-    """As a team sets it up: `make postgres` (a cluster of its own, on a free port), `make server DB=postgresql` on a
-    free port (its scheduler looking every second), `make deploy`, two `make worker`s on `gpu` (two hosts: a cache
-    of its own each), and `make serve`; every process reaches the loopback S3 endpoint."""
+    """As a team sets it up: `make postgres` (a cluster of its own, on a free port), `make server DB=postgresql
+    HOST=0.0.0.0` on a free port (basic auth on: the secret created in a 0600 file; its scheduler looking every
+    second), `make deploy`, two `make worker`s on `gpu` (two hosts: a cache of its own each), and `make serve`;
+    `make deploy`, the workers and serve find the secret in the file. Every process reaches the loopback S3
+    endpoint with a secret key planted for the test; the workers' environment holds a planted database password."""
     import shutil
     import tempfile
+    import uuid
 
+    config = tmp_path_factory.mktemp("config")
     settings = {
         "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",
-        "IMAGE_CLASSIFIER_CONFIG": str(tmp_path_factory.mktemp("config")),  # no database-url of this machine's
+        "IMAGE_CLASSIFIER_CONFIG": str(config),  # no secret of this machine's user: created there by make server
         "OMP_NUM_THREADS": "1",
         **s3_settings(s3_endpoint),
+        "AWS_SECRET_ACCESS_KEY": f"planted-s3-{uuid.uuid4().hex}",  # the loopback endpoint takes any
     }
+    planted_database = f"postgresql+asyncpg://prefect:planted-db-{uuid.uuid4().hex}@db/p"
     # Not under pytest's folders: as root, the cluster runs as the postgres user, who cannot reach them.
     cluster = Path(tempfile.mkdtemp(prefix="image-classifier-test-make-pg-"))
     postgres = {"POSTGRES_DIR": str(cluster), "POSTGRES_PORT": str(free_port())}
     home = prefect_home("prefect-home")
     running = PrefectStack(
-        home=home, settings=settings, make_server=True, server_variables={"DB": "postgresql", **postgres}
+        home=home,
+        settings=settings,
+        make_server=True,
+        server_variables={"DB": "postgresql", "HOST": "0.0.0.0", **postgres},
     )
     running.postgres = postgres
     try:
         make(running, "postgres", **postgres)
-        with running:
+        with running, pytest.MonkeyPatch.context() as patch:
+            for variable in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+                patch.setenv(variable, settings[variable])  # the tests read the stack's S3 as its processes do
+            running.auth_file = config / AUTH_FILE
+            running.auth = read_secret(running.auth_file)
             make(running, "deploy")
             running.caches = {name: tmp_path_factory.mktemp(f"{name}-cache") for name in WORKERS}
+            worker_env = {**running.env, "PREFECT_SERVER_DATABASE_CONNECTION_URL": planted_database}
             running.workers = {
                 name: running.make(
                     name,
                     "worker",
-                    env={**running.env, CACHE_VARIABLE: str(running.caches[name])},
+                    env={**worker_env, CACHE_VARIABLE: str(running.caches[name])},
                     POOL="gpu",
                     WORKER_NAME=name,
                 )
                 for name in WORKERS
             }
             running.make("serve", "serve")
+            running.secrets = {
+                "the API's password": running.auth.split(":", 1)[1],
+                "the S3 secret key": settings["AWS_SECRET_ACCESS_KEY"],
+                "the planted database password": planted_database.split(":")[2].split("@")[0],
+                "the PostgreSQL password": read_secret(Cluster(cluster).password_file),
+            }
             yield running
     finally:
         make(running, "postgres-stop", **postgres)
@@ -123,11 +146,11 @@ def worker_that_ran(stack, run) -> list[str]:
     return [name for name in WORKERS if started in (stack.logs / f"{name}.log").read_text()]
 
 
-async def read_deployment_and_artifacts(api_url, run):
+async def read_deployment_and_artifacts(stack, run):
     from prefect.client.orchestration import PrefectClient
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    async with PrefectClient(api_url) as client:
+    async with PrefectClient(stack.api_url, auth_string=stack.auth) as client:
         deployment = await client.read_deployment(run.deployment_id)
         artifacts = await client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
@@ -147,7 +170,7 @@ def run_deployment(stack, parameters: dict, name="train-pipeline/retrain-digits"
         json.dumps(parameters),
         *(["--watch"] if watch else []),
         timeout=600,
-        env={"COLUMNS": "1000"},
+        env={"COLUMNS": "1000", CLIENT_AUTH: stack.auth},
     )
     return next(line.split()[-1] for line in result.stdout.splitlines() if "UUID:" in line), result.stdout
 
@@ -184,16 +207,17 @@ def wait_for_deployment(stack, name, timeout=120):
 
 
 def temporary_settings_for(stack):
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    """Prefect's settings for a client of the stack's server: its address and its basic-auth string."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    return temporary_settings({PREFECT_API_URL: stack.api_url})
+    return temporary_settings({PREFECT_API_URL: stack.api_url, PREFECT_API_AUTH_STRING: stack.auth})
 
 
 def wait_for(stack, flow_run_ids, timeout=400):
     async def poll():
         from prefect.client.orchestration import PrefectClient
 
-        async with PrefectClient(stack.api_url) as client:
+        async with PrefectClient(stack.api_url, auth_string=stack.auth) as client:
             deadline = time.monotonic() + timeout
             while True:
                 runs = [await client.read_flow_run(i) for i in flow_run_ids]
@@ -204,32 +228,66 @@ def wait_for(stack, flow_run_ids, timeout=400):
     return asyncio.run(poll())
 
 
-def tiny_training(colour_image_dirs, tmp_path, name):
-    train, val = colour_image_dirs
-    return {
-        "train_data": str(train),
-        "validation_data": str(val),
-        "model_name": name,
-        "model": {"pretrained": False},  # own images default to ImageNet weights: none to fetch in the tests
-        "training": {"epochs": 1, "batch_size": 4, "processes_per_node": 1},
-        "registry": str(tmp_path / "registry"),
-        "work_dir": str(tmp_path / "runs"),
-    }
+def processes_showing(texts) -> list[str]:
+    """The command lines, as `ps` shows them to every user of this host, that hold one of ``texts``."""
+    lines = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True).stdout.splitlines()
+    return [line for line in lines if any(text in line for text in texts)]
 
 
 @pytest.fixture(scope="module")
 def finished_run(stack, colour_image_dirs, tmp_path_factory):
-    """A training run triggered from the shell with --watch, picked up by a worker, and finished."""
+    """A training run triggered from the shell with --watch through `deployments.auth client` (which finds the
+    secret in its file, as docs/operations.md shows), picked up by a worker, registered on S3 with the planted key,
+    and finished; `ps` looked at every second while it ran. Returns the run, its registry and run folder, what
+    --watch printed, the command lines that showed a secret and whether `ps` saw the workers meanwhile."""
+    import uuid
+
+    from tasks.storage.s3 import s3_client
+
     tmp_path = tmp_path_factory.mktemp("deployment-run")
-    parameters = tiny_training(colour_image_dirs, tmp_path, "colours-resnet18")
-    flow_run_id, watched = run_deployment(stack, parameters, watch=True)
+    bucket = f"deployment-run-{uuid.uuid4().hex[:12]}"
+    s3_client().create_bucket(Bucket=bucket)
+    train, val = colour_image_dirs
+    parameters = {
+        "train_data": str(train),
+        "validation_data": str(val),
+        "model_name": "colours-resnet18",
+        "model": {"pretrained": False},  # own images default to ImageNet weights: none to fetch in the tests
+        "training": {"epochs": 1, "batch_size": 4, "processes_per_node": 1},
+        "registry": f"s3://{bucket}/registry",
+        "work_dir": str(tmp_path / "runs"),
+    }
+    command = [
+        sys.executable, "-m", "deployments.auth", "client", "--",
+        sys.executable, "-m", "prefect", "--no-prompt", "deployment", "run", "train-pipeline/retrain-digits",
+        "--params", json.dumps(parameters), "--watch",
+    ]  # fmt: skip
+    watching = subprocess.Popen(
+        command,
+        cwd=PROJECT_ROOT,
+        env={**stack.env, "COLUMNS": "1000"},  # a wide terminal: rich folds lines at its width
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    shown, saw_the_workers, deadline = [], False, time.monotonic() + 600
+    # The server, the workers, the flow run and torchrun's processes, looked at every second while they run.
+    while watching.poll() is None and time.monotonic() < deadline:
+        shown += processes_showing(stack.secrets.values())
+        saw_the_workers = saw_the_workers or bool(processes_showing([f"--name {WORKERS[0]}"]))
+        time.sleep(1)
+    if watching.poll() is None:
+        watching.kill()
+    watched, _ = watching.communicate(timeout=60)
+    assert watching.returncode == 0, watched[-3000:] + stack.log_text()[-3000:]
+    flow_run_id = next(line.split()[-1] for line in watched.splitlines() if "UUID:" in line)
     (run,) = wait_for(stack, [flow_run_id])
-    return run, tmp_path / "registry", watched
+    return run, f"s3://{bucket}/registry", tmp_path / "runs", watched, shown, saw_the_workers
 
 
 def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, finished_run):
-    run, registry, watched = finished_run
-    deployment, artifact_keys = asyncio.run(read_deployment_and_artifacts(stack.api_url, run))
+    run, registry, _, watched, _, _ = finished_run
+    deployment, artifact_keys = asyncio.run(read_deployment_and_artifacts(stack, run))
     assert run.state.is_completed(), stack.log_text()[-3000:]
     assert deployment.work_pool_name == "gpu" and not deployment.schedules[0].active
     assert STAGE_ARTIFACTS <= artifact_keys
@@ -238,10 +296,52 @@ def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, finished_r
     assert len(worker_that_ran(stack, run)) == 1, "one worker ran it"
 
     # What a person sees: the run's state says what came of it, and so does the end of `--watch`.
-    location = (registry / "colours-resnet18" / "1").resolve()
-    assert run.state.message.startswith(f"Registered colours-resnet18 version 1 in {location}: top-1 ")
+    assert run.state.message.startswith(
+        f"Registered colours-resnet18 version 1 in {registry}/colours-resnet18/1: top-1 "
+    )
     assert f"Finished in state Completed({run.state.message!r})" in watched
     assert watched.rstrip().endswith("Flow run finished successfully in 'Completed'.")
+
+
+async def everything_the_run_left(stack, run_id) -> str:
+    """The run's logs, parameters, artifacts and its task runs' parameters, as one text."""
+    from prefect.client.orchestration import PrefectClient
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+
+    async with PrefectClient(stack.api_url, auth_string=stack.auth) as client:
+        run = await client.read_flow_run(run_id)
+        logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+        artifacts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+        )
+    texts = [json.dumps(run.parameters), *(log.message for log in logs)]
+    texts += [f"{a.key} {a.description} {json.dumps(a.data, default=str)}" for a in artifacts]
+    assert len(logs) > 10 and {"training-metrics", "registered-model"} <= {a.key for a in artifacts}
+    return "\n".join(texts)
+
+
+def test_the_run_leaves_no_secret_anywhere(stack, finished_run):
+    """The API's password, the planted S3 key and database password, and PostgreSQL's own password appear in no
+    process's arguments while the run ran, and nowhere in its Prefect logs, parameters, artifacts, registration
+    record, run folder or the stack's own logs."""
+    from tasks.storage.s3 import list_s3_names, read_s3_object
+
+    run, registry, runs, _, shown, saw_the_workers = finished_run
+    assert saw_the_workers and not shown, shown
+    names = list_s3_names(registry)
+    assert "colours-resnet18/1/registration.json" in names, names
+    records = [read_s3_object(f"{registry}/{name}") for name in names if not name.endswith((".pt", ".onnx"))]
+    files = [p for p in runs.rglob("*") if p.is_file() and p.suffix in {".json", ".csv", ".txt", ".md", ".log"}]
+    places = {
+        "the run in Prefect": asyncio.run(everything_the_run_left(stack, run.id)),
+        "the registry": "\n".join(r.decode(errors="replace") for r in records),
+        "the run folder": "\n".join(p.read_text(errors="replace") for p in files),
+        "the stack's logs": stack.log_text(),
+    }
+    found = [
+        (what, where) for what, secret in stack.secrets.items() for where, text in places.items() if secret in text
+    ]
+    assert not found, found
 
 
 def test_each_worker_takes_one_run_at_a_time_and_no_database_error_is_logged(stack):
@@ -257,7 +357,8 @@ def test_each_worker_takes_one_run_at_a_time_and_no_database_error_is_logged(sta
         return sum(text.count(pattern) for text in texts for pattern in DATABASE_ERRORS)
 
     before = {logs: errors(logs) for logs in ("gpu-*.log", "server.log")}
-    deploy_probe(stack, pool="gpu")
+    with temporary_settings_for(stack):  # the probe's calls take the URL from it, and the auth string with it
+        deploy_probe(stack, pool="gpu")
     ids = queue_runs_at_once(stack, [{"index": i, "hold_seconds": 20} for i in range(2)], name=DEPLOYMENT)
     runs = wait_for(stack, ids)
     workers_errors, server_errors = (errors(logs) - count for logs, count in before.items())
@@ -304,12 +405,12 @@ def test_serve_offers_the_deployments_of_the_file_under_their_own_names(stack):
 
 def test_make_serve_runs_beside_make_deploy_on_one_server(stack, finished_run, colour_image_dirs, tmp_path):
     """`make serve` after `make deploy`: the deployed runs still complete (above), and a served run does too."""
-    _, registry, _ = finished_run
+    _, registry, _, _, _, _ = finished_run
     _, val = colour_image_dirs
     parameters = {
         "images": str(val),
         "model": "colours-resnet18",
-        "registry": str(registry),
+        "registry": registry,
         "work_dir": str(tmp_path / "runs"),
     }
     wait_for_deployment(stack, "score-pipeline/score-images-served")
@@ -343,13 +444,30 @@ def test_parameter_descriptions_read_as_plain_text_in_the_ui_form(stack):
     assert {"fine_tuning", "backbone_lr_factor"} <= set(definitions["TrainingParams"]["properties"])
 
 
-def test_the_ui_shows_the_deployment_and_the_finished_run_with_its_artifacts(stack, finished_run, tmp_path):
-    """Headless Chromium against the same server; screenshots land in build/ui-check/ for a person to look at."""
-    run, _, _ = finished_run
+def test_the_ui_asks_for_the_secret_then_shows_the_deployment_and_the_finished_run_with_its_artifacts(
+    stack, finished_run, tmp_path
+):
+    """Headless Chromium against the same server: it shows nothing before the secret is typed in; screenshots land
+    in build/ui-check/ for a person to look at."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    run = finished_run[0]
     shots = PROJECT_ROOT / "build" / "ui-check"
     shots.mkdir(parents=True, exist_ok=True)
     driver = chromium(tmp_path / "chromium")
     try:
+        # (Prefect's UI sends a deep link opened before the login to "Page not found": a person logs in first.)
+        driver.get(f"{stack.url}/deployments")
+        field = WebDriverWait(driver, 60).until(
+            expected_conditions.visibility_of_element_located((By.CSS_SELECTOR, "input[type=password]"))
+        )
+        assert "retrain-digits" not in driver.find_element(By.TAG_NAME, "body").text
+        field.send_keys(stack.auth, Keys.ENTER)
+        wait_for_text(driver, ["retrain-digits", "score-images"], timeout=60)
+
         driver.get(f"{stack.url}/runs/flow-run/{run.id}")
         wait_for_text(driver, [run.name, "Completed", "train-pipeline", "retrain-digits", "gpu"])
         driver.save_screenshot(str(shots / "flow-run.png"))
@@ -397,6 +515,54 @@ def test_a_schedule_switched_on_makes_runs_and_stays_on_through_a_redeploy(stack
         assert client.read_deployment_by_name("train-pipeline/retrain-digits").schedules[0].active
 
 
+def post(url: str, body: dict, auth: str | None = None) -> int:
+    """The HTTP status of a JSON POST, with basic auth when ``auth`` is given."""
+    import base64
+    import urllib.error
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_the_server_on_every_address_asks_for_the_secret_and_refuses_the_shell_step_attack(stack, tmp_path):
+    """`make server HOST=0.0.0.0` created the secret in a 0600 file and turned basic auth on: no one without it may
+    create a deployment whose pull step runs a shell command on every worker host. A host without the file, or a
+    command not run through `deployments.auth client`, is told so in one line."""
+    import stat
+    import uuid
+
+    path = stack.auth_file
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert f"Prefect API basic auth: created {path}" in (stack.logs / "server.log").read_text()
+    assert post(f"{stack.api_url}/flows/", {"name": "anonymous"}) == 401
+    attack = {
+        "name": "attack",
+        "flow_id": str(uuid.uuid4()),
+        "work_pool_name": "gpu",
+        "pull_steps": [{"prefect.deployments.steps.run_shell_script": {"script": "touch /tmp/owned"}}],
+    }
+    assert post(f"{stack.api_url}/deployments/", attack) == 401
+    assert post(f"{stack.api_url}/flows/", {"name": "with-the-secret"}, auth=stack.auth) == 201
+
+    elsewhere = {**stack.env, "IMAGE_CLASSIFIER_CONFIG": str(tmp_path)}  # a host the file was not copied to
+    command = [sys.executable, "-m", "deployments.auth", "client", "--", "true"]
+    told = subprocess.run(command, cwd=PROJECT_ROOT, env=elsewhere, capture_output=True, text=True)
+    assert told.returncode != 0 and told.stderr.count("\n") == 1 and "asks for basic auth" in told.stderr
+
+    assert CLIENT_AUTH not in stack.env
+    command = [sys.executable, "-m", "deployments.deploy"]
+    told = subprocess.run(command, cwd=PROJECT_ROOT, env=stack.env, capture_output=True, text=True, timeout=120)
+    assert told.returncode == 2 and told.stderr.count("\n") == 1, told.stderr
+    assert f"the Prefect server at {stack.api_url} asks for credentials (HTTP 401)" in told.stderr
+
+
 def test_make_postgres_keeps_its_password_private_and_listens_on_loopback(stack):
     """`make postgres`'s cluster: the password and the server's URL in 0600 files, listening on loopback only;
     `make server DB=postgresql` runs on it (the server reports PostgreSQL, with pg_trgm and Prefect's tables)."""
@@ -441,30 +607,12 @@ def test_make_server_on_a_database_it_cannot_use_says_so_in_one_line_before_star
     assert len(errors) == 1 and expected in errors[0] and "Traceback" not in output, output
 
 
-def test_make_run_against_the_postgresql_server_completes(stack, colour_image_dirs, tmp_path):
-    """The issue's path on a fresh clone: `make postgres && make server DB=postgresql`, `make deploy`, `make worker`
-    (the stack), then `make run` against it: the same target, command line and flow as on the digits, here on the
-    small colour images (one epoch, one process) so that it costs seconds."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    train, validation = colour_image_dirs
-    work = (
-        f"--train-data {train} --validation-data {validation} --no-pretrained --batch-size 4 --epochs 1 "
-        f"--processes-per-node 1 --model-name colours-pg --work-dir {tmp_path / 'runs'} "
-        f"--registry {tmp_path / 'registry'}"
-    )
-    run = stack.make("make-run", "run", RUN_ARGS=work)
-    assert run.wait(timeout=900) == 0, (stack.logs / "make-run.log").read_text()[-3000:]
-    record = read_registration(tmp_path / "registry", "colours-pg", 1)
-    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
-        assert client.read_flow_run(record.flow_run_id).state.is_completed()
-
-
 def test_make_server_on_another_port_gives_the_ui_its_api_address(stack):
-    """The UI asks /ui-settings where its API is; on a port other than 4200 it must not be told 127.0.0.1:4200."""
+    """The UI asks /ui-settings where its API is: on every address (HOST=0.0.0.0), the host's name with the port
+    given, never 127.0.0.1:4200 (a browser elsewhere would look for the API on its own machine)."""
+    host = subprocess.run(["hostname", "-f"], capture_output=True, text=True, check=True).stdout.strip()
     with urllib.request.urlopen(f"{stack.url}/ui-settings", timeout=10) as answer:
-        assert json.load(answer)["api_url"] == stack.api_url != "http://127.0.0.1:4200/api"
+        assert json.load(answer)["api_url"] == f"http://{host}:{stack.port}/api" != "http://127.0.0.1:4200/api"
 
 
 def test_make_stops_when_torch_and_torchvision_do_not_work_together(tmp_path):
@@ -599,7 +747,7 @@ def heartbeats_of(stack, flow_run_id) -> int:
     async def read():
         from prefect.client.orchestration import PrefectClient
 
-        async with PrefectClient(stack.api_url) as client:
+        async with PrefectClient(stack.api_url, auth_string=stack.auth) as client:
             response = await client._client.post(
                 "/events/filter",
                 json={
@@ -642,7 +790,8 @@ def logs_and_artifacts(stack, run_id) -> tuple[str, dict[str, str]]:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
         )
-    return flow_run_log(stack.api_url, run_id), {a.key: a.data for a in artifacts}
+        logs = flow_run_log(stack.api_url, run_id)
+    return logs, {a.key: a.data for a in artifacts}
 
 
 @pytest.mark.slow
