@@ -293,7 +293,7 @@ def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, finished_r
 
 
 async def everything_the_run_left(stack, run_id) -> str:
-    """The run's logs, parameters, artifacts and its task runs' parameters, as one text."""
+    """The run's parameters, logs and artifacts, as one text."""
     from prefect.client.orchestration import PrefectClient
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
 
