@@ -14,9 +14,11 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
@@ -85,7 +87,6 @@ def stack(prefect_home, tmp_path_factory, s3_endpoint):
     endpoint with a secret key planted for the test; the workers' environment holds a planted database password."""
     import shutil
     import tempfile
-    import uuid
 
     config = tmp_path_factory.mktemp("config")
     settings = {
@@ -217,20 +218,20 @@ def wait_for(stack, flow_run_ids, timeout=400):
     return asyncio.run(poll())
 
 
-def processes_showing(texts) -> list[str]:
-    """The command lines, as `ps` shows them to every user of this host, that hold one of ``texts``."""
-    lines = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True).stdout.splitlines()
-    return [line for line in lines if any(text in line for text in texts)]
+class FinishedRun(NamedTuple):
+    run: object  # the flow run, as the server has it at its end
+    registry: str
+    runs: Path  # the work dir
+    watched: str  # what --watch printed
+    shown: list[str]  # the command lines that showed a secret while it ran
+    saw_the_workers: bool  # whether `ps` showed the workers meanwhile (it looked at the right processes)
 
 
 @pytest.fixture(scope="module")
-def finished_run(stack, colour_image_dirs, tmp_path_factory):
+def finished_run(stack, colour_image_dirs, tmp_path_factory) -> FinishedRun:
     """A training run triggered from the shell with --watch through `deployments.auth client` (which finds the
     secret in its file, as docs/operations.md shows), picked up by a worker, registered on S3 with the planted key,
-    and finished; `ps` looked at every second while it ran. Returns the run, its registry and run folder, what
-    --watch printed, the command lines that showed a secret and whether `ps` saw the workers meanwhile."""
-    import uuid
-
+    and finished; `ps` looked at every second while it ran."""
     from tasks.storage.s3 import s3_client
 
     tmp_path = tmp_path_factory.mktemp("deployment-run")
@@ -262,8 +263,9 @@ def finished_run(stack, colour_image_dirs, tmp_path_factory):
     shown, saw_the_workers, deadline = [], False, time.monotonic() + 600
     # The server, the workers, the flow run and torchrun's processes, looked at every second while they run.
     while watching.poll() is None and time.monotonic() < deadline:
-        shown += processes_showing(stack.secrets.values())
-        saw_the_workers = saw_the_workers or bool(processes_showing([f"--name {WORKERS[0]}"]))
+        ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+        shown += [line for line in ps.splitlines() if any(secret in line for secret in stack.secrets.values())]
+        saw_the_workers = saw_the_workers or f"--name {WORKERS[0]}" in ps
         time.sleep(1)
     if watching.poll() is None:
         watching.kill()
@@ -271,11 +273,11 @@ def finished_run(stack, colour_image_dirs, tmp_path_factory):
     assert watching.returncode == 0, watched[-3000:] + stack.log_text()[-3000:]
     flow_run_id = next(line.split()[-1] for line in watched.splitlines() if "UUID:" in line)
     (run,) = wait_for(stack, [flow_run_id])
-    return run, f"s3://{bucket}/registry", tmp_path / "runs", watched, shown, saw_the_workers
+    return FinishedRun(run, f"s3://{bucket}/registry", tmp_path / "runs", watched, shown, saw_the_workers)
 
 
 def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, finished_run):
-    run, registry, _, watched, _, _ = finished_run
+    run, registry, watched = finished_run.run, finished_run.registry, finished_run.watched
     deployment, artifact_keys = asyncio.run(read_deployment_and_artifacts(stack, run))
     assert run.state.is_completed(), stack.log_text()[-3000:]
     assert deployment.work_pool_name == "gpu" and not deployment.schedules[0].active
@@ -315,12 +317,14 @@ def test_the_run_leaves_no_secret_anywhere(stack, finished_run):
     record, run folder or the stack's own logs."""
     from tasks.storage.s3 import list_s3_names, read_s3_object
 
-    run, registry, runs, _, shown, saw_the_workers = finished_run
-    assert saw_the_workers and not shown, shown
+    run, registry = finished_run.run, finished_run.registry
+    assert finished_run.saw_the_workers and not finished_run.shown, finished_run.shown
     names = list_s3_names(registry)
     assert "colours-resnet18/1/registration.json" in names, names
     records = [read_s3_object(f"{registry}/{name}") for name in names if not name.endswith((".pt", ".onnx"))]
-    files = [p for p in runs.rglob("*") if p.is_file() and p.suffix in {".json", ".csv", ".txt", ".md", ".log"}]
+    files = [
+        p for p in finished_run.runs.rglob("*") if p.is_file() and p.suffix in {".json", ".csv", ".txt", ".md", ".log"}
+    ]
     places = {
         "the run in Prefect": asyncio.run(everything_the_run_left(stack, run.id)),
         "the registry": "\n".join(r.decode(errors="replace") for r in records),
@@ -394,12 +398,11 @@ def test_serve_offers_the_deployments_of_the_file_under_their_own_names(stack):
 
 def test_make_serve_runs_beside_make_deploy_on_one_server(stack, finished_run, colour_image_dirs, tmp_path):
     """`make serve` after `make deploy`: the deployed runs still complete (above), and a served run does too."""
-    _, registry, _, _, _, _ = finished_run
     _, val = colour_image_dirs
     parameters = {
         "images": str(val),
         "model": "colours-resnet18",
-        "registry": registry,
+        "registry": finished_run.registry,
         "work_dir": str(tmp_path / "runs"),
     }
     wait_for_deployment(stack, "score-pipeline/score-images-served")
@@ -443,7 +446,7 @@ def test_the_ui_asks_for_the_secret_then_shows_the_deployment_and_the_finished_r
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
-    run = finished_run[0]
+    run = finished_run.run
     shots = PROJECT_ROOT / "build" / "ui-check"
     shots.mkdir(parents=True, exist_ok=True)
     driver = chromium(tmp_path / "chromium")
@@ -525,7 +528,6 @@ def test_the_server_on_every_address_asks_for_the_secret_and_refuses_the_shell_s
     create a deployment whose pull step runs a shell command on every worker host. A host without the file, or a
     command not run through `deployments.auth client`, is told so in one line."""
     import stat
-    import uuid
 
     path = stack.auth_file
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
