@@ -4,8 +4,8 @@ headless Chromium, then the evaluation and the model card, each at a 1440 x 900 
 
     make screenshots                 # writes docs/images/*.png (about 5 minutes on 2 CPU cores)
 
-The same browser steps are asserted by tests/flows/test_pipeline.py's first test on a small model; this is the picture
-of the real one. Nothing outside a temporary folder and the output folder is written.
+The same browser steps are asserted by tests/deployments/test_deployments.py's finished run on a small model; this is
+the picture of the real one. Nothing outside a temporary folder and the output folder is written.
 """
 
 from __future__ import annotations

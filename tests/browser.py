@@ -76,9 +76,9 @@ def paused_run_id(
     flow: str | None = None,
     registry: str | None = None,
 ) -> str:
-    """The id of the first Paused flow run on ``stack``'s server; on a server that others use, the run of ``flow``
-    whose ``registry`` parameter is the one given. ``pipeline`` is what is expected to pause: a process, or a flow
-    running in a thread."""
+    """The id of the first Paused flow run on ``stack``'s server (with its basic-auth string ``stack.auth`` when it
+    has one); on a server that others use, the run of ``flow`` whose ``registry`` parameter is the one given.
+    ``pipeline`` is what is expected to pause: a process, or a flow (or a process's wait) running in a thread."""
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import (
         FlowFilter,
@@ -93,7 +93,7 @@ def paused_run_id(
     named = FlowFilter(name=FlowFilterName(any_=[flow])) if flow else None
     in_thread = isinstance(pipeline, Future)
     deadline = time.monotonic() + timeout
-    with SyncPrefectClient(stack.api_url) as client:
+    with SyncPrefectClient(stack.api_url, auth_string=getattr(stack, "auth", None)) as client:
         while not (
             runs := [
                 r
@@ -104,7 +104,12 @@ def paused_run_id(
             ended = pipeline.done() if in_thread else pipeline.poll() is not None
             if ended or time.monotonic() > deadline:
                 if in_thread:
-                    said = repr(pipeline.exception()) if ended else "still running"
+                    if not ended:
+                        said = "still running"
+                    elif pipeline.exception():
+                        said = repr(pipeline.exception())
+                    else:
+                        said = f"it ended, returning {pipeline.result()!r}"
                 else:
                     said = pipeline.communicate(timeout=60)[0][-3000:]
                 raise AssertionError(f"the pipeline never paused:\n{said}")
@@ -118,7 +123,7 @@ def latest_artifact_id(stack, key: str, flow_run_id: str | None = None) -> str:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
     of_run = ArtifactFilterFlowRunId(any_=[flow_run_id]) if flow_run_id else None
-    with SyncPrefectClient(stack.api_url) as client:
+    with SyncPrefectClient(stack.api_url, auth_string=getattr(stack, "auth", None)) as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]), flow_run_id=of_run)
         )

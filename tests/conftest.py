@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -397,10 +396,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def server():
     """A loopback HTTP server for files a test puts in ``server.files`` (a weights mirror, a download)."""
     with FileServer() as running:
-        thread = threading.Thread(target=running.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        thread.start()
         yield running
-        running.shutdown()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -340,6 +341,15 @@ class FileServer(http.server.ThreadingHTTPServer):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_port}"
+
+    def __enter__(self) -> FileServer:
+        """Serving, in a thread of its own, until the ``with`` block ends."""
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+        super().__exit__(*exc_info)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

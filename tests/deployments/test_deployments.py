@@ -1,13 +1,18 @@
 """Deployments on the real path, as a team sets them up: a Prefect server on PostgreSQL and on the network (basic
 auth on, its secret in a 0600 file), `make deploy`, two `make worker`s on the `gpu` pool, `make serve`; a training
-run that leaves no secret anywhere; and, last, a host lost mid-training: its run set Crashed by `make deploy`'s
+run of your own photos (one folder split, fetched weights, a killed torchrun worker, the promotion approved in the
+UI) that leaves no secret anywhere; and, last, a host lost mid-training: its run set Crashed by `make deploy`'s
 automation and resumed on the other host."""
 
 import asyncio
+import hashlib
 import http.server
+import io
 import json
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +20,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -35,17 +41,46 @@ from deployments.automations import (
 )
 from deployments.local import PROJECT_ROOT, PrefectStack, free_port
 from deployments.postgres import Cluster
-from tasks.registry import list_versions, read_registration
+from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.training_config import TrainingParams
+from tasks.contracts.transformations import RandomRotation
+from tasks.evaluation.score import score_images
+from tasks.launch.torchrun_output import read_metrics
+from tasks.registry import fetch_model, list_versions, read_registration, resolve
+from tasks.registry.manage import show_version
+from tasks.storage.runs import folder_size
 from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE
-from tests.browser import chromium, click_text, wait_for_text
-from tests.helpers import flow_run_log, lose, process_tree, s3_settings, training_processes
+from tests.browser import (
+    chromium,
+    click_text,
+    field,
+    latest_artifact_id,
+    paused_run_id,
+    table_overflow,
+    wait_for_text,
+)
+from tests.helpers import (
+    FileServer,
+    artifacts_and_task_runs,
+    flow_run_log,
+    lose,
+    process_tree,
+    progress_artifacts,
+    s3_settings,
+    training_processes,
+    worker_pids,
+)
 
 pytestmark = pytest.mark.integration
 
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
+SHOTS = PROJECT_ROOT / "build" / "ui-check"
+MODEL = "digits-resnet18"  # the finished run's: one folder named digits, a ResNet-18
+# One folder given: its conversion and the split stand where two folders' conversions (train-images,
+# validation-images: `make run`, tests/test_docs_commands.py) would.
 STAGE_ARTIFACTS = {
-    "train-images",
-    "validation-images",
+    "source-images",
+    "split",
     "label-validation",
     "model-spec",
     "training-progress",
@@ -53,7 +88,12 @@ STAGE_ARTIFACTS = {
     "training-curves",
     "scores",
     "evaluation",
+    "confusion-matrix",
     "registered-model",
+    "onnx-export",
+    "promotion",
+    "misclassified-images",
+    f"model-card-{MODEL}",
 }
 
 
@@ -93,6 +133,8 @@ def stack(prefect_home, tmp_path_factory, s3_endpoint):
         "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",
         "IMAGE_CLASSIFIER_CONFIG": str(config),  # no secret of this machine's user: created there by make server
         "OMP_NUM_THREADS": "1",
+        "TORCH_HOME": str(tmp_path_factory.mktemp("torch")),  # pretrained weights fetched into a cache of the test
+        "no_proxy": "127.0.0.1,localhost",  # the weights mirror is on loopback
         **s3_settings(s3_endpoint),
         "AWS_SECRET_ACCESS_KEY": f"planted-s3-{uuid.uuid4().hex}",  # the loopback endpoint takes any
     }
@@ -225,27 +267,144 @@ class FinishedRun(NamedTuple):
     watched: str  # what --watch printed
     shown: list[str]  # the command lines that showed a secret while it ran
     saw_the_workers: bool  # whether `ps` showed the workers meanwhile (it looked at the right processes)
+    training: dict  # the training parameters given
+    sha256: str  # the pretrained weights' (a state dict of our own: real ImageNet files cannot be fetched here)
+    killed: list[int]  # the torchrun worker killed after the first epoch
+
+    @property
+    def run_dir(self) -> Path:
+        (run_dir,) = [p.parent for p in self.runs.glob("*/run.json")]
+        return run_dir
+
+
+WEIGHTS = "/models/resnet18-own.pth"
 
 
 @pytest.fixture(scope="module")
-def finished_run(stack, colour_image_dirs, tmp_path_factory) -> FinishedRun:
-    """A training run triggered from the shell with --watch through `deployments.auth client` (which finds the
-    secret in its file, as docs/operations.md shows), picked up by a worker, registered on S3 with the planted key,
-    and finished; `ps` looked at every second while it ran."""
+def weights_mirror():
+    """A loopback HTTP server holding the pretrained weights (``WEIGHTS``), recording each request."""
+    with FileServer() as running:
+        yield running
+
+
+def log_in(driver, stack) -> None:
+    """The UI's login form, answered with the secret; nothing of the server shows before. (Prefect's UI sends a deep
+    link opened before the login to "Page not found": a person logs in at a page of the menu first.)"""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{stack.url}/deployments")
+    password = WebDriverWait(driver, 60).until(
+        expected_conditions.visibility_of_element_located((By.CSS_SELECTOR, "input[type=password]"))
+    )
+    assert "retrain-digits" not in driver.find_element(By.TAG_NAME, "body").text
+    password.send_keys(stack.auth, Keys.ENTER)
+    wait_for_text(driver, ["retrain-digits", "score-images"], timeout=60)
+
+
+def answer_the_approval_form_in_the_ui(stack, watching: Future, registry: str, profile: Path) -> str:
+    """Once the run of ``registry`` pauses: logged in, its approval form opened from the run's page in headless
+    Chromium, answered (approve, reviewer, comment) and submitted; the run's id. ``watching`` ends with the run's
+    --watch. The form is screenshotted into SHOTS."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    run_id = paused_run_id(stack, watching, timeout=900, flow="train-pipeline", registry=registry)
+    driver = chromium(profile)
+    try:
+        log_in(driver, stack)
+        driver.get(f"{stack.url}/runs/flow-run/{run_id}")
+        wait_for_text(driver, ["Paused", "Resume"])
+        click_text(driver, "Resume")
+        form = wait_for_text(
+            driver,
+            [
+                f"Promote {MODEL} version 1 to production?",
+                "challenger: version 1",
+                "Decision",
+                "Reviewer",  # required: the record names who decided
+                "Comment (Optional)",
+            ],
+        )
+        assert "f1_macro (decides)" in form and "Reviewer (Optional)" not in form
+        field(driver, "Decision", "div[contains(@class, 'p-select')]").click()
+        click_text(driver, "approve")
+        field(driver, "Reviewer", "textarea").send_keys("ada")
+        field(driver, "Comment", "textarea").send_keys("looks right")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SHOTS / "approval-form.png"))
+        click_text(driver, "Submit")
+        # The answer reached the server once the run leaves Paused (the page, as a person sees it, if it never does).
+        deadline = time.monotonic() + 60
+        with SyncPrefectClient(stack.api_url, auth_string=stack.auth) as client:
+            while client.read_flow_run(run_id).state.is_paused():
+                if time.monotonic() > deadline:
+                    driver.save_screenshot(str(SHOTS / "approval-submitted.png"))
+                    page = driver.find_element("tag name", "body").text
+                    raise AssertionError(f"the run is still paused 60 s after Submit; the page shows:\n{page[:2000]}")
+                time.sleep(1)
+    finally:
+        driver.quit()
+    return run_id
+
+
+def kill_a_worker_after_the_first_epoch(runs: Path) -> list[int]:
+    """SIGKILL to one torchrun worker training into ``runs`` once its first epoch is recorded: the pids killed."""
+    for metrics_file in runs.glob("*/model/metrics.json"):
+        if '"epoch": 1' in metrics_file.read_text() and (pids := worker_pids(metrics_file.parent)):
+            os.kill(pids[0], signal.SIGKILL)
+            return [pids[0]]
+    return []
+
+
+@pytest.fixture(scope="module")
+def finished_run(stack, digits_subset, weights_mirror, tmp_path_factory) -> FinishedRun:
+    """Your own photos to an approved model through the team's server. One folder (the digits' 40 images of each
+    class) is split for validation; a ResNet-18 starts from pretrained weights fetched from a mirror (HTTP on
+    loopback) and hash-checked, trains on 2 processes with a random rotation, exports to ONNX and registers on S3
+    with the planted key. The run is triggered from the shell with --watch through `deployments.auth client`
+    (which finds the secret in its file, as docs/operations.md shows) and picked up by a worker. torchrun without
+    restarts fails when a worker is killed after the first epoch; the train task's retry resumes from the
+    checkpoint. The promotion waits for a person's approval, given in the UI's form (headless Chromium). `ps` is
+    looked at every second while it runs."""
+    import torch
+    import torchvision
+
     from tasks.storage.s3 import s3_client
 
     tmp_path = tmp_path_factory.mktemp("deployment-run")
     bucket = f"deployment-run-{uuid.uuid4().hex[:12]}"
     s3_client().create_bucket(Bucket=bucket)
-    train, val = colour_image_dirs
+    photos = tmp_path / MODEL.split("-")[0]  # one folder: the digits' 40 images of each class
+    for part in digits_subset:
+        shutil.copytree(part, photos, dirs_exist_ok=True)
+    buffer = io.BytesIO()
+    torch.manual_seed(0)
+    torch.save(torchvision.models.resnet18().state_dict(), buffer)
+    weights_mirror.files[WEIGHTS] = buffer.getvalue()
+    sha256 = hashlib.sha256(buffer.getvalue()).hexdigest()
+    training = {"epochs": 4, "processes_per_node": 2, "learning_rate": 0.002, "max_restarts": 0}
+    registry = f"s3://{bucket}/registry"
     parameters = {
-        "train_data": str(train),
-        "validation_data": str(val),
-        "model_name": "colours-resnet18",
-        "model": {"pretrained": False},  # own images default to ImageNet weights: none to fetch in the tests
-        "training": {"epochs": 1, "batch_size": 4, "processes_per_node": 1},
-        "registry": f"s3://{bucket}/registry",
+        "train_data": str(photos),
+        "validation_fraction": 0.25,
+        "model": {  # pretrained left empty: your own images start from the pretrained weights
+            "architecture": "resnet18",
+            "weights_path": f"{weights_mirror.url}{WEIGHTS}",
+            "weights_sha256": sha256,
+            "transformations": {"random_rotation": {}},  # the form's schema: an object (true is the CLI's)
+        },
+        "training": training,
+        "registry": registry,
         "work_dir": str(tmp_path / "runs"),
+        "promotion": {
+            "promote_to": "production",
+            "promotion_metric": "f1_macro",
+            "approval": True,
+            "approval_timeout_s": 900,
+        },
+        "export_onnx": True,
     }
     command = [
         sys.executable, "-m", "deployments.auth", "client", "--",
@@ -260,20 +419,28 @@ def finished_run(stack, colour_image_dirs, tmp_path_factory) -> FinishedRun:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    shown, saw_the_workers, deadline = [], False, time.monotonic() + 600
-    # The server, the workers, the flow run and torchrun's processes, looked at every second while they run.
-    while watching.poll() is None and time.monotonic() < deadline:
-        ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-        shown += [line for line in ps.splitlines() if any(secret in line for secret in stack.secrets.values())]
-        saw_the_workers = saw_the_workers or f"--name {WORKERS[0]}" in ps
-        time.sleep(1)
-    if watching.poll() is None:
-        watching.kill()
-    watched, _ = watching.communicate(timeout=60)
-    assert watching.returncode == 0, watched[-3000:] + stack.log_text()[-3000:]
+    shown, saw_the_workers, killed, deadline = [], False, [], time.monotonic() + 900
+    with ThreadPoolExecutor(2) as pool:
+        ended = pool.submit(watching.wait)
+        approving = pool.submit(answer_the_approval_form_in_the_ui, stack, ended, registry, tmp_path / "chromium")
+        # The server, the workers, the flow run and torchrun's processes, looked at every second while they run.
+        while watching.poll() is None and time.monotonic() < deadline:
+            if approving.done() and approving.exception():
+                break
+            ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+            shown += [line for line in ps.splitlines() if any(secret in line for secret in stack.secrets.values())]
+            saw_the_workers = saw_the_workers or f"--name {WORKERS[0]}" in ps
+            killed = killed or kill_a_worker_after_the_first_epoch(tmp_path / "runs")
+            time.sleep(1)
+        if watching.poll() is None:
+            watching.kill()
+        watched, _ = watching.communicate(timeout=60)
+        assert watching.returncode == 0, watched[-3000:] + stack.log_text()[-3000:]
+        approved = approving.result()
     flow_run_id = next(line.split()[-1] for line in watched.splitlines() if "UUID:" in line)
+    assert approved == flow_run_id
     (run,) = wait_for(stack, [flow_run_id])
-    return FinishedRun(run, f"s3://{bucket}/registry", tmp_path / "runs", watched, shown, saw_the_workers)
+    return FinishedRun(run, registry, tmp_path / "runs", watched, shown, saw_the_workers, training, sha256, killed)
 
 
 def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, finished_run):
@@ -282,16 +449,112 @@ def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, finished_r
     assert run.state.is_completed(), stack.log_text()[-3000:]
     assert deployment.work_pool_name == "gpu" and not deployment.schedules[0].active
     assert STAGE_ARTIFACTS <= artifact_keys
-    assert list_versions(registry, "colours-resnet18") == [1]
-    assert read_registration(registry, "colours-resnet18", 1).flow_run_id == str(run.id)
+    assert list_versions(registry, MODEL) == [1]
+    registration = read_registration(registry, MODEL, 1)
+    assert registration.flow_run_id == str(run.id)
+    assert registration.params["training"] == TrainingParams(**finished_run.training).model_dump()
     assert len(worker_that_ran(stack, run)) == 1, "one worker ran it"
 
-    # What a person sees: the run's state says what came of it, and so does the end of `--watch`.
-    assert run.state.message.startswith(
-        f"Registered colours-resnet18 version 1 in {registry}/colours-resnet18/1: top-1 "
+    # What a person sees: the run's state says what came of it in one line, and so does the end of `--watch`.
+    figures = registration.metrics
+    assert run.state.message == (
+        f"Registered {MODEL} version 1 in {registry}/{MODEL}/1: top-1 {figures['best_top1']:.4g}, "
+        f"F1 (macro) {figures['f1_macro']:.4g} on 100 validation images"
     )
     assert f"Finished in state Completed({run.state.message!r})" in watched
     assert watched.rstrip().endswith("Flow run finished successfully in 'Completed'.")
+    # Sensible, not lucky: ten classes from 300 images in four epochs, far above chance (0.1).
+    assert figures["accuracy"] >= 0.7 and figures["best_top1"] == pytest.approx(figures["accuracy"])
+
+
+def test_one_folder_split_from_fetched_weights_is_promoted_once_approved_in_the_ui(
+    stack, finished_run, weights_mirror, tmp_path
+):
+    """The split, the fetched weights and the approval, as the registry, the run folder and the model card hold
+    them; the registered model loads and scores the run's validation images as the run did."""
+    run, registry, sha256 = finished_run.run, finished_run.registry, finished_run.sha256
+    registration = read_registration(registry, MODEL, 1)
+    assert "model.onnx" in registration.files and registration.metrics["f1_weighted"] > 0
+    # The record says the version awaited approval; the answer and the promotion are the version's status.
+    assert registration.promotion.awaiting_approval and registration.promotion.metric == "f1_macro"
+    approval = show_version(registry, f"{MODEL}/1").approval
+    assert (approval.decision, approval.reviewer, approval.comment) == ("approved", "ada", "looks right")
+    assert resolve(registry, f"{MODEL}@production").version == 1
+
+    # The split: a quarter of each class's 40 images validate, and each side's manifest says where it came from.
+    validation = ImageDirectory(finished_run.run_dir / "data" / "validation")
+    assert registration.datasets["validation"].images == len(validation) == registration.metrics["images"] == 100
+    assert registration.datasets["train"].images == 300
+    assert validation.manifest.split.side == "second" and validation.manifest.split.fraction == pytest.approx(0.75)
+    assert registration.datasets["validation"].split == validation.manifest.split
+
+    # The weights were fetched once (not again by the retry), checked, and recorded by name and hash; the model was
+    # trained from them.
+    assert weights_mirror.requests == [WEIGHTS]
+    model = fetch_model(registry, f"{MODEL}@production", tmp_path / "cache")
+    assert model.spec.pretrained and model.spec.weights.sha256 == sha256
+    assert registration.params["pretrained_weights"]["sha256"] == sha256
+    assert model.spec.transformations.random_rotation == RandomRotation()
+    assert model.classes == [str(d) for d in range(10)]
+    rescored = score_images(model, validation)
+    assert (rescored["Scored Labels"] == rescored["label"]).mean() == pytest.approx(registration.metrics["accuracy"])
+
+    artifacts, _ = run_artifacts_and_task_runs(stack, run.id)
+    card = next(a for a in artifacts if a.key == f"model-card-{MODEL}").data
+    assert sha256[:12] in card and "random rotation" in card
+    assert "75% of" in card and "split with seed 1" in card
+    assert "approved by ada" in card and "“looks right”" in card
+    # Every picture or page a person opens says its figure in one line beside it.
+    undescribed = [a.key for a in artifacts if a.type == "markdown" and not (a.description or "").strip()]
+    assert not undescribed and all("\n" not in a.description for a in artifacts if a.type == "markdown")
+
+
+def run_artifacts_and_task_runs(stack, flow_run_id) -> tuple[list, list]:
+    with temporary_settings_for(stack):
+        return asyncio.run(artifacts_and_task_runs(flow_run_id))
+
+
+def test_a_killed_torchrun_worker_fails_the_first_attempt_and_the_retry_resumes_from_its_checkpoint(
+    stack, finished_run
+):
+    """The train task's retry resumed from the first attempt's checkpoint and trained the rest, on one progress bar,
+    drawing the curves as it went; keep="results" (the default) left the run's results and took the model files."""
+    run, registry = finished_run.run, finished_run.registry
+    assert finished_run.killed, "training finished before a worker could be killed"
+    run_dir = finished_run.run_dir
+    model_folder = run_dir / "model"
+    assert [e.epoch for e in read_metrics(model_folder).epochs] == [1, 2, 3, 4]
+    assert "resuming from" in (model_folder / "logs" / "driver_log_0.txt").read_text()
+    artifacts, task_runs = run_artifacts_and_task_runs(stack, run.id)
+    train_run = next(t for t in task_runs if t.name.startswith("train"))
+    assert train_run.run_count == 2 and train_run.state.is_completed()
+    assert {t.state.type.value for t in task_runs} == {"COMPLETED"}
+    # The retry carries on the first attempt's progress bar instead of leaving it stuck part-way.
+    with temporary_settings_for(stack):
+        progress = asyncio.run(progress_artifacts(train_run.id))
+    assert [(p.data, p.description) for p in progress] == [(100.0, "4 of 4 epochs")]
+
+    # Live curves: a version of training-curves each time a launcher's poll saw a new epoch, then the final one
+    # (the retry's launcher draws again from the epoch it resumed after).
+    curves = sorted((a for a in artifacts if a.key == "training-curves"), key=lambda a: a.created)
+    epochs_seen = [int(m[1]) for a in curves[:-1] if (m := re.match(r"so far: (\d) of 4 epochs", a.description))]
+    assert len(epochs_seen) == len(curves) - 1 >= 2, [a.description for a in curves]
+    assert epochs_seen == sorted(epochs_seen) and epochs_seen[0] < 4, "drawn while training went on"
+    assert all("data:image/png;base64," in a.data for a in curves)
+    assert curves[-1].description.startswith("best top-1 ")
+
+    # keep="results": the run keeps its data, metrics, logs, scores and pictures; the model files and the
+    # checkpoints go, the registry holding the model (which scores as the run did: the test above).
+    assert not any((model_folder / name).exists() for name in ("checkpoints", "model.pt", "model.onnx"))
+    assert json.loads((model_folder / "registered.json").read_text()) == {
+        "name": MODEL,
+        "version": 1,
+        "location": f"{registry}/{MODEL}/1",
+    }
+    assert (run_dir / "run.json").is_file() and (run_dir / "scores.csv").is_file()
+    assert (model_folder / "metrics.json").is_file() and (model_folder / "training_curves.png").stat().st_size > 0
+    assert (run_dir / "confusion_matrix.png").stat().st_size > 0
+    assert folder_size(run_dir) < 20 * 2**20
 
 
 async def everything_the_run_left(stack, run_id) -> str:
@@ -320,7 +583,7 @@ def test_the_run_leaves_no_secret_anywhere(stack, finished_run):
     run, registry = finished_run.run, finished_run.registry
     assert finished_run.saw_the_workers and not finished_run.shown, finished_run.shown
     names = list_s3_names(registry)
-    assert "colours-resnet18/1/registration.json" in names, names
+    assert f"{MODEL}/1/registration.json" in names, names
     records = [read_s3_object(f"{registry}/{name}") for name in names if not name.endswith((".pt", ".onnx"))]
     files = [
         p for p in finished_run.runs.rglob("*") if p.is_file() and p.suffix in {".json", ".csv", ".txt", ".md", ".log"}
@@ -396,12 +659,11 @@ def test_serve_offers_the_deployments_of_the_file_under_their_own_names(stack):
         assert [s.active for s in deployment.schedules] == [s.get("active", True) for s in entry.get("schedules", [])]
 
 
-def test_make_serve_runs_beside_make_deploy_on_one_server(stack, finished_run, colour_image_dirs, tmp_path):
+def test_make_serve_runs_beside_make_deploy_on_one_server(stack, finished_run, tmp_path):
     """`make serve` after `make deploy`: the deployed runs still complete (above), and a served run does too."""
-    _, val = colour_image_dirs
     parameters = {
-        "images": str(val),
-        "model": "colours-resnet18",
+        "images": str(finished_run.run_dir / "data" / "validation"),
+        "model": f"{MODEL}@production",
         "registry": finished_run.registry,
         "work_dir": str(tmp_path / "runs"),
     }
@@ -410,7 +672,7 @@ def test_make_serve_runs_beside_make_deploy_on_one_server(stack, finished_run, c
     (run,) = wait_for(stack, [flow_run_id], timeout=200)
     assert run.state.is_completed(), stack.log_text()[-3000:]
     assert str(run.id) in (stack.logs / "serve.log").read_text() and not worker_that_ran(stack, run)
-    assert run.state.message.startswith("Scored 12 images with ") and "accuracy" in run.state.message
+    assert run.state.message.startswith("Scored 100 images with ") and "accuracy" in run.state.message
 
 
 def test_parameter_descriptions_read_as_plain_text_in_the_ui_form(stack):
@@ -439,43 +701,40 @@ def test_parameter_descriptions_read_as_plain_text_in_the_ui_form(stack):
 def test_the_ui_asks_for_the_secret_then_shows_the_deployment_and_the_finished_run_with_its_artifacts(
     stack, finished_run, tmp_path
 ):
-    """Headless Chromium against the same server: it shows nothing before the secret is typed in; screenshots land
-    in build/ui-check/ for a person to look at."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support import expected_conditions
-    from selenium.webdriver.support.ui import WebDriverWait
-
+    """Headless Chromium against the same server: it shows nothing before the secret is typed in; then the run, its
+    artifacts, the model card (its table fits a 1440 px window) and the deployment. Screenshots land in
+    build/ui-check/ for a person to look at (the README's docs/images/ pictures are made the same way by
+    docs/screenshots.py)."""
     run = finished_run.run
-    shots = PROJECT_ROOT / "build" / "ui-check"
-    shots.mkdir(parents=True, exist_ok=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
     driver = chromium(tmp_path / "chromium")
     try:
-        # (Prefect's UI sends a deep link opened before the login to "Page not found": a person logs in first.)
-        driver.get(f"{stack.url}/deployments")
-        field = WebDriverWait(driver, 60).until(
-            expected_conditions.visibility_of_element_located((By.CSS_SELECTOR, "input[type=password]"))
-        )
-        assert "retrain-digits" not in driver.find_element(By.TAG_NAME, "body").text
-        field.send_keys(stack.auth, Keys.ENTER)
-        wait_for_text(driver, ["retrain-digits", "score-images"], timeout=60)
-
+        log_in(driver, stack)
         driver.get(f"{stack.url}/runs/flow-run/{run.id}")
         wait_for_text(driver, [run.name, "Completed", "train-pipeline", "retrain-digits", "gpu"])
-        driver.save_screenshot(str(shots / "flow-run.png"))
+        driver.save_screenshot(str(SHOTS / "flow-run.png"))
         click_text(driver, "Artifacts")
         wait_for_text(driver, sorted(STAGE_ARTIFACTS - {"training-progress"}))
-        driver.save_screenshot(str(shots / "flow-run-artifacts.png"))
+        driver.save_screenshot(str(SHOTS / "flow-run-artifacts.png"))
+
+        card_id = latest_artifact_id(stack, f"model-card-{MODEL}", str(run.id))
+        driver.get(f"{stack.url}/artifacts/artifact/{card_id}")
+        driver.set_window_size(1440, 900)
+        wait_for_text(driver, [f"Model card: {MODEL}", "approved by ada", "“looks right”", "production"])
+        driver.save_screenshot(str(SHOTS / "model-card.png"))
+        # The box around the card's table (which scrolls what does not fit) needs no scroll.
+        assert table_overflow(driver) <= 0, f"the model card's table is {table_overflow(driver)} px too wide at 1440 px"
 
         driver.get(f"{stack.url}/deployments/deployment/{run.deployment_id}")
         wait_for_text(driver, ["retrain-digits", "train-pipeline", "gpu", "At 03:00 AM, only on Monday", run.name])
-        driver.save_screenshot(str(shots / "deployment.png"))
+        driver.save_screenshot(str(SHOTS / "deployment.png"))
         click_text(driver, "Parameters")
         wait_for_text(driver, ["train_data", "training", "model"])
-        driver.save_screenshot(str(shots / "deployment-parameters.png"))
+        driver.save_screenshot(str(SHOTS / "deployment-parameters.png"))
     finally:
         driver.quit()
-    assert all((shots / name).stat().st_size > 10_000 for name in ("flow-run.png", "deployment.png"))
+    shots = ("approval-form.png", "flow-run.png", "model-card.png", "deployment.png")
+    assert all((SHOTS / name).stat().st_size > 10_000 for name in shots)
 
 
 def test_a_schedule_switched_on_makes_runs_and_stays_on_through_a_redeploy(stack):
