@@ -10,7 +10,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from deployments.local import PROJECT_ROOT, PrefectStack
-from tasks.contracts.model_directory import ModelDirectory
 from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE
 from tests import helpers
 from tests.helpers import s3_settings
@@ -64,21 +63,6 @@ def run_pipeline(
         command, env={**stack.env, **(env or {})}, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=500
     )
     return result, time.monotonic() - started
-
-
-def wait_for_first_epoch(parent: subprocess.Popen, runs: Path, timeout: float = 480) -> list:
-    """The TrainingMetrics of the run folders under ``runs`` once one holds an epoch, while the pipeline
-    ``parent`` still runs. Past ``timeout`` (a loaded CI machine takes minutes to start two torchrun nodes), or when
-    the parent ends first, the parent is killed so that its output can be read, and the test fails with it."""
-    deadline = time.monotonic() + timeout
-    while parent.poll() is None and time.monotonic() < deadline:
-        metrics = [ModelDirectory(p).metrics() for p in runs.glob("*/model") if (p / "metrics.json").is_file()]
-        if metrics:
-            return metrics
-        time.sleep(0.5)
-    ended = parent.poll()
-    why = f"the pipeline ended (exit {ended})" if ended is not None else f"none after {timeout:.0f} s"
-    stop_and_fail(parent, f"no training epoch under {runs}: {why}")
 
 
 def stop_and_fail(parent: subprocess.Popen, why: str) -> None:

@@ -1,8 +1,9 @@
 """Multi-node training through the work pool, on real components (tests/flows/nodes_stack.py): a Prefect server, the
 deployments of deployments/prefect.yaml, two `prefect worker`s on the `gpu` pool (each in a folder of its own, as on
 two hosts), the pipeline run as a person runs it (`python -m flows.pipeline --nodes 2`), real torchrun on CPU (Gloo).
-Two nodes train on S3; a stopped parent cancels every node; an elastic group takes in a node that comes late and
-finishes alone when it is lost; too few workers fail the gang within its join timeout; nothing is left running."""
+Two nodes train on S3 with no shared files until a stopped parent cancels both; an elastic group takes in a node that
+comes late, finishes alone when it is lost and registers; too few workers fail the gang within its join timeout;
+nothing is left running."""
 
 import os
 import re
@@ -35,7 +36,6 @@ from tests.flows.nodes_stack import (
     run_pipeline,
     start_host,
     stop_and_fail,
-    wait_for_first_epoch,
 )
 from tests.helpers import processes_of, training_processes
 
@@ -122,21 +122,7 @@ def stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database):
         yield running
 
 
-# Enough epochs for top-1 to settle (measured here: with batches of 4 the BatchNorm statistics make the first
-# epochs' validation loss jump, and top-1 reaches 1.0 around epoch 11 at world size 1 and 2 alike), none stopped
-# early; a node is lost in the middle of them.
-EPOCHS = "16"
-S3_FLAGS = ("--epochs", EPOCHS, "--patience", EPOCHS, "--learning-rate", "0.01", "--processes-per-node", "1")
-
-
-@pytest.fixture(scope="module")
-def two_nodes_on_s3(stack, s3_work, colour_image_dirs, tmp_path_factory):
-    """The pipeline with nodes=2, work_dir and registry on S3, undisturbed: its parent has a cache of its own too."""
-    result, _ = run_pipeline(
-        stack, colour_image_dirs, s3_work, "colours-2nodes", *S3_FLAGS, env=host_env(tmp_path_factory.mktemp("parent"))
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:] + stack.log_text()[-3000:]
-    return result
+S3_FLAGS = ("--learning-rate", "0.01", "--processes-per-node", "1")
 
 
 def run_files(s3_work: str, registration) -> str:
@@ -151,71 +137,66 @@ def run_files(s3_work: str, registration) -> str:
     return f"{s3_work}/runs/{run}"
 
 
-def test_two_nodes_train_through_the_pool_with_no_shared_files_and_register_one_model(stack, s3_work, two_nodes_on_s3):
-    from tasks.contracts.model_directory import TrainingMetrics
-    from tasks.storage.s3 import list_s3_names, read_s3_object
-
-    assert "Registered colours-2nodes version 1" in two_nodes_on_s3.stdout
-    registry = f"{s3_work}/registry"
-    assert list_versions(registry, "colours-2nodes") == [1]
-    registration = read_registration(registry, "colours-2nodes", 1)
-    assert registration.params["training"]["nodes"] == 2
-
-    # Rank 0's host uploaded the model directory, checkpoint included; each host its rank's log.
-    model = f"{run_files(s3_work, registration)}/model"
-    stored = list_s3_names(model)
-    assert {"model.pt", "checkpoints/last.pt", "metrics.json", "training_curves.png"} <= set(stored), stored
-    metrics = TrainingMetrics.model_validate_json(read_s3_object(f"{model}/metrics.json"))
-    assert metrics.world_size == 2 and len(metrics.epochs) == int(EPOCHS)
-    for rank in (0, 1):
-        assert (
-            f"rank {rank}/2 on cpu (gloo, fp32, contiguous)"
-            in read_s3_object(f"{model}/logs/driver_log_{rank}.txt").decode()
-        )
-
-    # Each node was a flow run of the deployment on the pool, a subflow of the pipeline's run, on its own worker,
-    # given only S3 locations; each host fetched the images into a cache of its own (train and validation).
-    runs, _, variables = node_runs(stack, registration.flow_run_id)
-    assert [r.parameters["node_rank"] for r in runs] == [0, 1]
-    assert all(r.state.is_completed() for r in runs), [(r.name, r.state) for r in runs]
-    for run in runs:
-        locations = list(run.parameters["folders"].values())
-        assert all(location.startswith(s3_work) for location in locations), locations
-    ran_on = [
-        [h for h in HOSTS if f"Flow run '{r.name}' submitted" in (stack.logs / f"{h}.log").read_text()] for r in runs
-    ]
-    assert sorted(sum(ran_on, [])) == list(HOSTS), ran_on
-    for host in HOSTS:
-        assert len(list((stack.folders[host] / "cache" / "images").iterdir())) == 2, host
-    assert not [v for v in variables if v.name.startswith("rendezvous-")], "the rendezvous record is removed"
-
-
-def test_stopping_the_parent_run_cancels_every_node_and_leaves_nothing_running(stack, colour_image_dirs, tmp_path):
-    """SIGTERM to the parent flow's process (what its worker sends when the run is cancelled) while both nodes
-    train: the train task cancels both node runs, waits for them to end, and every training process is gone."""
+def test_two_nodes_train_through_the_pool_with_no_shared_files_until_a_stopped_parent_cancels_both(
+    stack, s3_work, colour_image_dirs, tmp_path
+):
+    """nodes=2, the work dir on S3, both hosts' workers, the parent with a cache of its own: each node is a flow run
+    of the deployment on the pool, a subflow of the pipeline's run, on its own worker, given only S3 locations; each
+    host fetches the images into a cache of its own and trains its rank, and rank 0's host stores every epoch, at
+    world size 2, in the S3 run folder. Then SIGTERM to the parent flow's process (what its worker sends when the
+    run is cancelled) while both nodes train: the train task cancels both node runs and waits for them to end;
+    every training process is gone and the rendezvous record removed. (The elastic run below registers a
+    multi-node training.)"""
     import signal
 
     for host in HOSTS:
         if host not in stack.workers:
             start_host(stack, host)
-    command = pipeline_command(colour_image_dirs, tmp_path, "colours-stopped", "--epochs", "200", "--patience", "300")
+    work = f"{s3_work}/gang"
+    flags = ("--epochs", "200", "--patience", "300", *S3_FLAGS)
+    command = pipeline_command(colour_image_dirs, work, "colours-stopped", *flags)
     parent = subprocess.Popen(
-        command, env=stack.env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        env={**stack.env, **host_env(tmp_path)},
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
-        wait_for_first_epoch(parent, tmp_path / "runs")
+        stored = wait_for_stored(stack, parent, lambda m: len(m.epochs) >= 2, "no second epoch stored on S3")
+        mine = [r for r in node_runs(stack)[0] if r.parameters["folders"]["output_dir"].startswith(f"{work}/")]
+        ran_on = {
+            r.parameters["node_rank"]: [
+                h for h in HOSTS if f"Flow run '{r.name}' submitted" in (stack.logs / f"{h}.log").read_text()
+            ]
+            for r in mine
+        }
+        logs = {h: [p.read_text() for p in (stack.folders[h] / "cache").rglob("driver_log_*.txt")] for h in HOSTS}
         os.kill(parent.pid, signal.SIGTERM)
         output, _ = parent.communicate(timeout=200)
     finally:
         if parent.poll() is None:
             parent.kill()
-    (run_dir,) = run_folders(tmp_path / "runs")
-    runs, _, _ = node_runs(stack)
-    mine = [r for r in runs if r.parameters["folders"]["output_dir"] == str(run_dir / "model")]
+
+    assert stored.world_size == 2, stored
+    assert sorted(ran_on) == [0, 1] and sorted(sum(ran_on.values(), [])) == list(HOSTS), ran_on
+    for run in mine:
+        locations = list(run.parameters["folders"].values())
+        assert all(location.startswith(work) for location in locations), locations
+    for host in HOSTS:
+        assert len(list((stack.folders[host] / "cache" / "images").iterdir())) == 2, host
+        # Each host's log is its own rank's (the rank its worker's node run was given).
+        (rank,) = [rank for rank, hosts in ran_on.items() if hosts == [host]]
+        assert [f"rank {rank}/2 on cpu (gloo, fp32, contiguous)" in log for log in logs[host]] == [True], logs[host]
+
+    runs, _, variables = node_runs(stack)
+    mine = [r for r in runs if r.parameters["folders"]["output_dir"].startswith(f"{work}/")]
     assert len(mine) == 2 and all(r.state.is_cancelled() for r in mine), [(r.name, r.state) for r in mine] + [
         output[-3000:]
     ]
-    assert not processes_of(run_dir), "a training process was left running"
+    assert not any(training_processes(stack.folders[host]) for host in HOSTS), "a training process was left running"
+    assert not [v for v in variables if v.name.startswith("rendezvous-")], "the rendezvous record is removed"
 
 
 # Node 0 trains alone until the second host's node joins: enough epochs that it cannot finish first on a loaded
@@ -250,26 +231,26 @@ def wait_for_stored(stack, parent: subprocess.Popen, until, what: str, timeout: 
 
 
 def test_an_elastic_run_takes_in_a_late_node_and_finishes_alone_when_that_node_is_lost(
-    stack, s3_work, two_nodes_on_s3, colour_image_dirs, tmp_path
+    stack, s3_work, colour_image_dirs, tmp_path
 ):
     """nodes 1:2 on S3 with one host's worker: node 0 trains alone (world size 1). Once it stored an epoch, a second
     host's worker starts, its node joins, and torchrun rescales to world size 2 from the stored checkpoint. Once an
     epoch at world size 2 is stored, every training process of the joined host (which does not serve the
     rendezvous) is killed: node 0 restarts alone (world size 1) from the stored checkpoint and the pipeline
-    completes, its top-1 within 1 point of the undisturbed nodes=2 run's. Before the kill, the lost host's worker
+    completes with every validation image right. Before the kill, the lost host's worker
     processes show the launch environment of the single-node path."""
     import signal
 
     from tasks.allocator import ENVIRONMENT
     from tasks.contracts.model_directory import TrainingMetrics
-    from tasks.storage.s3 import read_s3_object
+    from tasks.storage.s3 import list_s3_names, read_s3_object
     from tests.helpers import flow_run_log
 
     if "host-a" not in stack.workers:
         start_host(stack, "host-a")
     if "host-b" in stack.workers:
         stack.stop_process(stack.workers.pop("host-b"))
-    flags = ("--epochs", ELASTIC_EPOCHS, "--patience", ELASTIC_EPOCHS, *S3_FLAGS[4:])
+    flags = ("--epochs", ELASTIC_EPOCHS, "--patience", ELASTIC_EPOCHS, *S3_FLAGS)
     elastic = ("--nodes", "1:2", "--max-restarts", "3", "--collective-timeout-s", "30")
     command = pipeline_command(colour_image_dirs, s3_work, "colours-elastic", *flags, *elastic)
     parent = subprocess.Popen(
@@ -323,13 +304,15 @@ def test_an_elastic_run_takes_in_a_late_node_and_finishes_alone_when_that_node_i
     assert list_versions(registry, "colours-elastic") == [1]
     registration = read_registration(registry, "colours-elastic", 1)
     model = f"{run_files(s3_work, registration)}/model"
+    # Rank 0's host uploaded the model directory, checkpoint and its log included.
+    stored = list_s3_names(model)
+    expected = {"model.pt", "checkpoints/last.pt", "metrics.json", "training_curves.png", "logs/driver_log_0.txt"}
+    assert expected <= set(stored), stored
     metrics = TrainingMetrics.model_validate_json(read_s3_object(f"{model}/metrics.json"))
     assert metrics.world_size == 1 and len(metrics.epochs) == int(ELASTIC_EPOCHS)
-    undisturbed = read_registration(registry, "colours-2nodes", 1).metrics["best_top1"]
-    assert abs(registration.metrics["best_top1"] - undisturbed) <= 0.01, (
-        registration.metrics["best_top1"],
-        undisturbed,
-    )
+    # Top-1 as undisturbed training reaches it (measured here: with batches of 4 the BatchNorm statistics make the
+    # first epochs' validation loss jump, and top-1 reaches 1.0 around epoch 11 at world size 1 and 2 alike).
+    assert registration.metrics["best_top1"] == 1.0, registration.metrics
     runs, _, _ = node_runs(stack, registration.flow_run_id)
     assert [r.state.type.value for r in runs] == ["COMPLETED", "FAILED"], [(r.name, r.state) for r in runs]
     # Node 0's run tells both rescales: up when the late node joined, down when it was lost.
