@@ -372,8 +372,8 @@ INTEGRATION_FIXTURES = {"prefect_server", "s3_endpoint", "s3_bucket", "trained_m
 # the files with most tests first, which left these few-test files to start last and the suite to end on one of
 # them with the other cores idle). Order only: a stale entry costs time, never a test.
 LONGEST_FILES = (
-    "tests/flows/test_pipeline_nodes.py",
     "tests/deployments/test_deployments.py",
+    "tests/flows/test_pipeline_nodes.py",
     "tests/flows/test_sweep.py",
     "tests/test_docs_commands.py",
     "tests/flows/test_score_shards.py",
