@@ -65,6 +65,19 @@ def run_pipeline(
     return result, time.monotonic() - started
 
 
+def start_pipeline(stack, command: list[str], folder: Path) -> subprocess.Popen:
+    """``command`` started against the stack's server as a host of its own (its cache under ``folder``), its
+    output (stderr included) readable as text."""
+    return subprocess.Popen(
+        command,
+        env={**stack.env, **host_env(folder)},
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def stop_and_fail(parent: subprocess.Popen, why: str) -> None:
     """Fail the test with the pipeline's output: killed first, as reading a running process's output waits for
     its end."""

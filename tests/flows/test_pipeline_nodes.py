@@ -28,13 +28,13 @@ from tasks.registry import list_versions, read_registration
 from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE
 from tests.flows.nodes_stack import (
     HOSTS,
-    host_env,
     node_runs,
     nodes_stack,
     pipeline_command,
     run_folders,
     run_pipeline,
     start_host,
+    start_pipeline,
     stop_and_fail,
 )
 from tests.helpers import processes_of, training_processes
@@ -155,14 +155,7 @@ def test_two_nodes_train_through_the_pool_with_no_shared_files_until_a_stopped_p
     work = f"{s3_work}/gang"
     flags = ("--epochs", "200", "--patience", "300", *S3_FLAGS)
     command = pipeline_command(colour_image_dirs, work, "colours-stopped", *flags)
-    parent = subprocess.Popen(
-        command,
-        env={**stack.env, **host_env(tmp_path)},
-        cwd=PROJECT_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    parent = start_pipeline(stack, command, tmp_path)
     try:
         stored = wait_for_stored(stack, parent, lambda m: len(m.epochs) >= 2, "no second epoch stored on S3")
         mine = [r for r in node_runs(stack)[0] if r.parameters["folders"]["output_dir"].startswith(f"{work}/")]
@@ -253,14 +246,7 @@ def test_an_elastic_run_takes_in_a_late_node_and_finishes_alone_when_that_node_i
     flags = ("--epochs", ELASTIC_EPOCHS, "--patience", ELASTIC_EPOCHS, *S3_FLAGS)
     elastic = ("--nodes", "1:2", "--max-restarts", "3", "--collective-timeout-s", "30")
     command = pipeline_command(colour_image_dirs, s3_work, "colours-elastic", *flags, *elastic)
-    parent = subprocess.Popen(
-        command,
-        env={**stack.env, **host_env(tmp_path)},
-        cwd=PROJECT_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    parent = start_pipeline(stack, command, tmp_path)
     try:
         alone = wait_for_stored(stack, parent, lambda m: len(m.epochs) >= 1, "node 0 stored no epoch")
         assert alone.world_size == 1, "training did not start alone"
