@@ -125,7 +125,6 @@ def stack(prefect_home, tmp_path_factory, s3_endpoint):
     second), `make deploy`, two `make worker`s on `gpu` (two hosts: a cache of its own each), and `make serve`;
     `make deploy`, the workers and serve find the secret in the file. Every process reaches the loopback S3
     endpoint with a secret key planted for the test; the workers' environment holds a planted database password."""
-    import shutil
     import tempfile
 
     config = tmp_path_factory.mktemp("config")
