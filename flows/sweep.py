@@ -34,7 +34,7 @@ from tasks.storage.runs import Keep
 from tasks.storage.s3 import is_s3_uri, read_s3_object
 from tasks.storage.work_dir_on_s3 import fetch_folder, join, local_folder, mirror_of
 from tasks.sweep import SearchSpace, SweepSettings, SweepStudy, TrialRecord, apply_params
-from tasks.sweep.space import check_search_space
+from tasks.sweep.space import check_search_space, describe_search
 from tasks.sweep.study import STUDY_FILE, trial_folder
 
 
@@ -65,7 +65,7 @@ def sweep_pipeline(
         near_duplicate_distance: Images whose 64-bit perceptual hashes differ in at most this many bits stay on one side of the split; -1: identical files only.
         model: The base ModelSpec; the search space varies its architecture and transformations.
         training: The base training parameters (epochs: the most a trial trains); the search space varies some.
-        search_space: What the sweep varies: per field a range (log_uniform, uniform, int) or a choice, as JSON.
+        search_space: What the sweep varies: per field a range (log_uniform, uniform, int) or a choice. Only the fields it names are varied; every other keeps the base model's or training's value. Left out (or {}): learning_rate 0.0001..0.1 and weight_decay 1e-06..0.01, both log-uniform
         sweep: Trials in all, how many train at once, the sampler (random or TPE) and its seed, the pruner (none, median, ASHA) and the figure trials are judged by.
         conversion: Limits on what converting the images may unpack and decode.
         model_name: Registry name; empty: the training data's name, a dash and the architecture.
@@ -84,6 +84,7 @@ def sweep_pipeline(
     else:
         run_dir = run_folder(work_dir, prefix="sweep-")
     print(f"sweep run folder {run_dir} (after a stop, --resume {run_dir} goes on from it)")
+    print(describe_search(search_space, spec, training))
     local_run = local_folder(run_dir)
     train_dir, validation_dir = prepare_data(
         train_data,

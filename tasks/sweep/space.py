@@ -1,8 +1,10 @@
 """The search space: for each tunable field of ModelSpec or TrainingParams, a range or a list of choices, or
-nothing (the field keeps the sweep's base value). Every bound and choice is checked against the field it will be
-given to (an inverted or empty range, a batch size of 0 and an unknown architecture are refused before any trial
-starts, in one line), and the space turns into Optuna's distributions and back into a trial's ModelSpec and
-TrainingParams."""
+nothing (the field keeps the sweep's base value). A space that names no field at all is the default space
+(``DEFAULT_SPACE``: learning_rate and weight_decay); a space that names fields varies those alone. Every bound and
+choice is checked against the field it will be given to, and every range as Optuna would take it (an inverted or
+empty range, a step that does not reach high, a batch size of 0 and an unknown architecture are refused before any
+trial starts, in one line, never narrowed), and the space turns into Optuna's distributions and back into a
+trial's ModelSpec and TrainingParams. ``describe_search`` is the line a sweep prints before its first trial."""
 
 from __future__ import annotations
 
@@ -70,15 +72,19 @@ TARGETS = {
 }
 
 
+# What a sweep varies when it is given no space (a space naming no field): --help and docs/sweeps.md say the same.
+DEFAULT_SPACE = {"learning_rate": LogUniform(low=1e-4, high=0.1), "weight_decay": LogUniform(low=1e-6, high=1e-2)}
+
+
 class SearchSpace(BaseModel):
-    """What a sweep varies; a field left empty keeps the sweep's base ModelSpec / TrainingParams value."""
+    """What a sweep varies: the fields it names, each over its range or choices; every other field keeps the
+    sweep's base ModelSpec / TrainingParams value. Naming no field at all (``SearchSpace()``, ``{}``) is
+    ``DEFAULT_SPACE``."""
 
     model_config = ConfigDict(extra="forbid")
-    learning_rate: Real | None = Field(
-        LogUniform(low=1e-4, high=0.1), description="base learning rate (multiplied by the world size)"
-    )
+    learning_rate: Real | None = Field(None, description="base learning rate (multiplied by the world size)")
     batch_size: Whole | None = Field(None, description="images per batch on each process")
-    weight_decay: Real | None = Field(LogUniform(low=1e-6, high=1e-2), description="SGD weight decay")
+    weight_decay: Real | None = Field(None, description="SGD weight decay")
     momentum: Real | None = Field(None, description="SGD (Nesterov) momentum")
     warmup_epochs: Whole | None = Field(None, description="epochs of linear learning-rate warmup")
     fine_tuning: Choice | None = Field(None, description="all: every layer; head: only the new head")
@@ -88,20 +94,27 @@ class SearchSpace(BaseModel):
         None, description="transformation sets to choose from (each Azure's Init Image Transformation options)"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _none_named_is_the_default(cls, data: Any) -> Any:
+        return dict(DEFAULT_SPACE) if isinstance(data, dict) and not data else data
+
     @model_validator(mode="after")
     def _each_bound_fits_its_field(self) -> SearchSpace:
+        if not self.searched():
+            raise ValueError(
+                "every field it names is empty, so it varies nothing: give a range or choice for at least one field, "
+                f"or no search space at all for the default one ({', '.join(DEFAULT_SPACE)})"
+            )
         for name, distribution in self.searched().items():
             if name == "transformations":
                 if not distribution:
                     raise ValueError("transformations: give at least one transformation set, or leave it empty")
                 continue
-            if isinstance(distribution, LogUniform | Uniform | IntRange) and not distribution.low < distribution.high:
-                raise ValueError(
-                    f"{name}: the range from {distribution.low} to {distribution.high} is "
-                    f"{'empty' if distribution.low == distribution.high else 'inverted'}: give low below high"
-                )
-            if isinstance(distribution, IntRange) and distribution.log and distribution.step != 1:
-                raise ValueError(f"{name}: a log-scale integer range takes step 1, not {distribution.step}")
+            if isinstance(distribution, Choice):
+                _check_distinct(name, distribution.values)
+            else:
+                _check_range(name, distribution)
             values = distribution.values if isinstance(distribution, Choice) else [distribution.low, distribution.high]
             for value in values:
                 _check_value(name, value)
@@ -130,6 +143,44 @@ class SearchSpace(BaseModel):
                     distribution.low, distribution.high, log=isinstance(distribution, LogUniform)
                 )
         return converted
+
+
+def _check_range(name: str, distribution: LogUniform | Uniform | IntRange) -> None:
+    """The range as Optuna takes it whole: Optuna narrows a high its step does not reach (with a warning) and
+    refuses the others only after the sweep has prepared its data, so each is refused here, naming what is allowed."""
+    low, high = distribution.low, distribution.high
+    if not low < high:
+        raise ValueError(
+            f"{name}: the range from {low} to {high} is {'empty' if low == high else 'inverted'}: give low below high "
+            "(or a choice of one value)"
+        )
+    if not isinstance(distribution, IntRange):
+        return
+    step = distribution.step
+    if distribution.log and step != 1:
+        raise ValueError(f"{name}: a log-scale integer range takes step 1, not {step}")
+    if distribution.log and low < 1:
+        raise ValueError(f"{name}: a log-scale integer range starts at 1 or above, not at {low}")
+    if (high - low) % step:
+        below = low + (high - low) // step * step
+        reachable = [str(below)] * (below > low) + [str(below + step)]
+        raise ValueError(
+            f"{name}: high {high} is not reachable from low {low} in steps of {step}: give high "
+            f"{' or '.join(reachable)}, or a step that divides {high - low}"
+        )
+
+
+def _check_distinct(name: str, values: list) -> None:
+    """Each choice once: Optuna tells a choice by its position among those equal to it (1 is True, 16 is 16.0)."""
+    for position, value in enumerate(values):
+        for earlier in values[:position]:
+            if value == earlier:
+                repeated = (
+                    f"{value!r} twice"
+                    if repr(value) == repr(earlier)
+                    else f"{earlier!r} and {value!r}, one value to Optuna"
+                )
+                raise ValueError(f"{name}: the choices {values} hold {repeated}: give each value once")
 
 
 def _check_value(name: str, value: object) -> None:
@@ -170,3 +221,31 @@ def apply_params(
     model = ModelSpec.model_validate({**model.model_dump(), **model_update})
     training = TrainingParams.model_validate({**training.model_dump(), **training_update})
     return model, training
+
+
+def describe_search(space: SearchSpace, model: ModelSpec, training: TrainingParams) -> str:
+    """The line a sweep prints before its first trial: each field searched with its range or choices, and each
+    other tunable field with the base value it keeps, e.g. ``searching: learning_rate 0.0001..0.1 (log),
+    batch_size {16, 32}; keeping: weight_decay=0.0001, ...``."""
+    varied, searched, kept = space.searched(), [], []
+    for name, distribution in varied.items():
+        if name == "transformations":
+            shown = "{" + ", ".join(_transformations(t) for t in distribution) + "}"
+        elif isinstance(distribution, Choice):
+            shown = "{" + ", ".join(str(value) for value in distribution.values) + "}"
+        else:
+            step = f" step {distribution.step}" if isinstance(distribution, IntRange) and distribution.step != 1 else ""
+            log = isinstance(distribution, LogUniform) or (isinstance(distribution, IntRange) and distribution.log)
+            shown = f"{distribution.low}..{distribution.high}{step}{' (log)' if log else ''}"
+        searched.append(f"{name} {shown}")
+    for name in TARGETS:
+        if name not in varied:
+            value = getattr(training if TARGETS[name] == "training" else model, name)
+            kept.append(f"{name}={_transformations(value) if name == 'transformations' else value}")
+    return f"searching: {', '.join(searched)}; keeping: {', '.join(kept) or 'nothing'}"
+
+
+def _transformations(transformations: ImageTransformations) -> str:
+    """A transformation set by the options it switches on, in the order they apply (``resize+random_crop``)."""
+    on = [name for name, value in transformations if value not in (None, False)]
+    return "+".join(on) or "none"
