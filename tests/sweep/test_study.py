@@ -7,12 +7,12 @@ import pytest
 
 from tasks.errors import PipelineInputError
 from tasks.sweep import SearchSpace, SweepSettings, SweepStudy
-from tasks.sweep.space import IntRange
+from tasks.sweep.space import DEFAULT_SPACE, IntRange
 from tasks.sweep.study import STUDY_FILE
 
 
 def study(folder, **settings) -> SweepStudy:
-    space = SearchSpace(batch_size=IntRange(low=8, high=64, step=8))
+    space = SearchSpace(**DEFAULT_SPACE, batch_size=IntRange(low=8, high=64, step=8))
     return SweepStudy(folder, SweepSettings(**settings), space)
 
 
