@@ -7,7 +7,10 @@ deterministic options (Azure's "Apply Image Transformation" for inference leaves
 
 Options apply in the order of the fields below: first the deterministic ones, on the decoded image (their result is
 cached across epochs), then, in training only, the random ones on uint8 pixels. An option is off when it is empty
-(``None``); ``True`` switches one on with its defaults. A size left empty means the training image size
+(``None``) or ``False``; ``True`` switches one on with its defaults, in Python, on the command line and in a
+deployment run's parameters alike: the JSON schema of each option (the Prefect server checks a run's parameters
+against it, and the UI's form is built from it) offers the boolean beside the option's object, while the attribute
+is always the option or ``None``. A size left empty means the training image size
 (``TrainedModelSpec.image_size``: 224 px, or less for small images, e.g. 32 for the digits), so the defaults fit any
 data set. The default object is what training always did: resize to the training size, then a random crop of that
 size from the image padded by 1/8 of it, repeating the edge pixels.
@@ -20,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 Interpolation = Literal["nearest", "bilinear", "bicubic"]
 PaddingMode = Literal["constant", "edge", "reflect", "symmetric"]
@@ -29,6 +32,7 @@ Side = Annotated[int, Field(ge=1)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Probability = Annotated[float, Field(gt=0, le=1, description="probability of applying it to an image")]
 _TRAINING_SIZE = "empty: the training image size"
+_ON_OFF = "true: on with its defaults; false or empty: off"
 
 
 def _ordered(pair: tuple[float, float], name: str, low: float, high: float) -> None:
@@ -38,6 +42,19 @@ def _ordered(pair: tuple[float, float], name: str, low: float, high: float) -> N
 
 class _Option(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _on_off(value: Any) -> Any:
+    return {} if value is True else None if value is False else value
+
+
+def _switch(option: type[_Option]) -> BeforeValidator:
+    """An option's field takes ``True`` (the option with its defaults) and ``False`` (off, as empty) too, and its
+    JSON schema says so: ``anyOf [<option>, boolean, null]`` in validation mode, the schema the Prefect server checks
+    a deployment run's parameters against. An option with a setting that has no default (``pad``) offers ``false``
+    alone: ``true`` is refused there as in Python."""
+    has_defaults = not any(field.is_required() for field in option.model_fields.values())
+    return BeforeValidator(_on_off, json_schema_input_type=option | (bool if has_defaults else Literal[False]) | None)
 
 
 class Resize(_Option):
@@ -175,53 +192,62 @@ RANDOM = (
 
 class ImageTransformations(BaseModel):
     """Azure's "Init Image Transformation": deterministic options (training and inference), then random ones
-    (training only), in this order. Empty = off."""
+    (training only), in this order. Empty or false = off; true = on with its defaults."""
 
     model_config = ConfigDict(extra="forbid")
 
-    resize: Resize | None = Field(
+    resize: Annotated[Resize | None, _switch(Resize)] = Field(
         default_factory=Resize,
-        description="deterministic: resize (default: to the training size x the training size); empty: off",
+        description=f"deterministic: resize (default: to the training size x the training size); {_ON_OFF}",
     )
-    center_crop: CenterCrop | None = Field(None, description="deterministic: keep a centred square")
-    pad: Pad | None = Field(None, description="deterministic: add a border")
+    center_crop: Annotated[CenterCrop | None, _switch(CenterCrop)] = Field(
+        None, description=f"deterministic: keep a centred square; {_ON_OFF}"
+    )
+    pad: Annotated[Pad | None, _switch(Pad)] = Field(
+        None, description="deterministic: add a border (give its padding); false or empty: off"
+    )
     grayscale: bool = Field(False, description="deterministic: grey levels (kept as 3 channels for the network)")
-    random_resized_crop: RandomResizedCrop | None = Field(
-        None, description="training only: crop a random area and aspect ratio, resized to size"
+    random_resized_crop: Annotated[RandomResizedCrop | None, _switch(RandomResizedCrop)] = Field(
+        None, description=f"training only: crop a random area and aspect ratio, resized to size; {_ON_OFF}"
     )
-    random_crop: RandomCrop | None = Field(
+    random_crop: Annotated[RandomCrop | None, _switch(RandomCrop)] = Field(
         default_factory=RandomCrop,
-        description="training only: crop at a random place of the padded image (default: padding 1/8, edge)",
+        description=f"training only: crop at a random place of the padded image (default: padding 1/8, edge); "
+        f"{_ON_OFF}",
     )
-    random_horizontal_flip: RandomFlip | None = Field(
-        None, description="training only: mirror left-right (not for digits, text, arrows...)"
+    random_horizontal_flip: Annotated[RandomFlip | None, _switch(RandomFlip)] = Field(
+        None, description=f"training only: mirror left-right (not for digits, text, arrows...); {_ON_OFF}"
     )
-    random_vertical_flip: RandomFlip | None = Field(None, description="training only: mirror top-bottom")
-    random_rotation: RandomRotation | None = Field(None, description="training only: rotate by a random angle")
-    random_affine: RandomAffine | None = Field(
-        None, description="training only: random rotation, shift, scale and shear together"
+    random_vertical_flip: Annotated[RandomFlip | None, _switch(RandomFlip)] = Field(
+        None, description=f"training only: mirror top-bottom; {_ON_OFF}"
     )
-    random_perspective: RandomPerspective | None = Field(None, description="training only: random perspective")
-    color_jitter: ColorJitter | None = Field(
-        None, description="training only: random brightness, contrast, saturation and hue"
+    random_rotation: Annotated[RandomRotation | None, _switch(RandomRotation)] = Field(
+        None, description=f"training only: rotate by a random angle; {_ON_OFF}"
     )
-    random_grayscale: RandomGrayscale | None = Field(None, description="training only: grey levels now and then")
-    random_erasing: RandomErasing | None = Field(None, description="training only: blank a random rectangle")
+    random_affine: Annotated[RandomAffine | None, _switch(RandomAffine)] = Field(
+        None, description=f"training only: random rotation, shift, scale and shear together; {_ON_OFF}"
+    )
+    random_perspective: Annotated[RandomPerspective | None, _switch(RandomPerspective)] = Field(
+        None, description=f"training only: random perspective; {_ON_OFF}"
+    )
+    color_jitter: Annotated[ColorJitter | None, _switch(ColorJitter)] = Field(
+        None, description=f"training only: random brightness, contrast, saturation and hue; {_ON_OFF}"
+    )
+    random_grayscale: Annotated[RandomGrayscale | None, _switch(RandomGrayscale)] = Field(
+        None, description=f"training only: grey levels now and then; {_ON_OFF}"
+    )
+    random_erasing: Annotated[RandomErasing | None, _switch(RandomErasing)] = Field(
+        None, description=f"training only: blank a random rectangle; {_ON_OFF}"
+    )
 
     @model_validator(mode="before")
     @classmethod
-    def _switches(cls, data: Any) -> Any:
-        """True switches an option on with its defaults, False off; unknown names are refused with the known ones."""
-        if not isinstance(data, dict):
-            return data
-        unknown = sorted(set(data) - set(DETERMINISTIC + RANDOM))
+    def _known_names(cls, data: Any) -> Any:
+        """Unknown names are refused with the known ones (extra="forbid" alone would not list them)."""
+        unknown = sorted(set(data) - set(DETERMINISTIC + RANDOM)) if isinstance(data, dict) else []
         if unknown:
             raise ValueError(f"unknown transformations {unknown}: the options are {', '.join(DETERMINISTIC + RANDOM)}")
-        switch = {True: {}, False: None}
-        return {
-            name: switch[value] if isinstance(value, bool) and name != "grayscale" else value
-            for name, value in data.items()
-        }
+        return data
 
     @model_validator(mode="after")
     def _fixed_size(self) -> ImageTransformations:

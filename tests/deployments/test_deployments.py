@@ -200,9 +200,11 @@ async def read_deployment_and_artifacts(stack, run):
     return deployment, {a.key for a in artifacts}
 
 
-def run_deployment(stack, parameters: dict, name: str) -> str:
-    """Trigger a run of a deployment from the shell (the secret given in the environment); returns its id."""
-    result = stack.cli("deployment", "run", name, "--params", json.dumps(parameters), env={CLIENT_AUTH: stack.auth})
+def run_deployment(stack, parameters: dict, name: str, *options: str) -> str:
+    """Trigger a run of a deployment from the shell (the secret given in the environment), with `prefect deployment
+    run`'s ``options`` (e.g. ``--start-in``); returns its id."""
+    params = json.dumps(parameters)
+    result = stack.cli("deployment", "run", name, "--params", params, *options, env={CLIENT_AUTH: stack.auth})
     return next(line.split()[-1] for line in result.stdout.splitlines() if "UUID:" in line)
 
 
@@ -395,7 +397,7 @@ def finished_run(stack, digits_subset, weights_mirror, tmp_path_factory) -> Fini
             "architecture": "resnet18",
             "weights_path": f"{weights_mirror.url}{WEIGHTS}",
             "weights_sha256": sha256,
-            "transformations": {"random_rotation": {}},  # the form's schema: an object (true is the CLI's)
+            "transformations": {"random_rotation": True},  # on with its defaults, as on the command line
         },
         "training": training,
         "registry": registry,
@@ -699,6 +701,28 @@ def test_parameter_descriptions_read_as_plain_text_in_the_ui_form(stack):
     assert {"pretrained", "weights_path", "weights_sha256", "transformations"} <= set(model)
     assert "convnext_tiny" in model["architecture"]["enum"]
     assert {"fine_tuning", "backbone_lr_factor"} <= set(definitions["TrainingParams"]["properties"])
+
+
+def test_a_deployment_run_takes_true_for_a_transformation_as_the_command_line_does(stack):
+    """`prefect deployment run --params` with `true` for an image transformation (the option with its defaults): the
+    server, which checks a run's parameters against the deployment's schema (the UI's form is built from it too),
+    takes it, and still refuses a wrong type. The run is due in an hour, so no worker takes it before it is deleted."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    switched = {"model": {"transformations": {"random_rotation": True}}}
+    flow_run_id = run_deployment(stack, switched, "train-pipeline/retrain-digits", "--start-in", "1 hour")
+    with temporary_settings_for(stack), get_client(sync_client=True) as client:
+        try:
+            run = client.read_flow_run(flow_run_id)
+            wrong = {"model": {"transformations": {"random_rotation": "yes"}}}
+            with pytest.raises(PrefectHTTPStatusError) as refused:
+                client.create_flow_run_from_deployment(run.deployment_id, parameters=wrong)
+        finally:
+            client.delete_flow_run(flow_run_id)
+    assert run.parameters["model"] == switched["model"] and run.state.is_scheduled()
+    assert refused.value.response.status_code == 409
+    assert "'yes' is not valid under any of the given schemas" in refused.value.response.text
 
 
 def test_the_ui_asks_for_the_secret_then_shows_the_deployment_and_the_finished_run_with_its_artifacts(
