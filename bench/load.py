@@ -15,7 +15,15 @@ For each database and worker count it reports: runs created (the API acknowledge
 and lost (created but not in a final state when none had become final for 2 minutes); database errors ("database
 is locked", SQLAlchemy's and asyncpg's errors: the log lines naming one) in the server's and the workers' logs; the latency of `/api/health`
 and of a flow-run read (p50/p95, sampled every 0.25 s while the runs go on; requests that found the server down
-during the restart are counted, not timed); and the server's CPU-seconds.
+during the restart are counted, not timed); the server's CPU-seconds; and the task runs that completed runs lack
+in the server's record (each ran three).
+
+The restart: the server is stopped once half the round's runs are final, stays stopped ``--down-s`` seconds (20),
+and starts again; the table gives the whole time it did not answer. The round's deployment and workers have what
+``make deploy`` and ``make worker`` give ours (deployments/engine.py, tasks/retrying.py); ``--compare`` runs each
+restart round first with Prefect's defaults instead, side by side.
+
+    python -m bench.load --runs 100 --workers 4 --databases sqlite postgresql --compare    # BENCHMARKS.md's table
 """
 
 from __future__ import annotations
@@ -40,11 +48,13 @@ from prefect.artifacts import create_markdown_artifact
 
 from bench.harness import PROJECT_ROOT
 from deployments.local import PrefectStack, free_port
+from tasks.retrying import RIDE_OUT_SERVER_RESTART
 
 # What a database error looks like in a server's or worker's log (SQLite's lock, SQLAlchemy's and asyncpg's errors).
 DATABASE_ERRORS = ("database is locked", "sqlalchemy.exc.", "OperationalError", "DBAPIError", "asyncpg.exceptions")
 DEPLOYMENT = "load-probe/load"
 FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+TASKS_PER_RUN = 3
 
 
 @task
@@ -56,7 +66,7 @@ def probe_step(index: int, step: int) -> int:
 @flow(name="load-probe", persist_result=False)
 def probe_flow(index: int = 0, hold_seconds: float = 0.0) -> int:
     """Three task runs, their log lines and an artifact; then ``hold_seconds`` of waiting (a test's runs overlap)."""
-    total = sum(probe_step(index, step) for step in range(3))
+    total = sum(probe_step(index, step) for step in range(TASKS_PER_RUN))
     create_markdown_artifact(f"load probe {index}: {total}", key="load-probe")
     time.sleep(hold_seconds)
     return total
@@ -117,10 +127,13 @@ def percentile(values: list[float], q: int) -> float | None:
     return statistics.quantiles(values, n=100)[q - 1] * 1000
 
 
-def deploy_probe(stack: PrefectStack, pool: str = "default") -> str:
-    """The probe flow as deployment ``load-probe/load`` of ``pool`` (an existing pool)."""
+def deploy_probe(stack: PrefectStack, pool: str = "default", prefect_defaults: bool = False) -> str:
+    """The probe flow as deployment ``load-probe/load`` of ``pool`` (an existing pool), with the job variables
+    ``make deploy`` gives the project's deployments (deployments/deploy.py), or none (``prefect_defaults``)."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from deployments.deploy import run_job_variables
 
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         flow_id = client.create_flow_from_name("load-probe")
@@ -130,17 +143,21 @@ def deploy_probe(stack: PrefectStack, pool: str = "default") -> str:
             work_pool_name=pool,
             entrypoint="bench/load.py:probe_flow",
             pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(PROJECT_ROOT)}}],
+            job_variables={} if prefect_defaults else run_job_variables({}),
         )
     return str(deployment_id)
 
 
-def create_runs(stack: PrefectStack, deployment_id: str, runs: int, ids: list[str], errors: list[str]) -> None:
-    """Create ``runs`` flow runs of the probe (Prefect's client retries each call a few times), appending the ids
-    the API acknowledged to ``ids`` and why a run could not be created to ``errors``."""
+def create_runs(
+    stack: PrefectStack, deployment_id: str, runs: int, ids: list[str], errors: list[str], retries: int
+) -> None:
+    """Create ``runs`` flow runs of the probe (Prefect's client retries each call ``retries`` times), appending the
+    ids the API acknowledged to ``ids`` and why a run could not be created to ``errors``."""
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+    settings = {PREFECT_API_URL: stack.api_url, PREFECT_CLIENT_MAX_RETRIES: retries}
+    with temporary_settings(settings), get_client(sync_client=True) as client:
         for index in range(runs):
             try:
                 ids.append(str(client.create_flow_run_from_deployment(deployment_id, parameters={"index": index}).id))
@@ -162,6 +179,23 @@ def read_runs(stack: PrefectStack, ids: list[str]) -> list:
         )
 
 
+def task_runs_missing(stack: PrefectStack, runs: list) -> int:
+    """How many task runs the completed ``runs`` lack in the server's record: each ran ``TASKS_PER_RUN``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    completed = [run.id for run in runs if run.state and run.state.is_completed()]
+    recorded: dict = {}
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        for start in range(0, len(completed), 50):
+            for task_run in client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=completed[start : start + 50])), limit=200
+            ):
+                recorded[task_run.flow_run_id] = recorded.get(task_run.flow_run_id, 0) + 1
+    return sum(max(0, TASKS_PER_RUN - recorded.get(run_id, 0)) for run_id in completed)
+
+
 def states_of(runs: list) -> dict[str, str]:
     return {str(run.id): run.state_type.value if run.state_type else "NONE" for run in runs}
 
@@ -181,23 +215,37 @@ def database_errors(logs: list[Path]) -> tuple[int, str | None]:
     return len(found), (found[0][:300] if found else None)
 
 
-def one_round(home: Path, database_url: str | None, workers: int, runs: int, limit: int, restart: bool) -> dict:
+def one_round(
+    home: Path,
+    database_url: str | None,
+    workers: int,
+    runs: int,
+    limit: int,
+    restart: bool,
+    down_s: float = 0.0,
+    prefect_defaults: bool = False,
+) -> dict:
+    """One round; ``prefect_defaults``: the deployment and workers without the project's settings for riding out
+    a restart (deployments/engine.py, tasks/retrying.py), as before them."""
     settings = {"OMP_NUM_THREADS": "1", "PREFECT_LOGGING_LEVEL": "INFO"}
     stall_s = 120  # a round ends when every run is final, or when none became final for this long
     stack = PrefectStack(home=home, database_url=database_url, settings=settings).start(timeout=300)
     server_cpu = 0.0
     try:
         stack.cli("work-pool", "create", "default", "--type", "process")
-        deployment_id = deploy_probe(stack)
+        deployment_id = deploy_probe(stack, prefect_defaults=prefect_defaults)
+        worker_env = {"PREFECT_CLIENT_MAX_RETRIES": "5"} if prefect_defaults else None  # Prefect's default: 5
         for index in range(workers):
-            stack.start_worker("default", f"worker-{index}", limit=limit)
+            stack.start_worker("default", f"worker-{index}", limit=limit, env=worker_env)
         sampler = Sampler(stack.api_url)
         sampler.start()
         started = time.monotonic()
         # Created from a thread while the round is watched: the restart comes once half the runs are final.
         ids: list[str] = []
         create_errors: list[str] = []
-        creating = threading.Thread(target=create_runs, args=(stack, deployment_id, runs, ids, create_errors))
+        # The client that creates them retries as a command line of ours does (tasks/retrying.py), or as Prefect's.
+        retries = 5 if prefect_defaults else int(RIDE_OUT_SERVER_RESTART["PREFECT_CLIENT_MAX_RETRIES"])
+        creating = threading.Thread(target=create_runs, args=(stack, deployment_id, runs, ids, create_errors, retries))
         creating.start()
         while not ids and creating.is_alive():
             time.sleep(0.1)
@@ -213,13 +261,8 @@ def one_round(home: Path, database_url: str | None, workers: int, runs: int, lim
                 if done == len(ids) and not creating.is_alive():
                     break
                 if restart and restarted_after is None and done >= runs // 2:
-                    server = stack.processes[0]
-                    server_cpu += cpu_seconds(server.pid)
-                    down = time.monotonic()
-                    stack.stop_process(server)
-                    stack.start(timeout=300)
-                    stack.processes.insert(0, stack.processes.pop())  # the server first: stopped last
-                    restarted_after = (done, time.monotonic() - down)
+                    server_cpu += cpu_seconds(stack.processes[0].pid)
+                    restarted_after = (done, stack.restart_server(down_s))
             time.sleep(1)
         elapsed = time.monotonic() - started
         sampler.stopped.set()
@@ -228,6 +271,10 @@ def one_round(home: Path, database_url: str | None, workers: int, runs: int, lim
         runs_now = read_runs(stack, ids)
         states = states_of(runs_now)
         messages = final_messages(runs_now)
+        # The server records task runs from their events, a moment after the flow run's final state.
+        settled = time.monotonic() + 30
+        while (missing := task_runs_missing(stack, runs_now)) and time.monotonic() < settled:
+            time.sleep(3)
         server_cpu += cpu_seconds(stack.processes[0].pid)
     finally:
         stack.stop()
@@ -236,11 +283,13 @@ def one_round(home: Path, database_url: str | None, workers: int, runs: int, lim
     server_errors = database_errors([stack.logs / "server.log"])
     worker_errors = database_errors(sorted(stack.logs.glob("worker-*.log")))
     return {
+        "client": "Prefect's defaults" if prefect_defaults else "ours",
         "workers": workers,
         "runs": runs,
         "created": len(ids),
         **counts,
         "lost": len(ids) - sum(counts.values()),
+        "task_runs_missing": missing,
         "lost_states": {state: unfinished.count(state) for state in set(unfinished)},
         "crashed_or_failed": messages,
         "not_created": {error: create_errors.count(error) for error in set(create_errors)},
@@ -304,7 +353,16 @@ def dump_and_restore(url: str, folder: Path) -> dict:
     }
 
 
-def measure(runs: int, worker_counts: list[int], databases: list[str], limit: int, fewer: int) -> dict:
+def measure(
+    runs: int,
+    worker_counts: list[int],
+    databases: list[str],
+    limit: int,
+    fewer: int,
+    down_s: float = 20.0,
+    compare: bool = False,
+) -> dict:
+    """Every round; with ``compare``, each restart round is run first with Prefect's defaults, side by side."""
     from deployments.postgres import Cluster, create_database
 
     results: dict = {"runs": runs, "limit": limit, "rounds": {}}
@@ -318,17 +376,18 @@ def measure(runs: int, worker_counts: list[int], databases: list[str], limit: in
             for workers in worker_counts:
                 restart = workers == max(worker_counts)
                 count = runs if restart else min(fewer, runs)  # the full load where it counts: the most workers
-                url = None
-                if database == "postgresql":
-                    url = create_database(Cluster(cluster_dir).url(), f"load_{workers}")
-                name = f"{database}-{workers}"
-                print(
-                    f"{name}: {count} runs over {workers} worker(s){' with a restart' if restart else ''} ...",
-                    flush=True,
-                )
-                outcome = one_round(scratch / name, url, workers, count, limit, restart)
-                print(json.dumps(outcome), flush=True)
-                results["rounds"][name] = outcome
+                for prefect_defaults in (True, False) if compare and restart else (False,):
+                    name = f"{database}-{workers}{'-prefect-defaults' if prefect_defaults else ''}"
+                    url = None
+                    if database == "postgresql":
+                        url = create_database(Cluster(cluster_dir).url(), name.replace("-", "_"))
+                    print(
+                        f"{name}: {count} runs over {workers} worker(s){' with a restart' if restart else ''} ...",
+                        flush=True,
+                    )
+                    outcome = one_round(scratch / name, url, workers, count, limit, restart, down_s, prefect_defaults)
+                    print(json.dumps(outcome), flush=True)
+                    results["rounds"][name] = outcome
                 if database == "postgresql" and workers == max(worker_counts):
                     results["backup"] = dump_and_restore(url, scratch)
                     print("pg_dump / pg_restore:", json.dumps(results["backup"]), flush=True)
@@ -348,17 +407,19 @@ def milliseconds(r: dict, what: str) -> str:
 
 def table(results: dict) -> str:
     header = (
-        "| database | workers | created | completed | failed | crashed | lost | DB errors (server/workers) "
-        "| health p50/p95 ms | run read p50/p95 ms | server CPU-s | restart |\n|" + "---|" * 12
+        "| database | client settings | workers | created | completed | failed | crashed | lost | task runs missing "
+        "| DB errors (server/workers) | health p50/p95 ms | run read p50/p95 ms | server CPU-s | restart |\n|"
+        + "---|"
+        * 14
     )
     rows = []
     for name, r in results["rounds"].items():
-        database = name.rsplit("-", 1)[0]
+        database = name.split("-", 1)[0]
 
         restart = f"after {r['restart']['after_runs']} runs, {r['restart']['down_s']} s down" if r["restart"] else ""
         rows.append(
-            f"| {database} | {r['workers']} | {r['created']} | {r['completed']} | {r['failed']} | {r['crashed']} "
-            f"| {r['lost']} | {r['server_db_errors']} / {r['worker_db_errors']} | {milliseconds(r, 'health')} | {milliseconds(r, 'read')} | {r['server_cpu_s']} | {restart} |"
+            f"| {database} | {r['client']} | {r['workers']} | {r['created']} | {r['completed']} | {r['failed']} "
+            f"| {r['crashed']} | {r['lost']} | {r['task_runs_missing']} | {r['server_db_errors']} / {r['worker_db_errors']} | {milliseconds(r, 'health')} | {milliseconds(r, 'read')} | {r['server_cpu_s']} | {restart} |"
         )
     return "\n".join([header, *rows])
 
@@ -370,8 +431,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="process workers per round")
     parser.add_argument("--databases", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"])
     parser.add_argument("--limit", type=int, default=2, help="runs one worker takes at once")
+    parser.add_argument(
+        "--down-s", type=float, default=20.0, help="seconds the server stays stopped before it starts again"
+    )
+    parser.add_argument(
+        "--compare", action="store_true", help="run each restart round first with Prefect's client defaults"
+    )
     args = parser.parse_args()
-    results = measure(args.runs, args.workers, args.databases, args.limit, args.fewer)
+    results = measure(args.runs, args.workers, args.databases, args.limit, args.fewer, args.down_s, args.compare)
     print(table(results))
     if "backup" in results:
         print(f"pg_dump / pg_restore: {json.dumps(results['backup'])}")

@@ -3,12 +3,13 @@ deployments whose heartbeats stop is set Crashed (Prefect's "detect zombie flows
 Crashed is run again, on whichever worker of the pool is free.
 
 A deployment run beats every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (its job variables' environment,
-deployments/prefect.yaml) while its process lives; a host powered off, or its worker's whole process tree
-killed, stops the beats and sends no state change, so the run would stay Running for ever. The automation
-waits, for each flow run, for the next heartbeat or a final state after each heartbeat, and sets the run
-Crashed once none came for ``MISSED_HEARTBEATS`` intervals. It watches only the runs of the deployments
-``make deploy`` made (their ids), whose heartbeat frequency it knows: a run started elsewhere beats at
-Prefect's default pace (180 s) and must not be crashed for beating slowly.
+deployments/prefect.yaml) while its process lives, and so does a command line's own run on a lasting server
+(``image-classifier train|score|sweep``: flows/cli.py sets the same pace); a host powered off, its worker's whole
+process tree killed, or the command's process killed, stops the beats and sends no state change, so the run would
+stay Running for ever. The automation waits, for each flow run, for the next heartbeat or a final state after
+each heartbeat, and sets the run Crashed once none came for ``MISSED_HEARTBEATS`` intervals. It watches only the
+runs of the flows of the deployments ``make deploy`` made (their flows' ids), whose heartbeat pace is set: a run
+that beats at another pace (a setting of its own) must not be crashed for beating slowly.
 
 The second automation runs the crashed run's deployment again with the crashed run's parameters and
 ``replaces_run`` set to its id: the new run takes over the lost run's folder and resumes from its checkpoint
@@ -55,30 +56,28 @@ def heartbeat_seconds(config: dict) -> int:
     return max(frequencies)
 
 
-def runs_of(deployment_ids: list[str]) -> dict[str, ResourceSpecification]:
-    """A trigger's resources: the flow runs of ``deployment_ids``."""
+def runs_of(ids: list[str], role: str = "deployment") -> dict[str, ResourceSpecification]:
+    """A trigger's resources: the flow runs of the deployments (or, with ``role`` "flow", of the flows) ``ids``."""
     return {
         "match": ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
         "match_related": ResourceSpecification(
-            {
-                "prefect.resource.role": "deployment",
-                "prefect.resource.id": [f"prefect.deployment.{id}" for id in deployment_ids],
-            }
+            {"prefect.resource.role": role, "prefect.resource.id": [f"prefect.{role}.{id}" for id in ids]}
         ),
     }
 
 
-def zombie_automation(deployment_ids: list[str], within: timedelta) -> Automation:
-    """Sets a run of one of ``deployment_ids`` Crashed when, after a heartbeat, neither another heartbeat nor
-    a final state came ``within`` that time."""
+def zombie_automation(flow_ids: list[str], within: timedelta) -> Automation:
+    """Sets a run of one of ``flow_ids`` (the deployments' flows) Crashed when, after a heartbeat, neither another
+    heartbeat nor a final state came ``within`` that time."""
     return Automation(
         name=ZOMBIE_AUTOMATION,
         description=(
-            f"A run of a deployment of deployments/prefect.yaml that sent no heartbeat for {within.total_seconds():g} s "
-            "is set Crashed: its host or worker was lost. Made by `make deploy` (deployments/automations.py)."
+            f"A run of a flow of deployments/prefect.yaml (a deployment run, or a command line's own run) that sent no "
+            f"heartbeat for {within.total_seconds():g} s is set Crashed: its host, worker or process was lost. Made by "
+            "`make deploy` (deployments/automations.py)."
         ),
         trigger=EventTrigger(
-            **runs_of(deployment_ids),
+            **runs_of(flow_ids, role="flow"),
             after={"prefect.flow-run.heartbeat"},
             expect={"prefect.flow-run.heartbeat", *FINAL_EVENTS},
             for_each={"prefect.resource.id"},
@@ -90,7 +89,7 @@ def zombie_automation(deployment_ids: list[str], within: timedelta) -> Automatio
             ChangeFlowRunState(
                 state=StateType.CRASHED,
                 message=(
-                    f"No heartbeat for {within.total_seconds():g} s: the run's host or worker was lost "
+                    f"No heartbeat for {within.total_seconds():g} s: the run's host, worker or process was lost "
                     f"(automation {ZOMBIE_AUTOMATION!r})."
                 ),
             )
@@ -133,8 +132,8 @@ def ensure_automation(wanted: Automation, own: type[Action]) -> Automation:
     return wanted
 
 
-def ensure_zombie_automation(deployment_ids: list[str], within: timedelta) -> Automation:
-    return ensure_automation(zombie_automation(deployment_ids, within), ChangeFlowRunState)
+def ensure_zombie_automation(flow_ids: list[str], within: timedelta) -> Automation:
+    return ensure_automation(zombie_automation(flow_ids, within), ChangeFlowRunState)
 
 
 def ensure_rerun_automation(deployment_ids: list[str]) -> Automation:

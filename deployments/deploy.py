@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ from deployments.automations import (
 from deployments.local import PROJECT_ROOT
 from tasks.launch.lost_runs import MAX_RERUNS
 from tasks.launch.multinode import NODE_DEPLOYMENT
+from tasks.retrying import RIDE_OUT_SERVER_RESTART
 from tasks.score_shards.parts import SHARD_DEPLOYMENTS
 from tasks.sweep.trials import TRIAL_DEPLOYMENT
 
@@ -78,6 +80,20 @@ def keep_schedule_states(schedules: list[dict], states: dict[str, bool]) -> list
 RERUN_ENTRYPOINT = "flows/pipeline.py:train_pipeline"
 
 
+def run_job_variables(job_variables: dict) -> dict:
+    """A deployment's job variables with what every run of ours needs from its worker: its process started by
+    deployments/engine.py (this interpreter, in the project root: the pull step's folder) so that a server restart
+    around its start does not crash it, and the client settings that ride out a restart
+    (tasks/retrying.py) in its environment; what the file sets itself wins."""
+    env = {**RIDE_OUT_SERVER_RESTART, **job_variables.get("env", {})}
+    return {
+        "command": shlex.join([sys.executable, "-m", "deployments.engine"]),
+        "working_dir": str(PROJECT_ROOT),
+        **job_variables,
+        "env": env,
+    }
+
+
 def deployment_names(config: dict) -> list[str]:
     """``flow/deployment`` of each entry (the flow's name is the one its @flow gives, so the flow is loaded)."""
     entries = config["deployments"]
@@ -112,6 +128,7 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
     kept = copy.deepcopy(config)
     for entry, name in zip(kept["deployments"], names):
         entry["schedules"] = keep_schedule_states(entry.get("schedules", []), states.get(name, {}))
+        entry["work_pool"]["job_variables"] = run_job_variables(entry["work_pool"].get("job_variables", {}))
     with tempfile.TemporaryDirectory() as folder:
         deployment_file = Path(folder) / "prefect.yaml"
         deployment_file.write_text(yaml.safe_dump(kept, sort_keys=False), encoding="utf-8")
@@ -124,26 +141,27 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
         sys.stderr.write(result.stderr)
         return result.returncode
     beat = heartbeat_seconds(config)
-    ids = deployment_ids(names)
-    ensure_zombie_automation(ids, timedelta(seconds=MISSED_HEARTBEATS * beat))
+    ids, flow_ids = deployment_ids(names)
+    ensure_zombie_automation(sorted(set(flow_ids)), timedelta(seconds=MISSED_HEARTBEATS * beat))
     trainings = [id for id, entry in zip(ids, config["deployments"]) if entry["entrypoint"] == RERUN_ENTRYPOINT]
     ensure_rerun_automation(trainings)
     print(next_steps(config, names))
     print(
         f"Automation {ZOMBIE_AUTOMATION!r}: a run of these deployments beats every {beat} s and is set Crashed "
-        f"after {MISSED_HEARTBEATS * beat} s without a heartbeat (its host or worker was lost).\n"
+        f"after {MISSED_HEARTBEATS * beat} s without a heartbeat (its host, worker or process was lost).\n"
         f"Automation {RERUN_AUTOMATION!r}: a crashed training run is run again (at most {MAX_RERUNS} times), "
         "resuming from its checkpoint when its work_dir is on S3 or a shared folder."
     )
     return 0
 
 
-def deployment_ids(names: list[str]) -> list[str]:
-    """The server's ids of the deployments ``names`` (``flow/deployment``)."""
+def deployment_ids(names: list[str]) -> tuple[list[str], list[str]]:
+    """The server's ids of the deployments ``names`` (``flow/deployment``), and of each one's flow."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        return [str(client.read_deployment_by_name(name).id) for name in names]
+        deployments = [client.read_deployment_by_name(name) for name in names]
+    return [str(d.id) for d in deployments], [str(d.flow_id) for d in deployments]
 
 
 def next_steps(config: dict, names: list[str]) -> str:

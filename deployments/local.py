@@ -23,6 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tasks.retrying import RIDE_OUT_SERVER_RESTART
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -140,6 +142,7 @@ class PrefectStack:
         folder of its own stands for another host's) with ``env`` added to the stack's (its flow runs inherit it)."""
         name = name or f"{pool}-worker-{len(self.processes)}"
         options = ["--limit", str(limit)] if limit else []
+        env = {**RIDE_OUT_SERVER_RESTART, **(env or {})}  # as `make worker` (deployments/worker.py) sets them
         return self._spawn(name, "worker", "start", "--pool", pool, "--name", name, *options, cwd=cwd, env=env)
 
     def stop_process(self, process: subprocess.Popen, timeout: float = 20) -> None:
@@ -152,6 +155,16 @@ class PrefectStack:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         self.processes.remove(process)
+
+    def restart_server(self, down_s: float = 0.0, timeout: float = 300) -> float:
+        """Stop the server, keep it stopped ``down_s`` seconds, start it again on the same port and database (as an
+        upgrade does); returns the seconds it did not answer. The processes started through it keep running."""
+        stopped = time.monotonic()
+        self.stop_process(self.processes[0])
+        time.sleep(max(0.0, down_s - (time.monotonic() - stopped)))
+        self.start(timeout=timeout)
+        self.processes.insert(0, self.processes.pop())  # the server first again: stopped last
+        return time.monotonic() - stopped
 
     def make(self, name: str, target: str, env: dict[str, str] | None = None, **variables: str) -> subprocess.Popen:
         """Start ``make <target> VAR=value...`` against this server, with this interpreter's environment taken

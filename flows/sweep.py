@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from prefect import flow
+from prefect.runtime import flow_run
 from prefect.states import Completed
 
 from flows import run_folder
@@ -25,6 +26,7 @@ from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.errors import PipelineInputError, SweepFailedError
+from tasks.launch.lost_runs import take_over_stopped_run
 from tasks.model.prefect_tasks import resolve_pretrained_weights, untrained_model_directory
 from tasks.model.untrained import with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE
@@ -102,6 +104,8 @@ def sweep_pipeline(
     if is_s3_uri(run_dir) and not (study_dir / STUDY_FILE).is_file():
         fetch_folder(stored_study)  # a sweep resumed on another host: the study as last stored
     study = SweepStudy(study_dir, sweep, search_space)
+    if (stopped := study.begin_attempt(flow_run.get_id())) is not None:
+        take_over_stopped_run(stopped, "sweep")  # the stopped attempt's run set Crashed, the two linked
 
     def make_trial(trial: TrialRecord) -> tuple[TrainingFolders, TrainingParams]:
         trial_spec, params = apply_params(search_space, trial.params, spec, training)

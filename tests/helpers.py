@@ -187,6 +187,24 @@ def flow_run_log(api_url: str, flow_run_id) -> str:
     return "\n".join(entry.message for entry in logs)
 
 
+def heartbeats_of(api_url: str, flow_run_id, auth: str | None = None) -> int:
+    """How many heartbeat events the server has from a flow run (``auth``: the basic-auth string of a secured
+    server)."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    with SyncPrefectClient(api_url, auth_string=auth) as client:
+        response = client._client.post(
+            "/events/filter",
+            json={
+                "filter": {
+                    "event": {"name": ["prefect.flow-run.heartbeat"]},
+                    "resource": {"id": [f"prefect.flow-run.{flow_run_id}"]},
+                }
+            },
+        )
+        return response.json()["total"]
+
+
 def training_processes(folder: Path) -> dict[int, list[str]]:
     """The living training processes (the launcher's wrapper, torchrun, the workers) writing below ``folder``: their
     command lines, by pid."""

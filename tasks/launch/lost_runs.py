@@ -183,6 +183,48 @@ def _take_over(chain: list[LostRun], run_dir: str, model_dir: str, work_dir: str
     return takeover
 
 
+def take_over_stopped_run(previous_id: str, what: str) -> str:
+    """Called by a run that goes on from a stopped run's work (``what``: "sweep", resumed with ``--resume``): the
+    stopped run, if the server still has it unfinished (its process was killed: nothing set it final), is set
+    Crashed naming this run; one log line, artifact ``resumed-run`` here and ``resumed-by`` on the stopped run's page
+    link the two. Returns the log line."""
+    from prefect import get_run_logger
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.runtime import flow_run
+    from prefect.states import Crashed
+
+    this_id, this_name = flow_run.get_id(), flow_run.get_name()
+    with get_client(sync_client=True) as client:
+        try:
+            previous = client.read_flow_run(previous_id)
+        except ObjectNotFound:
+            line = f"Resumes the {what} of run {previous_id}, which the Prefect server no longer has"
+            get_run_logger().info(line)
+            return line
+        if previous.state is None or not previous.state.is_final():
+            message = f"Its process stopped without a final state; the {what} was resumed by run {this_name}."
+            client.set_flow_run_state(previous_id, Crashed(message=message), force=True)
+            previous = client.read_flow_run(previous_id)
+    stopped = _lost(previous)
+    line = f"Resumes the {what} of run {stopped.name} ({stopped.state})"
+    get_run_logger().info(line)
+    create_markdown_artifact(
+        key="resumed-run",
+        markdown=f"### Resumes run {_link('flow-run', stopped.id, stopped.name)}\n\n{line}.\n",
+        description=line,
+    )
+    this = _link("flow-run", this_id, this_name)
+    _artifact_on(
+        stopped.id,
+        "resumed-by",
+        f"### Resumed by {this}\n\nThe {what} goes on in run {this}.\n",
+        f"resumed by {this_name}",
+    )
+    return line
+
+
 def _link(kind: str, id: str, name: str) -> str:
     from prefect.utilities.urls import url_for
 

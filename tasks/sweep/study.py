@@ -19,6 +19,7 @@ from tasks.sweep.space import SearchSpace
 STUDY_FILE = "study.journal"
 STUDY_NAME = "sweep"
 _ABANDONED = "abandoned"  # a trial's user attribute: it was re-run as another trial (not counted)
+_ATTEMPTS = "sweep_flow_runs"  # the study's user attribute: the sweep's flow runs that drove it, in order
 _FLOW_RUN = "flow_run_id"  # a trial's user attribute: the flow run that trains it
 # The figures each epoch reports (tasks.contracts.model_directory.EpochMetrics), and which way is better.
 METRICS = {"top1": "maximize", "top5": "maximize", "val_loss": "minimize"}
@@ -118,6 +119,16 @@ class SweepStudy:
         if asked := len(self.study.get_trials(deepcopy=False)):
             self.study.sampler = _sampler(settings, asked)
         self.distributions = space.distributions()
+
+    def begin_attempt(self, flow_run_id: str) -> str | None:
+        """Records ``flow_run_id`` as the flow run driving the study now; returns the one that drove it before
+        (a resumed sweep's stopped run), or None for a new study or the same run again (a retry)."""
+        attempts = list(self.study.user_attrs.get(_ATTEMPTS, []))
+        previous = attempts[-1] if attempts else None
+        if previous == flow_run_id:
+            return None
+        self.study.set_user_attr(_ATTEMPTS, [*attempts, flow_run_id])
+        return previous
 
     def _trial(self, number: int):
         import optuna

@@ -63,6 +63,7 @@ from tests.helpers import (
     FileServer,
     artifacts_and_task_runs,
     flow_run_log,
+    heartbeats_of,
     lose,
     process_tree,
     progress_artifacts,
@@ -947,12 +948,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def deployed_ids(stack) -> list[str]:
-    """The ids of the deployments `make deploy` made from the file (`make serve`'s and the load probe's, on this
-    server too, are not among them)."""
+def deployed_flow_ids(stack) -> set[str]:
+    """The ids of the flows of the deployments `make deploy` made from the file (`make serve`'s and the load
+    probe's, on this server too, are not among them)."""
     names = {entry["name"] for entry in yaml.safe_load(DEPLOYMENT_FILE.read_text())["deployments"]}
     with client_for(stack) as client:
-        return [str(d.id) for d in client.read_deployments() if d.name in names]
+        return {str(d.flow_id) for d in client.read_deployments() if d.name in names}
 
 
 @pytest.fixture(scope="module")
@@ -969,7 +970,7 @@ def automation(stack):
     url = f"http://127.0.0.1:{receiver.server_port}/lost-hosts"
     with client_for(stack) as client:
         (deployed,) = client.read_automations_by_name(ZOMBIE_AUTOMATION)
-        ids = deployed_ids(stack)
+        ids = sorted(deployed_flow_ids(stack))
         # As in docs/operations.md ("Being told").
         block_id = Webhook(method="POST", url=url).save("lost-hosts", overwrite=True)
         added = Automation.read(name=ZOMBIE_AUTOMATION)
@@ -991,9 +992,10 @@ def test_every_deployment_beats_and_make_deploy_makes_one_automation_for_them(st
     config = yaml.safe_load(DEPLOYMENT_FILE.read_text())
     beat = heartbeat_seconds(config)
     assert beat > 30  # Prefect's docs: more than 30 s (the installed Prefect rejects less than 30)
-    ids = {f"prefect.deployment.{i}" for i in deployed_ids(stack)}
+    # Every deployment's flow: its deployment runs and a command line's own runs of it (flows/cli.py beats too).
+    ids = {f"prefect.flow.{i}" for i in deployed_flow_ids(stack)}
     assert (
-        len(ids) == len(config["deployments"])
+        len(ids) == len({entry["entrypoint"] for entry in config["deployments"]})
         and deployed.enabled
         and deployed.trigger.within == timedelta(seconds=MISSED_HEARTBEATS * beat)
     )
@@ -1018,25 +1020,6 @@ def test_every_deployment_beats_and_make_deploy_makes_one_automation_for_them(st
 def client_for_state(stack, flow_run_id):
     with client_for(stack) as client:
         return client.read_flow_run(flow_run_id).state
-
-
-def heartbeats_of(stack, flow_run_id) -> int:
-    async def read():
-        from prefect.client.orchestration import PrefectClient
-
-        async with PrefectClient(stack.api_url, auth_string=stack.auth) as client:
-            response = await client._client.post(
-                "/events/filter",
-                json={
-                    "filter": {
-                        "event": {"name": ["prefect.flow-run.heartbeat"]},
-                        "resource": {"id": [f"prefect.flow-run.{flow_run_id}"]},
-                    }
-                },
-            )
-            return response.json()["total"]
-
-    return asyncio.run(read())
 
 
 def s3_keys(bucket: str, prefix: str) -> list[str]:
@@ -1110,7 +1093,7 @@ def test_a_training_whose_host_is_lost_is_set_crashed_and_resumed_on_another_hos
     (host_a,) = worker_that_ran(stack, run)
     (host_b,) = [name for name in WORKERS if name != host_a]
     # Lost after its first epoch, as in the issue: a checkpoint stored on S3, the run beating.
-    while not (stored_epochs(s3_bucket) >= 1 and heartbeats_of(stack, run.id)):
+    while not (stored_epochs(s3_bucket) >= 1 and heartbeats_of(stack.api_url, run.id, stack.auth)):
         assert time.monotonic() < deadline, stack.log_text()[-3000:]
         assert stack.workers[host_a].poll() is None, stack.log_text()[-3000:]
         time.sleep(1)
@@ -1161,7 +1144,7 @@ def test_a_training_whose_host_is_lost_is_set_crashed_and_resumed_on_another_hos
     # It says first which run it replaces and that it resumes after the epoch A's checkpoint holds, links to it...
     logs, artifacts = logs_and_artifacts(stack, rerun.id)
     headline = (
-        f"Replaces run {run.name} (Crashed: No heartbeat for 60 s: the run's host or worker was lost "
+        f"Replaces run {run.name} (Crashed: No heartbeat for 60 s: the run's host, worker or process was lost "
         f"(automation {ZOMBIE_AUTOMATION!r})); re-run 1 of at most 2; resuming from its last checkpoint (epoch "
         f"{resumable} or later) in s3://{s3_bucket}/runs/{run.name}-{str(run.id)[:8]}"
     )

@@ -18,7 +18,7 @@ from tasks.storage.s3 import list_s3_names, read_s3_object
 from tasks.sweep.study import STUDY_FILE
 from tests import helpers
 from tests.flows.nodes_stack import HOSTS, host_env, nodes_stack
-from tests.helpers import flow_run_log, lose_host_of, training_processes
+from tests.helpers import flow_run_log, heartbeats_of, lose_host_of, training_processes
 
 pytestmark = pytest.mark.integration
 
@@ -137,6 +137,7 @@ def test_a_sweep_on_s3_killed_and_resumed_on_another_host_trains_two_at_a_time_p
     finally:
         resumed.kill()
     assert resumed.returncode == 0, output[-5000:] + stack.log_text()[-3000:]
+    check_the_killed_attempt_is_crashed_and_linked(stack)
 
     registration = read_registration(f"{s3_work}/registry", "colours-sweep", 1)
     record = registration.params["sweep"]
@@ -192,3 +193,33 @@ def test_a_sweep_on_s3_killed_and_resumed_on_another_host_trains_two_at_a_time_p
         assert f"![{caption}](data:image/png;base64," in card.data
     assert read_s3_object(f"{run_dir}/sweep/{STUDY_FILE}"), "the study is stored beside the run's files"
     assert not any(training_processes(stack.folders[host]) for host in HOSTS), "a training process was left running"
+
+
+def check_the_killed_attempt_is_crashed_and_linked(stack) -> None:
+    """The killed sweep's run beat while it lived (the automation `make deploy` made sets a run of the sweep's flow
+    Crashed once its beats stop: docs/operations.md), and the resume set it Crashed at once, naming the run that
+    goes on; the two runs link to each other."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowFilter, FlowFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from deployments.automations import ZOMBIE_AUTOMATION
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        sweeps = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["sweep-pipeline"])))
+        killed, going_on = sorted(sweeps, key=lambda run: run.created)
+        (automation,) = client.read_automations_by_name(ZOMBIE_AUTOMATION)
+        artifacts = {
+            (artifact.key, str(artifact.flow_run_id)): artifact.data
+            for artifact in client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[killed.id, going_on.id]))
+            )
+        }
+    assert heartbeats_of(stack.api_url, killed.id) >= 1, "a command line's own run beats"
+    assert f"prefect.flow.{killed.flow_id}" in automation.trigger.match_related["prefect.resource.id"]
+    message = f"Its process stopped without a final state; the sweep was resumed by run {going_on.name}."
+    assert killed.state.is_crashed() and killed.state.message == message, killed.state
+    line = f"Resumes the sweep of run {killed.name} (Crashed: {message.rstrip('.')})"
+    assert line in flow_run_log(stack.api_url, going_on.id)
+    assert f"/runs/flow-run/{killed.id})" in artifacts["resumed-run", str(going_on.id)]
+    assert f"/runs/flow-run/{going_on.id})" in artifacts["resumed-by", str(killed.id)]

@@ -1,0 +1,77 @@
+"""The process a worker starts for a run of one of our deployments: Prefect's own engine (``python -m
+prefect.engine``), entered once the Prefect API answers, with a client that rides out a server restart.
+
+    python -m deployments.engine          # what the deployments' job variable ``command`` runs (deployments/deploy.py)
+
+Why: a worker starts a flow run's process, and the server stops (an upgrade, a restart) before that process has
+asked it anything. Prefect's client retries a refused connection only once it has connected at least once (a
+wrong URL fails fast), so the engine's first request (reading its flow run) failed at once, the process exited 1
+and the worker reported the run Crashed when the server came back (bench/load.py: 2 of 40 runs through a 23 s
+restart). Here the first request is retried until the server answers (``FIRST_ANSWER_S`` at most), on the client
+the engine then uses for the whole run (Prefect's sync client context): every later request of the run retries a
+refused connection as a connected client does (``PREFECT_CLIENT_MAX_RETRIES``, tasks/retrying.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import runpy
+import sys
+import time
+
+# How long a run's process waits for the server to answer its first request before it gives up (exit 1: the worker
+# reports it Crashed). Longer than any restart docs/operations.md describes, shorter than a lost server's.
+FIRST_ANSWER_S = 600.0
+
+
+class Waiting:
+    """Says once, on stderr (the worker's log), that the run's process waits for the API, and how long it took."""
+
+    def __init__(self, within_s: float) -> None:
+        self.started, self.within_s, self.said = time.monotonic(), within_s, False
+
+    def again(self, error: BaseException, every_s: float) -> None:
+        """Sleep ``every_s`` before the next try; raises ``error`` once ``within_s`` has passed."""
+        if time.monotonic() - self.started > self.within_s:
+            raise error
+        if not self.said:
+            print(f"waiting for the Prefect API to answer: {error}", file=sys.stderr, flush=True)
+            self.said = True
+        time.sleep(every_s)
+
+    def done(self) -> None:
+        if self.said:
+            print(
+                f"the Prefect API answered after {time.monotonic() - self.started:.0f} s", file=sys.stderr, flush=True
+            )
+
+
+def client_context(stack: contextlib.ExitStack, within_s: float = FIRST_ANSWER_S, every_s: float = 1.0):
+    """Prefect's sync client context, entered in ``stack`` once the API has answered its client (Prefect's version
+    check on entering, then a health check): the client counts as connected from then on."""
+    from prefect.context import SyncClientContext
+
+    waiting = Waiting(within_s)
+    while True:
+        context = SyncClientContext()
+        try:
+            stack.enter_context(context)
+            break
+        except RuntimeError as error:  # Prefect's version check: "Failed to reach API at …"
+            context.client.__exit__(None, None, None)
+            waiting.again(error, every_s)
+    while (error := context.client.api_healthcheck()) is not None:  # when the version check is switched off
+        waiting.again(error, every_s)
+    waiting.done()
+    return context
+
+
+def main() -> None:
+    with contextlib.ExitStack() as stack:
+        client_context(stack)
+        sys.argv = ["prefect.engine"]
+        runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
