@@ -17,16 +17,20 @@ there, else from files only their owner may read (mode 0600) in ``${XDG_CONFIG_H
   with ``--db postgresql`` and no such file, the one ``make postgres`` wrote (deployments/postgres.py). A
   PostgreSQL URL is checked before the server starts: one line if it cannot be reached or refuses the password.
 
-A file that its group or others may read is refused with one line: the secret in it may already be known.
+A file that its group or others may read is refused with one line: the secret in it may already be known. So is
+``server`` given a ``--port`` that another process holds on ``--host`` (exit status 2).
 Imports nothing but the standard library, so that it adds little to each command's start.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import ipaddress
 import os
 import secrets
+import socket
 import stat
 import sys
 import urllib.error
@@ -160,6 +164,29 @@ def asks_for_auth(api_url: str) -> bool:
     return False
 
 
+def port_taken(host: str, command: list[str]) -> str | None:
+    """The one line for a server ``command`` whose ``--port`` another process holds on ``host`` (None: it is free,
+    or no port is given there), found as Prefect's own start finds it."""
+    given = [a.removeprefix("--port=") for a in command if a.startswith("--port=")]
+    given += [after for flag, after in zip(command, command[1:]) if flag == "--port"]
+    if not given or not given[-1].isdigit():
+        return None
+    port = int(given[-1])
+    with contextlib.suppress(OSError):
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    return (
+                        f"port {port} on {host} is already in use (a Prefect server running already?): stop what "
+                        f"holds it, or start this server on another port (make server PORT={port + 1})"
+                    )
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     options, command = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
@@ -181,6 +208,9 @@ def main(argv: list[str] | None = None) -> None:
             env, told = server_environment(args.host, dict(os.environ), insecure, args.db, args.postgres_dir)
             if told:
                 print(told, file=sys.stderr, flush=True)
+            if taken := port_taken(args.host, command):
+                print(f"error: {taken}", file=sys.stderr)
+                raise SystemExit(2)
             database_url = next((env[name] for name in DATABASE_URLS if env.get(name)), None)
             if database_url:  # one line now, rather than a traceback from the server's start
                 from deployments.postgres import PostgresError, check_database

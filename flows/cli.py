@@ -5,12 +5,16 @@ traceback instead. ``image-classifier <command>`` (the console script, ``main`` 
 - ``CommandParser``: argparse whose errors are one line (no usage block; ``--help`` has it).
 - ``run_flow``: a flow's whole command line: its flags (``flows.flags.FlowFlags``: generated from the flow's
   signature and docstring and from its pydantic-model parameters' fields), a check before any work, the run.
-- ``check_prefect_api``: the server PREFECT_API_URL names answers, and lets this client in, before any work.
+- ``check_prefect_api``: the server PREFECT_API_URL names answers, and lets this client in, before any work; with
+  none named, the temporary server the command starts can have its database (flows/temporary_server.py).
 - ``COMMANDS`` / ``main``: ``image-classifier train|score|registry …``, each the ``main(argv)`` of a module that
   also runs as ``python -m <module>``.
-- ``run_command``: runs the flow; Prefect's console lines about a run that failed on a user's mistake (its
-  task and flow run "Finished in state Failed" with the traceback) are kept off the console by a filter on
-  Prefect's own console handler; the log file, and the Prefect API (the run's logs in the UI), still get them.
+- ``run_command``: starts the temporary server (its output in the log file) and runs the flow. A run that fails
+  at runtime (a ``RunFailedError``: a training, a shard, a sweep, the storage) is one line naming the flow run and
+  the log, exit status 1; any other exception is our bug and keeps its traceback. Prefect's console lines about
+  a failure told in one line (its task and flow run "Finished in state Failed" with the traceback) are kept off the
+  console by a filter on Prefect's own console handler; the log file, and the Prefect API (the run's logs in the
+  UI), still get them.
 """
 
 from __future__ import annotations
@@ -25,17 +29,22 @@ import re
 import sys
 import time
 import typing
+import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import ValidationError
 
-from tasks.errors import PipelineInputError, PrefectServerUnavailableError
+from flows import temporary_server
+from tasks.errors import PipelineInputError, PrefectServerUnavailableError, RunFailedError
 
-T = TypeVar("T")
 INPUT_ERRORS = (PipelineInputError, ValidationError)
+TOLD_IN_ONE_LINE = (RunFailedError, *INPUT_ERRORS)
 logger = logging.getLogger("flows.cli")
+# Prefect warns at import when it cannot make PREFECT_HOME; the temporary server's check says so in one line
+# (``image-classifier`` imports this module before Prefect).
+warnings.filterwarnings("ignore", message="Failed to create the Prefect home directory", category=UserWarning)
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -65,8 +74,8 @@ def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _input_error_names() -> set[str]:
-    names, todo = {"ValidationError"}, [PipelineInputError]
+def _told_error_names() -> set[str]:
+    names, todo = {"ValidationError"}, [PipelineInputError, RunFailedError]
     while todo:
         cls = todo.pop()
         names.add(cls.__name__)
@@ -74,42 +83,22 @@ def _input_error_names() -> set[str]:
     return names
 
 
-TEMPORARY_SERVER_STARTS = "Starting temporary server"
-TEMPORARY_SERVER_FAILED = "Timed out while attempting to connect to ephemeral Prefect API server"
-
-
-def temporary_server_failed(error: BaseException) -> str | None:
-    """The one line for Prefect's temporary server not answering in time (a RuntimeError of Prefect's), else None."""
-    if not (isinstance(error, RuntimeError) and str(error).startswith(TEMPORARY_SERVER_FAILED)):
-        return None
-    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
-
-    waited = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
-    return (
-        f"the temporary Prefect server this command starts did not answer within {waited:g} s "
-        "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS): run one that stays (`make server` in another shell, then "
-        "export PREFECT_API_URL=http://127.0.0.1:4200/api), or allow it longer"
-    )
-
-
-class HideInputErrorFailures(logging.Filter):
-    """Drops, from the console only, the records about a failure caused by a user's mistake: any record whose
-    exception is one, and Prefect's task/flow run failure lines naming one. The one line the command prints says
-    it; everything else (progress, warnings, failures of our own) still shows."""
+class HideFailuresToldInOneLine(logging.Filter):
+    """Drops, from the console only, the records about a failure that the command tells in one line (a user's
+    mistake, a run that failed): any record whose exception is one, and Prefect's task/flow run failure lines naming
+    one; and the temporary server's start. Everything else (progress, warnings, failures of our own) still shows."""
 
     _NAMED = re.compile(r"\b([A-Z]\w*Error)\b")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and (
-            isinstance(record.exc_info[1], INPUT_ERRORS) or temporary_server_failed(record.exc_info[1])
-        ):
+        if record.exc_info and isinstance(record.exc_info[1], TOLD_IN_ONE_LINE):
             return False
-        if record.name == "prefect" and record.getMessage().startswith(TEMPORARY_SERVER_STARTS):
-            return False  # Prefect's "Starting temporary server … See https://…": the log file has it
+        if record.getMessage().startswith(temporary_server.STARTS):
+            return False  # "Starting temporary server on …": the log file has it
         if record.name.startswith(("prefect.flow_runs", "prefect.task_runs")) and (
             record.levelno >= logging.ERROR or "Finished in state Failed" in record.getMessage()
         ):
-            return not set(self._NAMED.findall(record.getMessage())) & _input_error_names()
+            return not set(self._NAMED.findall(record.getMessage())) & _told_error_names()
         return True
 
 
@@ -121,8 +110,9 @@ def log_file_for(work_dir: str, prog: str) -> Path:
     return Path(local_folder(work_dir)).resolve() / "logs" / f"{prog}-{stamp}-{os.getpid()}.log"
 
 
-def run_command(call: Callable[[], T], *, log_file: Path, debug: bool) -> T:
-    """Run ``call`` (a flow) with the log going to ``log_file``; a user's mistake: one line and exit 2."""
+def run_command(flow: Any, arguments: dict[str, Any], *, log_file: Path, debug: bool) -> Any:
+    """Run ``flow`` with ``arguments``, the log going to ``log_file`` (a temporary server's output too): a user's
+    mistake is one line and exit 2, a run that failed one line naming the run and exit 1."""
     import prefect  # noqa: F401  (sets up Prefect's logging, whose console handler gets the filter)
 
     from tasks.console import console_filter
@@ -132,25 +122,40 @@ def run_command(call: Callable[[], T], *, log_file: Path, debug: bool) -> T:
     to_file.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
     root = logging.getLogger()
     root.addHandler(to_file)
-    # The filter stays on while the mistake itself is logged below (the file gets its traceback, the console not).
-    with contextlib.nullcontext() if debug else console_filter(HideInputErrorFailures()):
+    state = None
+    # The filter stays on while the failure itself is logged below (the file gets its traceback, the console not).
+    with contextlib.nullcontext() if debug else console_filter(HideFailuresToldInOneLine()):
         try:
-            return call()
-        except INPUT_ERRORS as error:
-            logger.error("%s", describe(error), exc_info=True)
+            temporary_server.start(log_file)
+            state = flow(**arguments, return_state=True)
+            return state.result()
+        except TOLD_IN_ONE_LINE as error:
+            if isinstance(error, RunFailedError) and state is not None:
+                line, status = f"run {flow_run_name(state)} failed: {str(error).strip().splitlines()[0]}", 1
+            else:
+                line, status = describe(error), 2
+            logger.error("%s", line, exc_info=True)
             if debug:
                 raise
-            print(f"error: {describe(error)} (full log: {log_file})", file=sys.stderr)
-            raise SystemExit(2) from None
-        except RuntimeError as error:
-            if (line := temporary_server_failed(error)) is None or debug:
-                raise
-            logger.error("%s", line, exc_info=True)
             print(f"error: {line} (full log: {log_file})", file=sys.stderr)
-            raise SystemExit(2) from None
+            raise SystemExit(status) from None
         finally:
             root.removeHandler(to_file)
             to_file.close()
+
+
+def flow_run_name(state: Any) -> str:
+    """The name of the flow run that ended in ``state``, quoted (its id when the server cannot say)."""
+    import httpx
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    run_id = state.state_details.flow_run_id
+    try:
+        with get_client(sync_client=True) as client:
+            return repr(client.read_flow_run(run_id).name)
+    except (httpx.HTTPError, ObjectNotFound):
+        return str(run_id)
 
 
 def run_flow(
@@ -178,13 +183,14 @@ def run_flow(
         check(arguments)
     except INPUT_ERRORS as error:
         fail(error, args.debug)
-    return run_command(lambda: flow(**given), log_file=log_file_for(arguments["work_dir"], log_name), debug=args.debug)
+    return run_command(flow, given, log_file=log_file_for(arguments["work_dir"], log_name), debug=args.debug)
 
 
 def check_prefect_api(required: bool = False) -> None:
     """The Prefect server that PREFECT_API_URL names answers (its version), with this client's credentials; else
     ``PrefectServerUnavailableError`` saying what to do. With no PREFECT_API_URL a flow runs on a temporary server
-    of its own, unless ``required`` (deployments need a server that stays)."""
+    of its own, whose database is checked (flows/temporary_server.py), unless ``required`` (deployments need a
+    server that stays)."""
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
@@ -195,6 +201,7 @@ def check_prefect_api(required: bool = False) -> None:
                 "(`make server` in another shell; `make deploy`, `make worker` and `make serve` set PREFECT_API_URL "
                 "to it)"
             )
+        temporary_server.check_database()
         return
     import httpx
     from prefect.client.orchestration import get_client

@@ -3,6 +3,10 @@
 Problems with what a user gave us (labels, class sets, model directories) derive
 from ``PipelineInputError``: they are deterministic, so the Prefect tasks' retry
 condition (``tasks.retrying.retry_unless_input_error``) never retries them.
+
+A run that started and then failed (a training, a shard, a sweep, the storage) raises a ``RunFailedError``
+(mixed in beside its other base, which decides the retry): the command lines tell it in one line naming the
+flow run and its log, exit status 1 (flows/cli.py).
 """
 
 from __future__ import annotations
@@ -10,6 +14,12 @@ from __future__ import annotations
 
 class PipelineInputError(ValueError):
     """Something the user gave us is not usable; retrying cannot help."""
+
+
+class RunFailedError(Exception):
+    """A run failed at runtime, past what its retries and re-runs could mend; its message's first line says what
+    failed. Always mixed in with the error's own base (RuntimeError, or PipelineInputError when retrying cannot
+    help)."""
 
 
 class NotLabeledDatasetError(PipelineInputError):
@@ -50,7 +60,7 @@ class InvalidStorageURIError(PipelineInputError):
     """A storage location that is not a usable ``s3://bucket/prefix``."""
 
 
-class OutputStorageError(PipelineInputError):
+class OutputStorageError(RunFailedError, PipelineInputError):
     """The output cannot be written: a full disk (ENOSPC), a quota (EDQUOT), a read-only filesystem (EROFS), an I/O
     error (EIO) or no permission (EACCES, EPERM) there. A fault of the storage, never of the images: the
     message names the location, the free space and the space still needed; a retry cannot help until it is
@@ -71,7 +81,12 @@ class PrefectServerUnavailableError(PipelineInputError):
     is not a Prefect API: found before any work, with what to do about it."""
 
 
-class RerunLimitError(PipelineInputError):
+class TemporaryServerError(PrefectServerUnavailableError):
+    """The temporary Prefect server a command starts (no PREFECT_API_URL) cannot start: its database cannot be
+    made or reached, or its process exited, or it did not answer in time (flows/temporary_server.py)."""
+
+
+class RerunLimitError(RunFailedError, PipelineInputError):
     """A training whose runs crashed (hosts lost) was already run again as often as allowed (tasks/launch/lost_runs.py)."""
 
 
@@ -83,7 +98,7 @@ class OnnxMismatchError(PipelineInputError):
     """The exported ONNX model does not reproduce PyTorch's outputs: exporting again cannot help."""
 
 
-class TrainingFailedError(RuntimeError):
+class TrainingFailedError(RunFailedError, RuntimeError):
     """The torchrun worker exited with a non-zero status.
 
     ``rank`` is the first rank whose log recorded a failure (``None`` if no rank did),
@@ -110,7 +125,7 @@ class TrainingNodeFailedError(TrainingFailedError):
     """A node of a multi-node training ended without completing (failed, crashed, cancelled); the others were cancelled."""
 
 
-class OutputInUseError(RuntimeError):
+class OutputInUseError(RunFailedError, RuntimeError):
     """Training processes of an earlier attempt still hold the output folder; a new attempt would write beside them."""
 
 
@@ -118,7 +133,7 @@ class TrainingDivergedError(TrainingFailedError, PipelineInputError):
     """The loss became NaN or infinite: the same parameters would diverge again, so it is not retried."""
 
 
-class SweepFailedError(PipelineInputError):
+class SweepFailedError(RunFailedError, PipelineInputError):
     """No trial of a sweep completed (each failed or was pruned): the search space's choices are the likely
     cause, so it is one line, not retried."""
 
@@ -128,8 +143,9 @@ class FailedImagesError(PipelineInputError):
     the cause, so it is one line naming them, not retried."""
 
 
-class ShardFailedError(RuntimeError):
-    """A shard of a sharded scoring failed (its own retries spent) or was run again as often as allowed."""
+class ShardFailedError(RunFailedError, RuntimeError):
+    """A shard of a sharded scoring failed (its own retries spent) or was run again as often as allowed: the
+    message names the shard, its index rows, its last flow run and that run's last message."""
 
 
 class InvalidTransformationsError(PipelineInputError):

@@ -24,6 +24,8 @@ from pathlib import PurePosixPath
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.sorting import LogSort
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
@@ -164,32 +166,50 @@ def _look(client, watched: Watched, part: str, timeout_s: float, deployment: str
     if run.state.is_completed():
         summary = read_summary(part)
         if summary is None:
-            raise ShardFailedError(f"shard {number}: flow run {run.name!r} completed but wrote no {part}")
+            raise shard_failed(watched, run, f"completed but wrote no {part}", last_message(client, run))
         return summary
     running_for = (
         (datetime.datetime.now(datetime.timezone.utc) - run.start_time).total_seconds()
         if run.state.is_running() and run.start_time
         else 0.0
     )
-    why = None
+    why = said = None
     if run.state.is_crashed():  # its host or worker lost
-        why = f"crashed ({run.state.message or 'no message'})"
+        why, said = "crashed", last_message(client, run)
     elif running_for > timeout_s:
+        said = last_message(client, run)  # read before the cancel, which makes the run log lines of its own
         cancel_unfinished(client, [run], f"ran past its shard timeout of {timeout_s:g} s")
         why = f"ran past its timeout of {timeout_s:g} s: cancelled"
     elif run.state.is_final():  # failed (its retries spent) or cancelled by someone
-        raise ShardFailedError(
-            f"shard {number} (index rows {watched.shard.start}-{watched.shard.stop}): flow run {run.name!r} ended "
-            f"{run.state.name}: {run.state.message or 'no message'}"
-        )
+        raise shard_failed(watched, run, f"ended {run.state.name}", last_message(client, run))
     if why is None:
         return run.state.name.lower()
     if watched.reruns >= MAX_RERUNS:
-        raise ShardFailedError(f"shard {number}: flow run {run.name!r} {why}, and was run {MAX_RERUNS} times again")
+        raise shard_failed(watched, run, f"{why}, and was run {MAX_RERUNS} times again", said)
     again = run_again(run, deployment, queue)
-    log(logging.WARNING, f"shard {number}: flow run {run.name!r} {why}; run again as {again.name!r}")
+    log(logging.WARNING, f"shard {number}: flow run {run.name!r} {why} ({said}); run again as {again.name!r}")
     watched.flow_run_id, watched.reruns = str(again.id), watched.reruns + 1
     return "run again"
+
+
+def shard_failed(watched: Watched, run, what: str, message: str) -> ShardFailedError:
+    """The error for a shard whose flow ``run`` ``what`` (ended Failed, ran past its timeout…): the shard, its index
+    rows, the run and the run's last ``message``."""
+    return ShardFailedError(
+        f"shard {watched.shard.shard} (index rows {watched.shard.start}-{watched.shard.stop}): flow run "
+        f"{run.name!r} {what}; its last message: {message}"
+    )
+
+
+def last_message(client, run) -> str:
+    """What ``run`` said last: its state's message (a failure's, a crash's), else its last log line (a run still
+    running has no state message), else 'none'."""
+    if run.state.message:
+        return run.state.message
+    logs = client.read_logs(
+        LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])), limit=1, sort=LogSort.TIMESTAMP_DESC
+    )
+    return logs[0].message if logs else "none"
 
 
 @stage_task

@@ -4,6 +4,7 @@ team's: on the network and on PostgreSQL) is tests/deployments/test_deployments.
 `make worker` and the CLI find the secret in its file, the UI asks for it and a training run leaves it nowhere."""
 
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -83,3 +84,27 @@ def test_make_refuses_a_secret_given_on_its_command_line():
             [*MAKE, "-n", "worker", f"{variable}=x"], cwd=PROJECT_ROOT, capture_output=True, text=True
         )
         assert result.returncode != 0 and f"{variable} given to make shows in `ps`" in result.stderr
+
+
+def test_make_server_on_a_port_in_use_is_one_line(config):
+    """`make server` on a port another process holds: one line before Prefect starts (exit status 2; make adds its
+    own line saying the recipe failed)."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT_SERVER_DATABASE"))}
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = subprocess.run(
+            [*MAKE, "server", f"PORT={port}"],
+            cwd=PROJECT_ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert result.returncode != 0 and errors == [
+        f"error: port {port} on 127.0.0.1 is already in use (a Prefect server running already?): stop what holds it, "
+        f"or start this server on another port (make server PORT={port + 1})"
+    ], result.stderr
+    assert "Traceback" not in result.stderr and "Port" not in result.stderr, "Prefect never started"

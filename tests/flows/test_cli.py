@@ -4,6 +4,7 @@ never retried; the full log goes to the run's log file."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -209,4 +210,53 @@ def test_a_temporary_server_that_does_not_start_is_one_line_and_its_start_stays_
     one_line_mistake(done, "the temporary Prefect server this command starts did not answer within 1 s", "make server")
     assert "Starting temporary server" not in done.stdout + done.stderr
     (log,) = (tmp_path / "runs" / "logs").glob("pipeline-*.log")
-    assert "Starting temporary server" in log.read_text() and "RuntimeError: Timed out" in log.read_text()
+    assert "Starting temporary server" in log.read_text() and "TemporaryServerError: " in log.read_text()
+
+
+def test_a_training_that_diverges_is_one_line_naming_the_run_and_its_log(prefect_server, mistakes, tmp_path):
+    """A run that fails at runtime (a learning rate no network survives: the loss is NaN by the second batch) is one
+    line naming the run and its log, exit status 1. Prefect's failure lines and their tracebacks go to the log file,
+    not the console (the training's own lines, streamed as it runs, stay)."""
+    from prefect.settings import PREFECT_API_URL
+
+    data = ("--train-data", str(mistakes / "train"), "--validation-data", str(mistakes / "train"), "--no-pretrained")
+    diverging = (
+        "--epochs",
+        "1",
+        "--batch-size",
+        "2",
+        "--image-size",
+        "32",
+        "--device",
+        "cpu",
+        "--learning-rate",
+        "1e9",
+    )
+    done = command("flows.pipeline", *data, *diverging, cwd=tmp_path, env={"PREFECT_API_URL": PREFECT_API_URL.value()})
+    assert done.returncode == 1, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "error:" in line]
+    told = re.fullmatch(
+        r"error: run '([\w-]+)' failed: training diverged: lower the learning rate: .+ \(full log: (.+)\)", line
+    )
+    assert told, line
+    assert "Finished in state Failed" not in done.stderr and "Encountered exception" not in done.stderr, done.stderr
+    log = Path(told[2]).read_text()
+    assert f"Beginning flow run '{told[1]}'" in log and "tasks.errors.TrainingDivergedError: training diverged" in log
+
+
+def test_the_console_drops_what_is_told_in_one_line_and_keeps_our_own_failures():
+    """The filter on Prefect's console handler (the log file and the API get every record)."""
+    from flows.cli import HideFailuresToldInOneLine
+    from tasks.errors import SweepFailedError
+
+    def shown(name: str, message: str, level: int = logging.INFO, error: Exception | None = None) -> bool:
+        exc_info = (type(error), error, None) if error else None
+        return HideFailuresToldInOneLine().filter(logging.LogRecord(name, level, "", 0, message, None, exc_info))
+
+    failed = "Finished in state Failed('Flow run encountered an exception: {}: …')"
+    assert not shown("prefect.flow_runs", failed.format("ShardFailedError"))
+    assert not shown("prefect.task_runs", failed.format("InvalidDatasetError"), logging.ERROR)
+    assert not shown("flows.cli", "run 'x' failed", logging.ERROR, SweepFailedError("no trial completed"))
+    assert not shown("flows.temporary_server", "Starting temporary server on http://127.0.0.1:8123")
+    assert shown("prefect.flow_runs", failed.format("KeyError")), "our bug: its lines stay"
+    assert shown("prefect.task_runs", "[rank 0] INFO epoch 1 of 1")

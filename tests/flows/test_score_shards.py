@@ -2,9 +2,11 @@
 PostgreSQL with the deployments `make deploy` makes, two process workers on the `gpu` pool, the S3 endpoint for
 the run folder; one shard's host is lost while it scores."""
 
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -137,6 +139,34 @@ def test_more_images_failing_than_allowed_fail_the_run_in_one_line(stack, s3_wor
     assert line.startswith("error: 1 image could not be scored, more than max_failed_images 0 allows: "), line
     assert damaged in line and "raise max_failed_images" in line
     assert read_s3_object(f"{work}/scores.csv") is None, "no table"
+
+
+def test_a_shard_past_its_reruns_fails_the_run_in_one_line(stack, s3_work, trained_model, tmp_path):
+    """A shard run past a timeout of 0.5 s: it is cancelled and run again, twice; then the scoring fails with one
+    line naming its run, the shard, its index rows, its last run and that run's last message, and the log file
+    (exit status 1); the tracebacks are in the log file, not on the console."""
+    # 4 images, one batch of 4: one shard (3 runs of it in all), the least that runs a shard again.
+    photos = write_class_folders(tmp_path / "photos", 2, classes=("red", "green"), seed=9)
+    work = f"{s3_work}/timeout"
+    flags = ("--shards", "2", "--shard-timeout-s", "0.5")
+    sharded = start(
+        stack, score_command(photos, trained_model, work, f"{work}/scores.csv", *flags), tmp_path, apart=True
+    )
+    try:
+        _, errors = sharded.communicate(timeout=600)
+    finally:
+        sharded.kill()
+    assert sharded.returncode == 1, errors
+    *progress, line = errors.strip().splitlines()  # the scoring's progress lines, then the one error line
+    assert "Traceback" not in errors and not any("error:" in p for p in progress), errors
+    told = re.fullmatch(
+        r"error: run '(?P<run>[\w-]+)' failed: shard 0 \(index rows 0-4\): flow run '(?P=run)-shard-0-rerun-2' ran "
+        r"past its timeout of 0.5 s: cancelled, and was run 2 times again; its last message: .+ \(full log: (?P<log>\S+)\)",
+        line,
+    )
+    assert told, line
+    log = Path(told["log"]).read_text()
+    assert "Traceback" in log and "tasks.errors.ShardFailedError: shard" in log and told["run"] in log
 
 
 def shard_runs_of(stack, work: str) -> list:
