@@ -20,7 +20,7 @@ in the server's record (each ran three).
 
 The restart: the server is stopped once half the round's runs are final, stays stopped ``--down-s`` seconds (20),
 and starts again; the table gives the whole time it did not answer. The round's deployment and workers have what
-``make deploy`` and ``make worker`` give ours (deployments/engine.py, tasks/retrying.py); ``--compare`` runs each
+``make deploy`` and ``make worker`` give ours (deployments/engine.py, tasks/outages); ``--compare`` runs each
 restart round first with Prefect's defaults instead, side by side.
 
     python -m bench.load --runs 100 --workers 4 --databases sqlite postgresql --compare    # BENCHMARKS.md's table
@@ -48,7 +48,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from bench.harness import PROJECT_ROOT
 from deployments.local import PrefectStack, free_port
-from tasks.retrying import RIDE_OUT_SERVER_RESTART
+from tasks.outages import RIDE_OUT_SERVER_RESTART
 
 # What a database error looks like in a server's or worker's log (SQLite's lock, SQLAlchemy's and asyncpg's errors).
 DATABASE_ERRORS = ("database is locked", "sqlalchemy.exc.", "OperationalError", "DBAPIError", "asyncpg.exceptions")
@@ -226,7 +226,7 @@ def one_round(
     prefect_defaults: bool = False,
 ) -> dict:
     """One round; ``prefect_defaults``: the deployment and workers without the project's settings for riding out
-    a restart (deployments/engine.py, tasks/retrying.py), as before them."""
+    a restart (deployments/engine.py, tasks/outages), as before them."""
     settings = {"OMP_NUM_THREADS": "1", "PREFECT_LOGGING_LEVEL": "INFO"}
     stall_s = 120  # a round ends when every run is final, or when none became final for this long
     stack = PrefectStack(home=home, database_url=database_url, settings=settings).start(timeout=300)
@@ -243,7 +243,7 @@ def one_round(
         # Created from a thread while the round is watched: the restart comes once half the runs are final.
         ids: list[str] = []
         create_errors: list[str] = []
-        # The client that creates them retries as a command line of ours does (tasks/retrying.py), or as Prefect's.
+        # The client that creates them retries as a command line of ours does (tasks/outages), or as Prefect's.
         retries = 5 if prefect_defaults else int(RIDE_OUT_SERVER_RESTART["PREFECT_CLIENT_MAX_RETRIES"])
         creating = threading.Thread(target=create_runs, args=(stack, deployment_id, runs, ids, create_errors, retries))
         creating.start()

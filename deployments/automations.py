@@ -8,8 +8,9 @@ deployments/prefect.yaml) while its process lives, and so does a command line's 
 process tree killed, or the command's process killed, stops the beats and sends no state change, so the run would
 stay Running for ever. The automation waits, for each flow run, for the next heartbeat or a final state after
 each heartbeat, and sets the run Crashed once none came for ``MISSED_HEARTBEATS`` intervals. It watches only the
-runs of the flows of the deployments ``make deploy`` made (their flows' ids), whose heartbeat pace is set: a run
-that beats at another pace (a setting of its own) must not be crashed for beating slowly.
+runs tagged ``beats-every-60s`` (``heartbeat_tag``, tasks/outages): the deployments' runs (``make deploy`` tags
+them) and the command lines' own, whose pace is known; any other run beats at Prefect's default pace (180 s) and
+must not be crashed for beating slowly.
 
 The second automation runs the crashed run's deployment again with the crashed run's parameters and
 ``replaces_run`` set to its id: the new run takes over the lost run's folder and resumes from its checkpoint
@@ -57,7 +58,8 @@ def heartbeat_seconds(config: dict) -> int:
 
 
 def runs_of(ids: list[str], role: str = "deployment") -> dict[str, ResourceSpecification]:
-    """A trigger's resources: the flow runs of the deployments (or, with ``role`` "flow", of the flows) ``ids``."""
+    """A trigger's resources: the flow runs of the deployments ``ids`` (or, with ``role`` "tag", tagged with one
+    of them)."""
     return {
         "match": ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
         "match_related": ResourceSpecification(
@@ -66,18 +68,18 @@ def runs_of(ids: list[str], role: str = "deployment") -> dict[str, ResourceSpeci
     }
 
 
-def zombie_automation(flow_ids: list[str], within: timedelta) -> Automation:
-    """Sets a run of one of ``flow_ids`` (the deployments' flows) Crashed when, after a heartbeat, neither another
-    heartbeat nor a final state came ``within`` that time."""
+def zombie_automation(tag: str, within: timedelta) -> Automation:
+    """Sets a run tagged ``tag`` (it beats at a known pace: tasks/outages) Crashed when, after a heartbeat,
+    neither another heartbeat nor a final state came ``within`` that time."""
     return Automation(
         name=ZOMBIE_AUTOMATION,
         description=(
-            f"A run of a flow of deployments/prefect.yaml (a deployment run, or a command line's own run) that sent no "
-            f"heartbeat for {within.total_seconds():g} s is set Crashed: its host, worker or process was lost. Made by "
-            "`make deploy` (deployments/automations.py)."
+            f"A run tagged {tag} (a run of a deployment of deployments/prefect.yaml, or a command line's own run) that "
+            f"sent no heartbeat for {within.total_seconds():g} s is set Crashed: its host, worker or process was lost. "
+            "Made by `make deploy` (deployments/automations.py)."
         ),
         trigger=EventTrigger(
-            **runs_of(flow_ids, role="flow"),
+            **runs_of([tag], role="tag"),
             after={"prefect.flow-run.heartbeat"},
             expect={"prefect.flow-run.heartbeat", *FINAL_EVENTS},
             for_each={"prefect.resource.id"},
@@ -132,8 +134,8 @@ def ensure_automation(wanted: Automation, own: type[Action]) -> Automation:
     return wanted
 
 
-def ensure_zombie_automation(flow_ids: list[str], within: timedelta) -> Automation:
-    return ensure_automation(zombie_automation(flow_ids, within), ChangeFlowRunState)
+def ensure_zombie_automation(tag: str, within: timedelta) -> Automation:
+    return ensure_automation(zombie_automation(tag, within), ChangeFlowRunState)
 
 
 def ensure_rerun_automation(deployment_ids: list[str]) -> Automation:

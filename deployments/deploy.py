@@ -36,7 +36,7 @@ from deployments.automations import (
 from deployments.local import PROJECT_ROOT
 from tasks.launch.lost_runs import MAX_RERUNS
 from tasks.launch.multinode import NODE_DEPLOYMENT
-from tasks.retrying import RIDE_OUT_SERVER_RESTART
+from tasks.outages import RIDE_OUT_SERVER_RESTART, heartbeat_tag
 from tasks.score_shards.parts import SHARD_DEPLOYMENTS
 from tasks.sweep.trials import TRIAL_DEPLOYMENT
 
@@ -84,7 +84,7 @@ def run_job_variables(job_variables: dict) -> dict:
     """A deployment's job variables with what every run of ours needs from its worker: its process started by
     deployments/engine.py (this interpreter, in the project root: the pull step's folder) so that a server restart
     around its start does not crash it, and the client settings that ride out a restart
-    (tasks/retrying.py) in its environment; what the file sets itself wins."""
+    (tasks/outages) in its environment; what the file sets itself wins."""
     env = {**RIDE_OUT_SERVER_RESTART, **job_variables.get("env", {})}
     return {
         "command": shlex.join([sys.executable, "-m", "deployments.engine"]),
@@ -126,9 +126,11 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
     names = deployment_names(config)
     states = read_schedule_states(names)
     kept = copy.deepcopy(config)
+    beat = heartbeat_seconds(config)
     for entry, name in zip(kept["deployments"], names):
         entry["schedules"] = keep_schedule_states(entry.get("schedules", []), states.get(name, {}))
         entry["work_pool"]["job_variables"] = run_job_variables(entry["work_pool"].get("job_variables", {}))
+        entry["tags"] = [*entry.get("tags", []), heartbeat_tag(beat)]  # the lost-host automation watches it
     with tempfile.TemporaryDirectory() as folder:
         deployment_file = Path(folder) / "prefect.yaml"
         deployment_file.write_text(yaml.safe_dump(kept, sort_keys=False), encoding="utf-8")
@@ -140,9 +142,8 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
         return result.returncode
-    beat = heartbeat_seconds(config)
-    ids, flow_ids = deployment_ids(names)
-    ensure_zombie_automation(sorted(set(flow_ids)), timedelta(seconds=MISSED_HEARTBEATS * beat))
+    ids = deployment_ids(names)
+    ensure_zombie_automation(heartbeat_tag(beat), timedelta(seconds=MISSED_HEARTBEATS * beat))
     trainings = [id for id, entry in zip(ids, config["deployments"]) if entry["entrypoint"] == RERUN_ENTRYPOINT]
     ensure_rerun_automation(trainings)
     print(next_steps(config, names))
@@ -155,13 +156,12 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
     return 0
 
 
-def deployment_ids(names: list[str]) -> tuple[list[str], list[str]]:
-    """The server's ids of the deployments ``names`` (``flow/deployment``), and of each one's flow."""
+def deployment_ids(names: list[str]) -> list[str]:
+    """The server's ids of the deployments ``names`` (``flow/deployment``)."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        deployments = [client.read_deployment_by_name(name) for name in names]
-    return [str(d.id) for d in deployments], [str(d.flow_id) for d in deployments]
+        return [str(client.read_deployment_by_name(name).id) for name in names]
 
 
 def next_steps(config: dict, names: list[str]) -> str:

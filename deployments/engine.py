@@ -7,21 +7,26 @@ Why: a worker starts a flow run's process, and the server stops (an upgrade, a r
 asked it anything. Prefect's client retries a refused connection only once it has connected at least once (a
 wrong URL fails fast), so the engine's first request (reading its flow run) failed at once, the process exited 1
 and the worker reported the run Crashed when the server came back (bench/load.py: 2 of 40 runs through a 23 s
-restart). Here the first request is retried until the server answers (``FIRST_ANSWER_S`` at most), on the client
+restart). Here the first request is retried until the server answers (``WAIT_FOR_SERVER_S`` at most), on the client
 the engine then uses for the whole run (Prefect's sync client context): every later request of the run retries a
-refused connection as a connected client does (``PREFECT_CLIENT_MAX_RETRIES``, tasks/retrying.py).
+refused connection as a connected client does (``PREFECT_CLIENT_MAX_RETRIES``, tasks/outages). Two more of the
+engine's first steps would otherwise meet a restart unprepared: loading the flow (a new client: the flow is loaded
+from its file instead, ``entrypoint_here``) and opening the events socket that records the task runs
+(tasks/outages/events.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import runpy
 import sys
 import time
+from pathlib import Path
 
-# How long a run's process waits for the server to answer its first request before it gives up (exit 1: the worker
-# reports it Crashed). Longer than any restart docs/operations.md describes, shorter than a lost server's.
-FIRST_ANSWER_S = 600.0
+from tasks.outages.settings import WAIT_FOR_SERVER_S
+
+WORKING_DIRECTORY_STEP = "prefect.deployments.steps.set_working_directory"
 
 
 class Waiting:
@@ -46,7 +51,7 @@ class Waiting:
             )
 
 
-def client_context(stack: contextlib.ExitStack, within_s: float = FIRST_ANSWER_S, every_s: float = 1.0):
+def client_context(stack: contextlib.ExitStack, within_s: float = WAIT_FOR_SERVER_S, every_s: float = 1.0):
     """Prefect's sync client context, entered in ``stack`` once the API has answered its client (Prefect's version
     check on entering, then a health check): the client counts as connected from then on."""
     from prefect.context import SyncClientContext
@@ -66,9 +71,31 @@ def client_context(stack: contextlib.ExitStack, within_s: float = FIRST_ANSWER_S
     return context
 
 
+def entrypoint_here(client) -> str | None:
+    """The run's flow as its deployment names it (``path:function``) when the deployment's pull steps only set the
+    working directory to this one (ours: deployments/prefect.yaml, and ``working_dir`` is the project root). The
+    engine then loads the flow from that file (Prefect's own ``PREFECT__FLOW_ENTRYPOINT``) instead of reading the
+    deployment again through a new client, whose first request would not ride out a restart."""
+    flow_run = client.read_flow_run(os.environ["PREFECT__FLOW_RUN_ID"])
+    if flow_run.deployment_id is None:
+        return None
+    deployment = client.read_deployment(flow_run.deployment_id)
+    here = Path.cwd().resolve()
+    for step in deployment.pull_steps or []:
+        (name, options), *others = step.items()
+        if others or name != WORKING_DIRECTORY_STEP or Path(options.get("directory", "")).resolve() != here:
+            return None
+    return deployment.entrypoint if deployment.entrypoint and ":" in deployment.entrypoint else None
+
+
 def main() -> None:
+    from tasks.outages.events import events_wait_for_the_server
+
     with contextlib.ExitStack() as stack:
-        client_context(stack)
+        context = client_context(stack)
+        stack.enter_context(events_wait_for_the_server())
+        if "PREFECT__FLOW_ENTRYPOINT" not in os.environ and (entrypoint := entrypoint_here(context.client)):
+            os.environ["PREFECT__FLOW_ENTRYPOINT"] = entrypoint
         sys.argv = ["prefect.engine"]
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
 

@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tasks.retrying import RIDE_OUT_SERVER_RESTART
+from tasks.outages import RIDE_OUT_SERVER_RESTART
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

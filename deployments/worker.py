@@ -14,7 +14,7 @@ import os
 import sys
 
 from deployments.deploy import ensure_work_pools
-from tasks.retrying import RIDE_OUT_SERVER_RESTART
+from tasks.outages import RIDE_OUT_SERVER_RESTART
 
 
 def flags(parser) -> None:

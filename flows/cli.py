@@ -127,7 +127,8 @@ def run_command(flow: Any, arguments: dict[str, Any], *, log_file: Path, debug: 
     with contextlib.nullcontext() if debug else console_filter(HideFailuresToldInOneLine()):
         try:
             temporary_server.start(log_file)
-            state = flow(**arguments, return_state=True)
+            with on_a_lasting_server():
+                state = flow(**arguments, return_state=True)
             return state.result()
         except TOLD_IN_ONE_LINE as error:
             if isinstance(error, RunFailedError) and state is not None:
@@ -142,6 +143,28 @@ def run_command(flow: Any, arguments: dict[str, Any], *, log_file: Path, debug: 
         finally:
             root.removeHandler(to_file)
             to_file.close()
+
+
+def on_a_lasting_server() -> contextlib.AbstractContextManager:
+    """With PREFECT_API_URL set, this command's own run beats as the deployments' runs do and carries the tag the
+    lost-host automation watches (the run of a killed command is set Crashed: docs/operations.md), and its requests
+    and events ride out a server restart (tasks/outages); a setting the environment gives wins (a slower beat: no
+    tag)."""
+    from prefect import settings, tags
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tasks.outages import RIDE_OUT_SERVER_RESTART, RUN_HEARTBEAT_S, heartbeat_tag
+    from tasks.outages.events import events_wait_for_the_server
+
+    if not PREFECT_API_URL.value():  # a temporary server: it stops with the command
+        return contextlib.nullcontext()
+    wanted = {**RIDE_OUT_SERVER_RESTART, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(RUN_HEARTBEAT_S)}
+    stack = contextlib.ExitStack()
+    stack.enter_context(events_wait_for_the_server())
+    stack.enter_context(temporary_settings({getattr(settings, k): v for k, v in wanted.items() if k not in os.environ}))
+    if int(os.environ.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", RUN_HEARTBEAT_S)) <= RUN_HEARTBEAT_S:
+        stack.enter_context(tags(heartbeat_tag(RUN_HEARTBEAT_S)))
+    return stack
 
 
 def flow_run_name(state: Any) -> str:

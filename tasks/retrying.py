@@ -35,9 +35,3 @@ def stage_task(fn=None, *, retries: int = 2, retry_delay_seconds: float = 2):
     )
     return decorate if fn is None else decorate(fn)
 
-
-# Prefect client settings for every process that talks to the server while work goes on (workers, deployment runs,
-# the command lines' own flow runs): a request the server does not answer (stopped for an upgrade or a restart) is
-# tried again after 2, 4, 8 … 128 s (Prefect's back-off, ±20% jitter), about 4 minutes in all, before the run
-# gives up on it. Measured with bench/load.py's restart round (BENCHMARKS.md, docs/operations.md).
-RIDE_OUT_SERVER_RESTART = {"PREFECT_CLIENT_MAX_RETRIES": "7"}

@@ -51,3 +51,39 @@ def test_a_stage_task_is_named_after_its_function_bare_or_with_options():
 
     assert (keep_going.name, keep_going.retries) == ("keep_going", 2)
     assert (once.name, once.retries) == ("once", 0)
+
+
+def test_the_deployments_beat_at_the_pace_of_the_command_lines_runs():
+    import yaml
+
+    from deployments.automations import heartbeat_seconds
+    from deployments.deploy import DEPLOYMENT_FILE
+    from tasks.outages import RUN_HEARTBEAT_S
+
+    assert heartbeat_seconds(yaml.safe_load(DEPLOYMENT_FILE.read_text())) == RUN_HEARTBEAT_S
+
+
+def test_a_command_lines_own_run_on_a_lasting_server_beats_tagged_and_rides_out_a_restart(monkeypatch):
+    """flows/cli.py runs its flow inside ``on_a_lasting_server()``: the beat, the tag the lost-host automation
+    watches and the client's retries; none of it on a temporary server, and no tag for a slower beat."""
+    from prefect.context import TagsContext
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_CLIENT_MAX_RETRIES,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
+
+    from flows.cli import on_a_lasting_server
+
+    monkeypatch.delenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", raising=False)
+    monkeypatch.delenv("PREFECT_CLIENT_MAX_RETRIES", raising=False)
+    with temporary_settings({PREFECT_API_URL: None}), on_a_lasting_server():
+        assert PREFECT_CLIENT_MAX_RETRIES.value() == 5 and "beats-every-60s" not in TagsContext.get().current_tags
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        with on_a_lasting_server():
+            assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == 60 and PREFECT_CLIENT_MAX_RETRIES.value() == 7
+            assert "beats-every-60s" in TagsContext.get().current_tags
+        monkeypatch.setenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "180")
+        with on_a_lasting_server():
+            assert "beats-every-60s" not in TagsContext.get().current_tags

@@ -46,6 +46,7 @@ from tasks.contracts.training_config import TrainingParams
 from tasks.contracts.transformations import RandomRotation
 from tasks.evaluation.score import score_images
 from tasks.launch.torchrun_output import read_metrics
+from tasks.outages import RIDE_OUT_SERVER_RESTART, RUN_HEARTBEAT_S, heartbeat_tag
 from tasks.registry import fetch_model, list_versions, read_registration, resolve
 from tasks.registry.manage import show_version
 from tasks.storage.runs import folder_size
@@ -948,12 +949,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def deployed_flow_ids(stack) -> set[str]:
-    """The ids of the flows of the deployments `make deploy` made from the file (`make serve`'s and the load
-    probe's, on this server too, are not among them)."""
+def made_by_deploy(stack) -> list:
+    """The deployments `make deploy` made from the file (`make serve`'s and the load probe's, on this server too,
+    are not among them)."""
     names = {entry["name"] for entry in yaml.safe_load(DEPLOYMENT_FILE.read_text())["deployments"]}
     with client_for(stack) as client:
-        return {str(d.flow_id) for d in client.read_deployments() if d.name in names}
+        return [d for d in client.read_deployments() if d.name in names]
 
 
 @pytest.fixture(scope="module")
@@ -970,7 +971,6 @@ def automation(stack):
     url = f"http://127.0.0.1:{receiver.server_port}/lost-hosts"
     with client_for(stack) as client:
         (deployed,) = client.read_automations_by_name(ZOMBIE_AUTOMATION)
-        ids = sorted(deployed_flow_ids(stack))
         # As in docs/operations.md ("Being told").
         block_id = Webhook(method="POST", url=url).save("lost-hosts", overwrite=True)
         added = Automation.read(name=ZOMBIE_AUTOMATION)
@@ -980,7 +980,7 @@ def automation(stack):
             )
         )
         added.update()
-        ensure_zombie_automation(ids, TEST_WITHIN)  # a re-deploy, with the test's wait
+        ensure_zombie_automation(heartbeat_tag(RUN_HEARTBEAT_S), TEST_WITHIN)  # a re-deploy, with the test's wait
         (now,) = client.read_automations_by_name(ZOMBIE_AUTOMATION)
     yield deployed, now, receiver
     receiver.shutdown()
@@ -992,14 +992,17 @@ def test_every_deployment_beats_and_make_deploy_makes_one_automation_for_them(st
     config = yaml.safe_load(DEPLOYMENT_FILE.read_text())
     beat = heartbeat_seconds(config)
     assert beat > 30  # Prefect's docs: more than 30 s (the installed Prefect rejects less than 30)
-    # Every deployment's flow: its deployment runs and a command line's own runs of it (flows/cli.py beats too).
-    ids = {f"prefect.flow.{i}" for i in deployed_flow_ids(stack)}
-    assert (
-        len(ids) == len({entry["entrypoint"] for entry in config["deployments"]})
-        and deployed.enabled
-        and deployed.trigger.within == timedelta(seconds=MISSED_HEARTBEATS * beat)
-    )
-    assert set(deployed.trigger.match_related["prefect.resource.id"]) == ids
+    # The runs that beat at the deployments' pace, tagged: every deployment's (and a command line's own: flows/cli.py).
+    deployments = made_by_deploy(stack)
+    assert len(deployments) == len(config["deployments"])
+    assert all(heartbeat_tag(beat) in d.tags for d in deployments), [d.tags for d in deployments]
+    assert deployed.enabled and deployed.trigger.within == timedelta(seconds=MISSED_HEARTBEATS * beat)
+    assert deployed.trigger.match_related["prefect.resource.id"] == [f"prefect.tag.{heartbeat_tag(beat)}"]
+    # Each deployment's runs start through deployments/engine.py with the client settings that ride out a server
+    # restart (tests/flows/test_score_shards.py restarts a server under such runs).
+    for job in [d.job_variables for d in deployments]:
+        assert job["command"].endswith(" -m deployments.engine") and job["working_dir"] == str(PROJECT_ROOT), job
+        assert job["env"]["PREFECT_CLIENT_MAX_RETRIES"] == RIDE_OUT_SERVER_RESTART["PREFECT_CLIENT_MAX_RETRIES"]
     assert [a.type for a in deployed.actions] == ["change-flow-run-state"] and deployed.actions[
         0
     ].state.value == "CRASHED"

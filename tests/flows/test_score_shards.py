@@ -194,3 +194,93 @@ def test_a_sharding_that_cannot_be_is_one_line_before_any_server(tmp_path):
     assert result.stderr.strip().splitlines() == ["error: max_failed_images -1 is not allowed: use 0 or more"], (
         result.stderr
     )
+
+
+def test_a_training_and_a_sharded_scoring_ride_out_a_server_stopped_for_20_s(
+    stack, s3_work, trained_model, colour_image_dirs, tmp_path
+):
+    """A training (the command line's own run, torchrun under it) and a sharded scoring (its shards deployment runs
+    on the pool's workers) go on while the server is stopped for 20 s and started again, as an upgrade does: both
+    commands succeed, no run is Crashed or Failed, and the server's record has every task run each run ran."""
+    from tests.helpers import pipeline_command
+
+    began = time.time()
+    photos = write_class_folders(tmp_path / "photos", 4, seed=10)  # 12 images: shards of 8 and 4
+    work = f"{s3_work}/restart"
+    scoring = start(stack, score_command(photos, trained_model, work, f"{work}/scores.csv", "--shards", "2"), tmp_path)
+    training_flags = ("--epochs", "3", "--batch-size", "4", "--device", "cpu")
+    (trainer := tmp_path / "trainer").mkdir()  # a host of its own
+    training = start(
+        stack, pipeline_command(*colour_image_dirs, "restart", tmp_path / "work", *training_flags), trainer
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not [r for r in shard_runs_of(stack, work) if r.state.is_running()]:
+            assert scoring.poll() is None and time.monotonic() < deadline, shard_runs_of(stack, work)
+            time.sleep(0.2)
+        down = stack.restart_server(down_s=20)
+        scored, _ = scoring.communicate(timeout=600)
+        trained, _ = training.communicate(timeout=600)
+    finally:
+        scoring.kill()
+        training.kill()
+    print(f"the server did not answer for {down:.0f} s")
+    assert down >= 20
+    assert scoring.returncode == 0, scored[-5000:] + stack.log_text()[-3000:]
+    assert training.returncode == 0, trained[-5000:] + stack.log_text()[-3000:]
+
+    runs = runs_since(stack, began)
+    assert sorted(flow for flow, _ in runs) == ["score-pipeline", "score-shard", "score-shard", "train-pipeline"]
+    assert all(run.state.is_completed() for _, run in runs), [(run.name, run.state) for _, run in runs]
+    # What each ran, by its own account: Prefect's line for each task run that finished, on the command's console;
+    # a shard runs its one task. The server records task runs from their events, a moment after they are sent.
+    ran = {
+        run.id: finished_task_runs({"score-pipeline": scored, "train-pipeline": trained}[flow])
+        for flow, run in runs
+        if flow != "score-shard"
+    }
+    assert all(len(names) >= 4 for names in ran.values()), ran
+    shards = [run.id for flow, run in runs if flow == "score-shard"]
+    deadline = time.monotonic() + 60
+    while True:
+        recorded = task_run_names(stack, runs)
+        missing = {id: names - recorded[id] for id, names in ran.items() if names - recorded[id]}
+        missing.update(
+            {id: {"score_shard"} for id in shards if not any(n.startswith("score_shard") for n in recorded[id])}
+        )
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert not missing, f"task runs missing from the server's record: {missing}"
+
+
+def runs_since(stack, began: float) -> list[tuple[str, object]]:
+    """(flow name, flow run) of every flow run that started since ``began`` (a time.time())."""
+    from datetime import datetime, timezone
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    after = datetime.fromtimestamp(began, timezone.utc)
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=after)))
+        names = {flow_id: client.read_flow(flow_id).name for flow_id in {run.flow_id for run in runs}}
+    return [(names[run.flow_id], run) for run in runs]
+
+
+def task_run_names(stack, runs) -> dict:
+    """The names of the task runs the server has recorded, by flow run id."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    ids = [run.id for _, run in runs]
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=200)
+    return {id: {t.name for t in task_runs if t.flow_run_id == id} for id in ids}
+
+
+def finished_task_runs(output: str) -> set[str]:
+    """The task runs a command's console says finished (Prefect's line for each)."""
+    return set(re.findall(r"Task run '([^']+)' - Finished in state Completed\(\)", output))
