@@ -34,4 +34,3 @@ def stage_task(fn=None, *, retries: int = 2, retry_delay_seconds: float = 2):
         cache_policy=NO_CACHE,
     )
     return decorate if fn is None else decorate(fn)
-
