@@ -196,7 +196,7 @@ def test_a_sweep_on_s3_killed_and_resumed_on_another_host_trains_two_at_a_time_p
 
 
 def check_the_killed_attempt_is_crashed_and_linked(stack) -> None:
-    """The killed sweep's run beat while it lived (the automation `make deploy` made sets a run of the sweep's flow
+    """The killed sweep's run beat while it lived, tagged for the automation `make deploy` made (it sets such a run
     Crashed once its beats stop: docs/operations.md), and the resume set it Crashed at once, naming the run that
     goes on; the two runs link to each other."""
     from prefect.client.orchestration import get_client
@@ -216,7 +216,8 @@ def check_the_killed_attempt_is_crashed_and_linked(stack) -> None:
             )
         }
     assert heartbeats_of(stack.api_url, killed.id) >= 1, "a command line's own run beats"
-    assert f"prefect.flow.{killed.flow_id}" in automation.trigger.match_related["prefect.resource.id"]
+    (watched,) = automation.trigger.match_related["prefect.resource.id"]
+    assert watched.removeprefix("prefect.tag.") in killed.tags, (watched, killed.tags)
     message = f"Its process stopped without a final state; the sweep was resumed by run {going_on.name}."
     assert killed.state.is_crashed() and killed.state.message == message, killed.state
     line = f"Resumes the sweep of run {killed.name} (Crashed: {message.rstrip('.')})"
