@@ -119,3 +119,12 @@ def test_importances_and_pictures_of_the_completed_trials(tmp_path):
     pictures = sweep.pictures(tmp_path / "pictures")
     assert [p.name for p in pictures] == ["optimisation_history.png", "parallel_coordinate.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in pictures)
+
+
+def test_a_reopened_study_names_the_run_that_drove_it_before_and_a_retry_is_not_a_new_attempt(tmp_path):
+    first = study(tmp_path, trials=2, parallel=1)
+    assert first.begin_attempt("run-a") is None, "a new study"
+    assert first.begin_attempt("run-a") is None, "the same run again: a retry of the flow"
+    reopened = study(tmp_path, trials=2, parallel=1)
+    assert reopened.begin_attempt("run-b") == "run-a"
+    assert study(tmp_path, trials=2, parallel=1).begin_attempt("run-c") == "run-b"
