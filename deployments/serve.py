@@ -12,6 +12,8 @@ As with `make deploy`, each schedule stays switched on or off as it is on the se
 
 from __future__ import annotations
 
+import os
+
 import yaml
 from prefect import serve
 from prefect.flows import load_flow_from_entrypoint
@@ -19,6 +21,7 @@ from prefect.schedules import Cron
 
 from deployments.deploy import DEPLOYMENT_FILE, keep_schedule_states, read_schedule_states
 from deployments.local import PROJECT_ROOT
+from tasks.outages import RIDE_OUT_SERVER_RESTART
 
 SERVED_SUFFIX = "-served"
 
@@ -51,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     from flows.cli import server_command
 
     server_command("python -m deployments.serve", __doc__, argv)
+    for setting, value in RIDE_OUT_SERVER_RESTART.items():  # the served runs' processes inherit them
+        os.environ.setdefault(setting, value)
     serve(*runner_deployments())
 
 
