@@ -76,7 +76,9 @@ def entrypoint_here(client) -> str | None:
     working directory to this one (ours: deployments/prefect.yaml, and ``working_dir`` is the project root). The
     engine then loads the flow from that file (Prefect's own ``PREFECT__FLOW_ENTRYPOINT``) instead of reading the
     deployment again through a new client, whose first request would not ride out a restart."""
-    flow_run = client.read_flow_run(os.environ["PREFECT__FLOW_RUN_ID"])
+    if not (flow_run_id := os.environ.get("PREFECT__FLOW_RUN_ID")):
+        return None  # Prefect's engine says what it needs
+    flow_run = client.read_flow_run(flow_run_id)
     if flow_run.deployment_id is None:
         return None
     deployment = client.read_deployment(flow_run.deployment_id)
