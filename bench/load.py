@@ -228,7 +228,8 @@ def one_round(
     """One round; ``prefect_defaults``: the deployment and workers without the project's settings for riding out
     a restart (deployments/engine.py, tasks/outages), as before them."""
     settings = {"OMP_NUM_THREADS": "1", "PREFECT_LOGGING_LEVEL": "INFO"}
-    stall_s = 120  # a round ends when every run is final, or when none became final for this long
+    # A round ends when every run is final, or when none became final for this long (the restart's outage aside).
+    stall_s = 120 + (down_s if restart else 0)
     stack = PrefectStack(home=home, database_url=database_url, settings=settings).start(timeout=300)
     server_cpu = 0.0
     try:
@@ -361,6 +362,7 @@ def measure(
     fewer: int,
     down_s: float = 20.0,
     compare: bool = False,
+    keep: bool = False,
 ) -> dict:
     """Every round; with ``compare``, each restart round is run first with Prefect's defaults, side by side."""
     from deployments.postgres import Cluster, create_database
@@ -396,7 +398,10 @@ def measure(
             postgres.send_signal(signal.SIGINT)
             postgres.wait(timeout=60)
         shutil.rmtree(cluster_dir, ignore_errors=True)
-        shutil.rmtree(scratch, ignore_errors=True)
+        if keep:
+            print(f"the rounds' servers' and workers' logs: {scratch}/<round>/logs", flush=True)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
     return results
 
 
@@ -437,8 +442,11 @@ def main() -> None:
     parser.add_argument(
         "--compare", action="store_true", help="run each restart round first with Prefect's client defaults"
     )
+    parser.add_argument("--keep", action="store_true", help="keep the rounds' logs (their folder is printed)")
     args = parser.parse_args()
-    results = measure(args.runs, args.workers, args.databases, args.limit, args.fewer, args.down_s, args.compare)
+    results = measure(
+        args.runs, args.workers, args.databases, args.limit, args.fewer, args.down_s, args.compare, args.keep
+    )
     print(table(results))
     if "backup" in results:
         print(f"pg_dump / pg_restore: {json.dumps(results['backup'])}")
