@@ -93,6 +93,10 @@ def entrypoint_here(client) -> str | None:
 def main() -> None:
     from tasks.outages.events import events_wait_for_the_server
 
+    # A session of its own, as Prefect starts its engine when no command is given: a signal meant for the worker's
+    # process group (its stop) does not reach the run, and one meant for the run's group does not reach the worker.
+    with contextlib.suppress(OSError):  # already a session leader
+        os.setsid()
     with contextlib.ExitStack() as stack:
         context = client_context(stack)
         stack.enter_context(events_wait_for_the_server())
