@@ -16,6 +16,9 @@ The new run, before anything else (``take_over_lost_run``):
 
 A sweep's trial (flows/sweep_trial.py) is run again by its sweep instead (tasks/sweep/trials.py), into the same
 folder, and takes over with ``take_over_lost_trial``: the same limit, first line and artifacts.
+
+A sweep resumed with ``--resume`` after its own process was killed calls ``take_over_stopped_run``: the stopped
+attempt's run, left Running, is set Crashed naming the new run, and the two link to each other.
 """
 
 from __future__ import annotations
