@@ -116,7 +116,7 @@ def train(folders: TrainingFolders, params: TrainingParams) -> str:
             folders,
             params,
             run_id=Path(folders.output_dir).parent.name,
-            log=logger.log,
+            log=watchable(logger.log),
             on_metrics=on_metrics,
         )
     else:
@@ -142,6 +142,14 @@ def train(folders: TrainingFolders, params: TrainingParams) -> str:
     return str(model_dir.root)
 
 
+def watchable(log: Callable[[int, str], None]) -> Callable[[int, str], None]:
+    """``log`` for torchrun's lines, each made safe for `prefect deployment run --watch`, which prints log messages
+    as rich markup: a "[/…]" in a line (PyTorch's gloo errors begin with their source file so) is a closing tag
+    without an opening one, and the watch stopped on it (MarkupError) while the run went on. Escaped as rich
+    escapes it; the ranks' own log files keep the line as it was."""
+    return lambda level, line: log(level, line.replace("[/", "\\[/"))
+
+
 @stage_task(retries=0)
 def train_node(folders: TrainingFolders, params: TrainingParams, rendezvous: Rendezvous) -> str:
     """One node's launcher of a multi-node training (flows/train_node.py); not retried alone: the train task
@@ -152,7 +160,7 @@ def train_node(folders: TrainingFolders, params: TrainingParams, rendezvous: Ren
         node_params,
         run_id=rendezvous.id,
         is_host=rendezvous.is_host,
-        log=get_run_logger().log,
+        log=watchable(get_run_logger().log),
     )
     return str(model_dir.root)
 
