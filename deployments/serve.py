@@ -12,8 +12,6 @@ As with `make deploy`, each schedule stays switched on or off as it is on the se
 
 from __future__ import annotations
 
-import os
-
 import yaml
 from prefect import serve
 from prefect.flows import load_flow_from_entrypoint
@@ -21,7 +19,7 @@ from prefect.schedules import Cron
 
 from deployments.deploy import DEPLOYMENT_FILE, keep_schedule_states, read_schedule_states
 from deployments.local import PROJECT_ROOT
-from tasks.outages import RIDE_OUT_SERVER_RESTART
+from tasks.outages import ride_out_in_this_environment
 
 SERVED_SUFFIX = "-served"
 
@@ -54,8 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     from flows.cli import server_command
 
     server_command("python -m deployments.serve", __doc__, argv)
-    for setting, value in RIDE_OUT_SERVER_RESTART.items():  # the served runs' processes inherit them
-        os.environ.setdefault(setting, value)
+    ride_out_in_this_environment()  # the served runs' processes inherit it
     serve(*runner_deployments())
 
 

@@ -14,7 +14,7 @@ import os
 import sys
 
 from deployments.deploy import ensure_work_pools
-from tasks.outages import RIDE_OUT_SERVER_RESTART
+from tasks.outages import ride_out_in_this_environment
 
 
 def flags(parser) -> None:
@@ -29,9 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     args = server_command("python -m deployments.worker", __doc__, argv, flags)
     for pool in ensure_work_pools([args.pool]):
         print(f"Created work pool {pool!r} (type process).", flush=True)
-    # The worker's own requests ride out a server restart (its flow runs get the same from their deployment).
-    for setting, value in RIDE_OUT_SERVER_RESTART.items():
-        os.environ.setdefault(setting, value)
+    ride_out_in_this_environment()  # the worker's own requests (its runs get the same from their deployment)
     command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool]
     command += ["--name", args.name] if args.name else []
     command += ["--limit", str(args.limit)] if args.limit is not None else []

@@ -9,6 +9,6 @@ Used by workers (deployments/worker.py), deployment runs (deployments/deploy.py,
 command lines' own runs (flows/cli.py).
 """
 
-from tasks.outages.settings import RIDE_OUT_SERVER_RESTART, RUN_HEARTBEAT_S, heartbeat_tag
+from tasks.outages.settings import RIDE_OUT_SERVER_RESTART, RUN_HEARTBEAT_S, heartbeat_tag, ride_out_in_this_environment
 
-__all__ = ["RIDE_OUT_SERVER_RESTART", "RUN_HEARTBEAT_S", "heartbeat_tag"]
+__all__ = ["RIDE_OUT_SERVER_RESTART", "RUN_HEARTBEAT_S", "heartbeat_tag", "ride_out_in_this_environment"]

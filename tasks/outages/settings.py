@@ -8,6 +8,16 @@ from __future__ import annotations
 # it. Measured with bench/load.py's restart round (BENCHMARKS.md, docs/operations.md).
 RIDE_OUT_SERVER_RESTART = {"PREFECT_CLIENT_MAX_RETRIES": "7"}
 
+
+def ride_out_in_this_environment() -> None:
+    """``RIDE_OUT_SERVER_RESTART`` in this process's environment, which the processes it starts inherit (a worker's,
+    ``make serve``'s runs); a value already set wins."""
+    import os
+
+    for setting, value in RIDE_OUT_SERVER_RESTART.items():
+        os.environ.setdefault(setting, value)
+
+
 # How long a deployment run's process waits for the server's first answer before it gives up (deployments/engine.py):
 # about the client's retries above.
 WAIT_FOR_SERVER_S = 240.0
