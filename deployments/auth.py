@@ -19,7 +19,8 @@ there, else from files only their owner may read (mode 0600) in ``${XDG_CONFIG_H
 
 A file that its group or others may read is refused with one line: the secret in it may already be known. So is
 ``server`` given a ``--port`` that another process holds on ``--host`` (exit status 2).
-Imports nothing but the standard library, so that it adds little to each command's start.
+Imports nothing but the standard library and ``tasks.storage.secrets`` (the rule it shares with the online
+endpoint's token), so that it adds little to each command's start.
 """
 
 from __future__ import annotations
@@ -27,16 +28,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import ipaddress
 import os
 import secrets
 import socket
-import stat
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from tasks.storage.secrets import SecretFileError, config_dir, create_secret, is_loopback, read_secret
 
 SERVER_AUTH = "PREFECT_SERVER_API_AUTH_STRING"
 CLIENT_AUTH = "PREFECT_API_AUTH_STRING"
@@ -45,51 +46,9 @@ AUTH_FILE = "prefect-auth"
 DATABASE_FILE = "database-url"
 
 
-class SecretFileError(Exception):
-    """A secret's file that cannot be trusted or read: a user's mistake, told in one line."""
-
-
-def config_dir() -> Path:
-    configured = os.environ.get("IMAGE_CLASSIFIER_CONFIG")
-    if configured:
-        return Path(configured)
-    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "image-classifier"
-
-
-def read_secret(path: Path) -> str | None:
-    """The secret in ``path`` (None when there is no such file), refused unless only its owner may read it."""
-    try:
-        status = path.stat()
-    except FileNotFoundError:
-        return None
-    if status.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise SecretFileError(
-            f"{path} may be read by others (mode {stat.S_IMODE(status.st_mode):04o}): "
-            f"run `chmod 600 {path}`, and change the secret in it if others could have read it"
-        )
-    text = path.read_text(encoding="utf-8").strip()
-    if not text:
-        raise SecretFileError(f"{path} is empty: write the secret in it, or remove it")
-    return text
-
-
 def create_auth_string(path: Path) -> str:
     """A random ``prefect:<password>`` written to ``path``, created with mode 0600 (never opened wider)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    auth = f"prefect:{secrets.token_urlsafe(32)}"
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-        file.write(auth + "\n")
-    return auth
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return create_secret(path, f"prefect:{secrets.token_urlsafe(32)}")
 
 
 def server_environment(

@@ -2,7 +2,7 @@
 line on stderr and exit status 2, the full log (tracebacks included) goes to a file, and ``--debug`` shows the
 traceback instead. ``image-classifier <command>`` (the console script, ``main`` here) reaches them all.
 
-- ``CommandParser``: argparse whose errors are one line (no usage block; ``--help`` has it).
+- ``CommandParser`` (from tasks/console.py): argparse whose errors are one line (no usage block; ``--help`` has it).
 - ``run_flow``: a flow's whole command line: its flags (``flows.flags.FlowFlags``: generated from the flow's
   signature and docstring and from its pydantic-model parameters' fields), a check before any work, the run.
 - ``check_prefect_api``: the server PREFECT_API_URL names answers, and lets this client in, before any work; with
@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from flows import temporary_server
+from tasks.console import CommandParser
 from tasks.errors import PipelineInputError, PrefectServerUnavailableError, RunFailedError
 
 INPUT_ERRORS = (PipelineInputError, ValidationError)
@@ -45,17 +46,6 @@ logger = logging.getLogger("flows.cli")
 # Prefect warns at import when it cannot make PREFECT_HOME; the temporary server's check says so in one line
 # (``image-classifier`` imports this module before Prefect).
 warnings.filterwarnings("ignore", message="Failed to create the Prefect home directory", category=UserWarning)
-
-
-class CommandParser(argparse.ArgumentParser):
-    """An argparse parser whose error is one line: ``prog: error: ... (--help lists the flags)``."""
-
-    def __init__(self, *args: Any, hint: str = "--help lists the flags", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.hint = hint
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} ({self.hint})\n")
 
 
 def describe(error: BaseException) -> str:
@@ -294,6 +284,7 @@ COMMANDS = {
     "runs": ("flows.runs", "list the run folders, prune the old ones"),
     "predict": ("flows.predict", "label a few photos with a trained model, at once (no server)"),
     "sweep": ("flows.sweep", "sweep hyperparameters over the gpu pool and register the best trial"),
+    "serve": ("tasks.serving.__main__", "answer HTTP requests with a registered model, batched, following its alias"),
 }
 
 
@@ -304,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="image-classifier",
         description="Folders of images in, trained and registered classifiers out. Each command also runs as "
         "python -m flows.pipeline (train), flows.score (score), tasks.registry (registry), flows.runs (runs) or "
-        "flows.predict (predict).",
+        "flows.predict (predict), tasks.serving (serve).",
         hint="--help lists the commands",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")

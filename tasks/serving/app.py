@@ -1,0 +1,353 @@
+"""The HTTP API (FastAPI): ``/v1/predict``, ``/v1/model``, ``/healthz``, ``/readyz``, ``/metrics`` and the Open
+Inference Protocol's ``/v2/...``. docs/serving.md describes each; FastAPI's own page is ``/docs``.
+
+Every error is JSON ``{"error": "...", "part": "..."}`` (``part`` when one image of the request is to blame) with
+its status: 400 an unreadable image or request, 401 no or a wrong bearer token, 404 an unknown model, 413 a body
+or an image too large, 415 a content type that is not an image or multipart, 503 not ready or the queue full (with
+``Retry-After``), 500 a forward pass that raised (its batch only). A client never sees a traceback; the log has it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from tasks.predict.classifier import Prediction
+from tasks.serving import oip
+from tasks.serving.endpoint import Endpoint, NotReadyError, Served
+from tasks.serving.metrics import ServeMetrics
+from tasks.serving.model import ImageRefused
+
+logger = logging.getLogger("tasks.serving")
+VERSION_HEADER = "X-Model-Version"
+# Open to anyone who reaches the port, token or not: the probes of a load balancer or Kubernetes, and the API's
+# description (it says nothing about the model).
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/docs", "/openapi.json"})
+RAW_IMAGE_TYPES = ("image/", "application/octet-stream")
+RETRY_AFTER_S = "1"
+
+
+class Refused(Exception):
+    """A request answered with an error status and a JSON reason."""
+
+    def __init__(self, status: int, message: str, part: str | None = None, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.part, self.headers = status, part, headers or {}
+
+
+def _package_version() -> str:
+    try:
+        return version("image-classifier-pipeline")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
+    """The app around ``endpoint``. ``starting`` (an awaitable) runs in the lifespan, in the background: the
+    model's loading, so that ``/healthz`` answers while it loads and ``/readyz`` once it is warm."""
+    settings, metrics = endpoint.settings, endpoint.metrics
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.get_running_loop().create_task(starting) if starting is not None else None
+        app.state.loading = task
+        yield
+        if task is not None and not task.done():
+            task.cancel()
+        await endpoint.close()
+
+    app = FastAPI(
+        title="image-classifier serve",
+        version=_package_version(),
+        description="A registered image classifier answering HTTP requests, batched (docs/serving.md).",
+        lifespan=lifespan,
+    )
+
+    @app.middleware("http")
+    async def bearer_token(request: Request, call_next):  # noqa: ANN202
+        if request.url.path in OPEN_PATHS:
+            return await call_next(request)
+        endpoint.requests_seen(+1)  # a request in flight, for SIGTERM's drain
+        try:
+            return await guarded(request, call_next)
+        finally:
+            endpoint.requests_seen(-1)
+
+    async def guarded(request: Request, call_next):  # noqa: ANN202
+        if settings.token is not None:
+            given = request.headers.get("authorization", "")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.token.encode()):
+                metrics.requests.labels(request.url.path, "401", "").inc()
+                return JSONResponse(
+                    {"error": "this endpoint needs 'Authorization: Bearer <token>' (docs/serving.md, Security)"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        return await call_next(request)
+
+    @app.exception_handler(Refused)
+    async def refused(request: Request, error: Refused) -> JSONResponse:
+        content: dict[str, Any] = {"error": str(error)}
+        if error.part is not None:
+            content["part"] = error.part
+        return JSONResponse(content, status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def our_bug(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse({"error": f"internal error ({type(error).__name__}); the server's log has it"}, 500)
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
+            raise Refused(
+                413, f"the body is {int(declared):,} bytes, more than {settings.max_body_bytes:,} (--max-body-mb)"
+            )
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > settings.max_body_bytes:
+                raise Refused(413, f"the body is more than {settings.max_body_bytes:,} bytes (--max-body-mb)")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def images_of(request: Request) -> list[tuple[str, bytes]]:
+        """(part name, encoded image) for each image a /v1/predict request sent."""
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type.startswith(RAW_IMAGE_TYPES):
+            return [("body", await read_body(request))]
+        if content_type != "multipart/form-data":
+            raise Refused(
+                415,
+                f"content type {content_type or 'none'!r}: send one image as the body (image/jpeg, image/png, … or "
+                "application/octet-stream) or images as multipart/form-data",
+            )
+        request._body = await read_body(request)  # the form parser reads it from there (Starlette's Request.stream)
+        try:
+            form = await request.form(max_files=settings.max_queue, max_fields=settings.max_queue)
+        except Exception as error:  # noqa: BLE001 (Starlette's MultiPartException and python-multipart's errors)
+            raise Refused(400, f"the multipart body cannot be read: {error}") from None
+        parts = []
+        for field, value in form.multi_items():
+            if isinstance(value, str):
+                raise Refused(400, f"form field {field!r} is text: send each image as a file part", field)
+            name = f"{field}:{value.filename}" if value.filename else field
+            parts.append((name, await value.read()))
+        if not parts:
+            raise Refused(400, "the multipart body holds no file part: send each image as one")
+        return parts
+
+    def admit(count: int) -> None:
+        if endpoint.admitted + count > settings.max_queue:
+            raise Refused(
+                503,
+                f"the queue is full ({endpoint.admitted} of {settings.max_queue} images waiting): try again",
+                headers={"Retry-After": RETRY_AFTER_S},
+            )
+        endpoint.admitted += count
+        metrics.queue_depth.set(endpoint.admitted)
+
+    def leave(count: int) -> None:
+        endpoint.admitted -= count
+        metrics.queue_depth.set(endpoint.admitted)
+
+    def pick() -> Served:
+        try:
+            return endpoint.pick()
+        except NotReadyError as error:
+            raise Refused(503, str(error), headers={"Retry-After": RETRY_AFTER_S}) from None
+
+    async def run(served: Served, parts: list[tuple[str, bytes]]) -> np.ndarray:
+        """The probabilities of ``parts`` (N x classes) on ``served``: decoded in threads, then batched."""
+        loop = asyncio.get_running_loop()
+        decoding = [loop.run_in_executor(endpoint.decoder, served.model.decode, data, name) for name, data in parts]
+        try:
+            images = await asyncio.gather(*decoding)
+        except ImageRefused as error:
+            raise Refused(error.status, str(error), error.part) from None
+        try:
+            results = await asyncio.gather(*(served.batcher.submit(image) for image in images))
+        except Exception as error:  # noqa: BLE001 (a forward pass that raised: this batch's requests only)
+            logger.error("a forward pass of %s failed: %s: %s", served.identity.label, type(error).__name__, error)
+            raise Refused(500, f"the model failed on this request's batch ({type(error).__name__})") from None
+        return np.stack(results)
+
+    async def answer(
+        request: Request, endpoint_name: str, parts_of: Any, respond: Any, served: Served | None = None
+    ) -> Response:
+        """A prediction request from admission to answer, counted and timed by the version that answered."""
+        started, label, status, admitted = time.perf_counter(), "", 500, 0
+        try:
+            served = served or pick()
+            label = served.identity.label
+            admit(1)  # the body's memory, before it is read
+            admitted = 1
+            endpoint.bind(served)
+            try:
+                parts = await parts_of(request)
+                if len(parts) > 1:
+                    admit(len(parts) - 1)
+                    admitted = len(parts)
+                response = respond(served, parts, await run(served, parts))
+            finally:
+                endpoint.release(served)
+            response.headers[VERSION_HEADER] = label
+            status = response.status_code
+            return response
+        except Refused as error:
+            status = error.status
+            if label:
+                error.headers = {**error.headers, VERSION_HEADER: label}
+            raise
+        finally:
+            if admitted:
+                leave(admitted)
+            metrics.requests.labels(endpoint_name, str(status), label).inc()
+            if status == 200:
+                metrics.latency.labels(label).observe(time.perf_counter() - started)
+
+    # -- the project's own API ------------------------------------------------------------------------------
+    @app.post(
+        "/v1/predict",
+        summary="Label one image (the raw body) or several (multipart/form-data file parts)",
+        responses={
+            200: {"description": "each image's label and most probable classes; the version in X-Model-Version"},
+            400: {"description": "an image Pillow cannot read (the part is named)"},
+            413: {"description": "a body or an image (pixels) over the limit"},
+            415: {"description": "neither an image type nor multipart/form-data"},
+            503: {"description": "not ready yet, or the queue is full (Retry-After)"},
+        },
+    )
+    async def predict(
+        request: Request, top_k: int = Query(3, ge=1, description="how many of the most probable classes to give")
+    ) -> Response:
+        def respond(served: Served, parts: list[tuple[str, bytes]], probabilities: np.ndarray) -> Response:
+            classes, rows = served.model.classes, []
+            for (name, _), values in zip(parts, probabilities, strict=True):
+                prediction = Prediction(name, classes[int(values.argmax())], dict(zip(classes, values.tolist())))
+                rows.append({"image": name, "label": prediction.label, "top": dict(prediction.top(top_k))})
+            identity = served.identity
+            return JSONResponse({"model": {"name": identity.name, "version": identity.version}, "predictions": rows})
+
+        return await answer(request, "/v1/predict", images_of, respond)
+
+    @app.get("/v1/model", summary="The model being served: name, version, alias, classes, weights' sha256, runtime")
+    async def model() -> dict[str, Any]:
+        if endpoint.primary is None:
+            raise Refused(503, "the model is still loading", headers={"Retry-After": RETRY_AFTER_S})
+
+        def described(served: Served) -> dict[str, Any]:
+            identity = served.identity
+            return {
+                "name": identity.name,
+                "version": identity.version,
+                "alias": identity.alias,
+                "classes": served.model.classes,
+                "sha256": identity.sha256,
+                "runtime": identity.runtime,
+                "device": str(served.model.device),
+            }
+
+        shown = described(endpoint.primary)
+        if endpoint.canary is not None:
+            shown["canary"] = {**described(endpoint.canary), "percent": settings.canary_percent}
+        return shown
+
+    @app.get("/healthz", summary="The process is alive", response_class=JSONResponse)
+    async def healthz() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/readyz", summary="The model is loaded and warmed, and the server is not stopping")
+    async def readyz() -> Response:
+        if endpoint.ready:
+            return JSONResponse({"status": "ready", "model": endpoint.describe()})
+        loading = getattr(app.state, "loading", None)
+        why = "stopping" if endpoint.draining else ("loading" if loading is None or not loading.done() else "failed")
+        return JSONResponse({"status": why}, status_code=503)
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- the Open Inference Protocol ------------------------------------------------------------------------
+    def served_as(name: str, model_version: str | None = None) -> Served:
+        for served in endpoint.versions():
+            identity = served.identity
+            if identity.name == name and (model_version is None or str(identity.version) == model_version):
+                return served
+        serving = ", ".join(s.identity.label for s in endpoint.versions()) or "nothing yet"
+        wanted = name if model_version is None else f"{name} version {model_version}"
+        raise Refused(404, f"{wanted} is not served here (serving {serving})")
+
+    @app.get("/v2", summary="Open Inference Protocol: server metadata")
+    async def server_metadata() -> dict[str, Any]:
+        return {"name": "image-classifier", "version": _package_version(), "extensions": ["binary_tensor_data"]}
+
+    @app.get("/v2/health/live", summary="Open Inference Protocol: the server is alive")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready", summary="Open Inference Protocol: the server is ready")
+    async def ready() -> Response:
+        return JSONResponse({"ready": endpoint.ready}, status_code=200 if endpoint.ready else 503)
+
+    @app.get("/v2/models/{name}", summary="Open Inference Protocol: model metadata")
+    @app.get("/v2/models/{name}/versions/{model_version}", summary="Open Inference Protocol: a version's metadata")
+    async def model_metadata(name: str, model_version: str | None = None) -> dict[str, Any]:
+        served = served_as(name, model_version)
+        versions = [str(s.identity.version) for s in endpoint.versions() if s.identity.name == name]
+        platform = "onnxruntime_onnx" if served.identity.runtime == "onnx" else "pytorch_torchvision"
+        return oip.model_metadata(name, versions, platform, len(served.model.classes))
+
+    @app.get("/v2/models/{name}/ready", summary="Open Inference Protocol: the model is ready")
+    @app.get("/v2/models/{name}/versions/{model_version}/ready", summary="Open Inference Protocol: a version is ready")
+    async def model_ready(name: str, model_version: str | None = None) -> dict[str, Any]:
+        served_as(name, model_version)
+        return {"name": name, "ready": True}
+
+    async def infer(request: Request, name: str, model_version: str | None) -> Response:
+        served = served_as(name, model_version) if model_version is not None else None
+        if served is None:
+            served_as(name)  # 404 for a model not served; the canary split applies to the name alone
+        parsed: list[oip.InferRequest] = []
+
+        async def parts_of(request: Request) -> list[tuple[str, bytes]]:
+            try:
+                parsed.append(oip.parse_infer_request(await read_body(request), request.headers.get(oip.HEADER_LENGTH)))
+            except oip.InferRequestError as error:
+                raise Refused(400, str(error)) from None
+            return [(f"{oip.INPUT_NAME}[{i}]", image) for i, image in enumerate(parsed[0].images)]
+
+        def respond(served: Served, parts: list[tuple[str, bytes]], probabilities: np.ndarray) -> Response:
+            classes = served.model.classes
+            labels = [classes[int(i)] for i in probabilities.argmax(axis=1)]
+            identity = served.identity
+            body, headers = oip.infer_response(parsed[0], identity.name, str(identity.version), labels, probabilities)
+            return Response(body, headers=headers)
+
+        return await answer(request, "/v2/infer", parts_of, respond, served)
+
+    @app.post("/v2/models/{name}/infer", summary="Open Inference Protocol: label encoded images (a BYTES input)")
+    async def infer_model(request: Request, name: str) -> Response:
+        return await infer(request, name, None)
+
+    @app.post("/v2/models/{name}/versions/{model_version}/infer", summary="Open Inference Protocol: with a version")
+    async def infer_version(request: Request, name: str, model_version: str) -> Response:
+        return await infer(request, name, model_version)
+
+    return app
+
+
+__all__ = ["OPEN_PATHS", "VERSION_HEADER", "ServeMetrics", "create_app"]

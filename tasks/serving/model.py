@@ -1,0 +1,174 @@
+"""One served model version: its files checked and loaded, an image's bytes to the uint8 tensor the batch needs,
+a batch to its probabilities.
+
+The photos go through scoring's own decode and transforms (``tasks.vision``: EXIF orientation applied, RGB,
+the model's deterministic transformations, normalised where the network runs), so a photo gets the probabilities
+``predict`` and ``score`` give it (tests/serving). On CUDA a JPEG is decoded on the device with the rest of its
+batch (``DevicePipeline``, as scoring does); elsewhere, and for other formats, PIL decodes it in a thread.
+Imports no Prefect.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from tasks.contracts.model_directory import WEIGHTS_FILE, ModelDirectory
+from tasks.contracts.registry_layout import parse_reference
+from tasks.contracts.scores_table import Runtime
+from tasks.convert.storing import HEIF_READER  # noqa: F401 (registers the HEIC opener with Pillow)
+from tasks.errors import InvalidModelNameError, PipelineInputError
+from tasks.registry.core import Registry, resolve
+from tasks.registry.fetch import fetch_model
+from tasks.storage.local_files import sha256_file
+from tasks.vision.device_pipeline import DevicePipeline
+from tasks.vision.images import upright_rgb
+from tasks.vision.networks import load_trained_model, memory_format
+from tasks.vision.payloads import JPEG_START
+from tasks.vision.transforms import eval_transform
+
+
+class ImageRefused(PipelineInputError):
+    """An image a request sent that is not served: ``part`` names it in the request, ``status`` is the HTTP status
+    it gets (400 unreadable, 413 too many pixels)."""
+
+    def __init__(self, part: str, reason: str, status: int = 400) -> None:
+        super().__init__(f"{part}: {reason}")
+        self.part, self.status = part, status
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which model answers: what ``/v1/model`` shows and each response's ``X-Model-Version`` header carries."""
+
+    name: str
+    version: int | None  # None: a ModelDirectory served from a path
+    alias: str | None  # the alias followed, when MODEL named one
+    sha256: str  # of the weights file (model.pt)
+    runtime: Runtime
+    source: str  # the registry, or the ModelDirectory's path
+
+    @property
+    def label(self) -> str:
+        """``name/3``, or the folder's name for a ModelDirectory."""
+        return self.name if self.version is None else f"{self.name}/{self.version}"
+
+
+def locate(model: str, registry: Registry, cache_dir: Path, runtime: Runtime) -> tuple[ModelDirectory, Identity]:
+    """A ModelDirectory path, or a registry reference resolved now (an alias to the version it names): its files
+    checked against their registered sha256 (a local registry's version folder itself; from S3 a download into
+    ``cache_dir``), and who it is."""
+    if Path(model).is_dir():
+        model_dir = ModelDirectory(model)
+        weights = sha256_file(model_dir.weights_path)
+        return model_dir, Identity(model_dir.root.resolve().name, None, None, weights, runtime, str(model_dir.root))
+    try:
+        reference = parse_reference(model)
+    except InvalidModelNameError as error:
+        raise InvalidModelNameError(
+            f"{model!r} is neither a model directory nor a registry reference: {error}"
+        ) from None
+    registration = resolve(registry, reference)
+    model_dir = fetch_model(registry, f"{registration.name}/{registration.version}", cache_dir)
+    identity = Identity(
+        registration.name,
+        registration.version,
+        reference.alias,
+        registration.files[WEIGHTS_FILE],
+        runtime,
+        os.fspath(registry) if isinstance(registry, str | os.PathLike) else registry.location,
+    )
+    return model_dir, identity
+
+
+class ServedModel:
+    """A trained model in memory, ready for batches: ``decode`` one image's bytes (in any thread), ``forward`` a
+    batch of decoded images (in the one thread that runs the network)."""
+
+    def __init__(
+        self,
+        model_dir: ModelDirectory,
+        identity: Identity,
+        *,
+        device: str | torch.device = "cpu",
+        max_pixels: int,
+    ) -> None:
+        spec = model_dir.spec
+        self.model_dir, self.identity, self.max_pixels = model_dir, identity, max_pixels
+        self.classes = list(model_dir.classes)
+        self.transform = eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std)
+        self.side = self.transform.size
+        if identity.runtime == "onnx":
+            from tasks.evaluation.onnx_export import INPUT_NAME, OUTPUT_NAME, onnx_session
+
+            self.device = torch.device("cpu")
+            self._session, self._names = onnx_session(model_dir), (INPUT_NAME, OUTPUT_NAME)
+        else:
+            self.device = torch.device(device)
+            self._network = load_trained_model(model_dir, self.device).to(memory_format=memory_format(self.device))
+        self._pipeline = (
+            DevicePipeline(self.transform, spec.transformations, spec.image_size, self.device)
+            if self.device.type == "cuda"
+            else None
+        )
+
+    def decode(self, data: bytes, part: str) -> torch.Tensor:
+        """One image's bytes to what ``forward`` takes: the uint8 (3, side, side) image after the deterministic
+        transformations, or, on CUDA, a JPEG's bytes (a 1-D uint8 tensor) for the device to decode with its batch.
+        Refused (``ImageRefused``, naming ``part``) when Pillow cannot read it or it has more than ``max_pixels``
+        pixels: the size comes from the header, so a decompression bomb is never decoded."""
+        if not data:
+            raise ImageRefused(part, "empty: no image bytes were sent")
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                pixels = image.width * image.height
+                if pixels > self.max_pixels:
+                    raise ImageRefused(
+                        part,
+                        f"{image.width} x {image.height} = {pixels:,} pixels, more than the {self.max_pixels:,} "
+                        "this server decodes (--max-image-pixels)",
+                        413,
+                    )
+                if self._pipeline is not None and data.startswith(JPEG_START):
+                    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                return self.transform.decode(upright_rgb(image))
+        except ImageRefused:
+            raise
+        except Image.DecompressionBombError as error:  # past twice Pillow's own limit: refused by Image.open
+            raise ImageRefused(part, f"refused as a decompression bomb ({error})", 413) from None
+        except UnidentifiedImageError:
+            raise ImageRefused(part, "not an image Pillow can read (JPEG, PNG, WebP, HEIC, AVIF, …)") from None
+        except (OSError, SyntaxError, ValueError) as error:
+            raise ImageRefused(part, f"damaged or truncated image ({error})") from None
+
+    @torch.inference_mode()
+    def forward(self, images: Sequence[torch.Tensor]) -> np.ndarray:
+        """The probabilities (N, classes) of a batch of ``decode``'s results, in order: one forward pass."""
+        if self._pipeline is not None:
+            batch = self._pipeline.decode(list(images))
+        else:
+            batch = torch.stack(list(images))
+        batch = self.transform.normalize(batch.to(self.device, non_blocking=True))
+        if self.identity.runtime == "onnx":
+            input_name, output_name = self._names
+            return self._session.run([output_name], {input_name: batch.numpy()})[0]
+        batch = batch.contiguous(memory_format=memory_format(self.device))
+        return torch.softmax(self._network(batch).float(), dim=1).cpu().numpy()
+
+    def warm(self, batch_sizes: Sequence[int]) -> None:
+        """One forward pass per batch size, of black images, before the model takes requests: the first calls
+        allocate, and on CUDA pick kernels."""
+        black = torch.zeros((3, self.side, self.side), dtype=torch.uint8)
+        if self._pipeline is not None:  # the device's JPEG decoder too
+            encoded = io.BytesIO()
+            Image.new("RGB", (self.side, self.side)).save(encoded, format="JPEG")
+            black = self.decode(encoded.getvalue(), "warm-up")
+        for size in sorted(set(batch_sizes)):
+            self.forward([black] * size)
