@@ -34,6 +34,7 @@ VERSION_HEADER = "X-Model-Version"
 # Open to anyone who reaches the port, token or not: the probes of a load balancer or Kubernetes, and the API's
 # description (it says nothing about the model).
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/docs", "/openapi.json"})
+UNCOUNTED_PATHS = OPEN_PATHS | {"/metrics"}  # not requests in flight for SIGTERM's drain
 RAW_IMAGE_TYPES = ("image/", "application/octet-stream")
 RETRY_AFTER_S = "1"
 
@@ -74,28 +75,28 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
         lifespan=lifespan,
     )
 
+    def authorized(request: Request) -> bool:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), settings.token.encode())
+
     @app.middleware("http")
-    async def bearer_token(request: Request, call_next):  # noqa: ANN202
-        if request.url.path in OPEN_PATHS:
+    async def token_and_drain(request: Request, call_next):  # noqa: ANN202
+        """The bearer token checked (when one is set), and the request counted in flight for SIGTERM's drain."""
+        path = request.url.path
+        if settings.token is not None and path not in OPEN_PATHS and not authorized(request):
+            metrics.requests.labels(path, "401", "").inc()
+            return JSONResponse(
+                {"error": "this endpoint needs 'Authorization: Bearer <token>' (docs/serving.md, Security)"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if path in UNCOUNTED_PATHS:
             return await call_next(request)
-        endpoint.requests_seen(+1)  # a request in flight, for SIGTERM's drain
+        endpoint.requests_seen(+1)
         try:
-            return await guarded(request, call_next)
+            return await call_next(request)
         finally:
             endpoint.requests_seen(-1)
-
-    async def guarded(request: Request, call_next):  # noqa: ANN202
-        if settings.token is not None:
-            given = request.headers.get("authorization", "")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.token.encode()):
-                metrics.requests.labels(request.url.path, "401", "").inc()
-                return JSONResponse(
-                    {"error": "this endpoint needs 'Authorization: Bearer <token>' (docs/serving.md, Security)"},
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-        return await call_next(request)
 
     @app.exception_handler(Refused)
     async def refused(request: Request, error: Refused) -> JSONResponse:

@@ -89,6 +89,7 @@ class Endpoint:
 
     def requests_seen(self, change: int) -> None:
         self.in_flight += change
+        self.metrics.in_flight.set(self.in_flight)
         self.last_request = time.monotonic()
 
     def quiet_for(self) -> float:

@@ -49,6 +49,11 @@ class ServeMetrics:
             "Images admitted and not yet answered (being read, decoded, queued or in a forward pass)",
             registry=self.registry,
         )
+        self.in_flight = Gauge(
+            f"{PREFIX}_requests_in_flight",
+            "HTTP requests being answered (the probes and /metrics left out): what SIGTERM's drain waits for",
+            registry=self.registry,
+        )
         self.model = Gauge(
             f"{PREFIX}_model_info",
             "1 for each model version being served, by role (primary, canary) and the weights' sha256",

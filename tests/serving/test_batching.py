@@ -1,0 +1,100 @@
+"""What one function holds: the dynamic batcher (tasks/serving/batching.py) with a plain function for the forward
+pass, and the Open Inference Protocol's encodings (tasks/serving/oip.py) against tritonclient's own."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from tasks.serving import oip
+from tasks.serving.batching import Batcher
+
+
+def run_batcher(forward, items, **settings):
+    """Each item's result or exception, with ``items`` submitted at once; and the batch sizes that ran."""
+    sizes = []
+
+    async def main():
+        with ThreadPoolExecutor(1) as executor:
+            batcher = Batcher(forward, executor, on_batch=lambda size, _: sizes.append(size), **settings)
+            batcher.start()
+            results = await asyncio.gather(*(batcher.submit(item) for item in items), return_exceptions=True)
+            await batcher.stop()
+            return results
+
+    return asyncio.run(main()), sizes
+
+
+def test_waiting_items_share_passes_up_to_the_batch_size_and_keep_their_order():
+    results, sizes = run_batcher(
+        lambda batch: [item * 10 for item in batch], range(20), max_batch_size=8, max_wait_s=0.05
+    )
+    assert results == [item * 10 for item in range(20)]
+    assert sizes == [8, 8, 4]
+
+
+def test_a_pass_that_raises_fails_its_batch_only_and_the_next_runs():
+    def forward(batch):
+        if 3 in batch:
+            raise RuntimeError("out of memory")
+        return batch
+
+    results, sizes = run_batcher(forward, range(8), max_batch_size=4, max_wait_s=0.05)
+    assert [type(r).__name__ if isinstance(r, Exception) else r for r in results] == [
+        *["RuntimeError"] * 4,
+        *range(4, 8),
+    ]
+    assert sizes == [4, 4]
+
+
+def test_a_lone_item_waits_no_longer_than_max_wait():
+    results, sizes = run_batcher(lambda batch: batch, [1], max_batch_size=64, max_wait_s=0.0)
+    assert results == [1] and sizes == [1]
+    with pytest.raises(ValueError, match="max_batch_size 0"):
+        Batcher(lambda batch: batch, None, max_batch_size=0, max_wait_s=0)
+
+
+def test_tritonclient_s_binary_request_is_read_and_the_answer_encoded_as_asked():
+    from tritonclient.http import InferInput, InferRequestedOutput
+    from tritonclient.http._utils import _get_inference_request
+
+    images = [b"\xff\xd8\xff first", b"\x89PNG second"]
+    tensor = InferInput("image", [2], "BYTES")
+    tensor.set_data_from_numpy(np.array(images, dtype=np.object_))
+    body, header_length = _get_inference_request(
+        [tensor], "req-7", [InferRequestedOutput("label", binary_data=False)], 0, False, False, 0, None, None
+    )
+    request = oip.parse_infer_request(body, str(header_length))
+    assert (request.id, request.images, request.binary_outputs) == ("req-7", images, {"label": False})
+
+    probabilities = np.array([[0.25, 0.75], [0.5, 0.5]], dtype=np.float32)
+    answer, headers = oip.infer_response(request, "m", "3", ["b", "a"], probabilities)
+    assert headers == {"Content-Type": "application/json"}
+    assert json.loads(answer)["outputs"] == [{"name": "label", "datatype": "BYTES", "shape": [2], "data": ["b", "a"]}]
+
+    binary = oip.InferRequest(None, images, {"probabilities": True})
+    answer, headers = oip.infer_response(binary, "m", "3", ["b", "a"], probabilities)
+    size = int(headers[oip.HEADER_LENGTH])
+    assert np.array_equal(np.frombuffer(answer[size:], dtype="<f4").reshape(2, 2), probabilities)
+
+
+def test_a_json_request_takes_base64_and_a_bad_one_is_told():
+    encoded = base64.b64encode(b"image bytes").decode()
+    body = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": [encoded]}]}
+    assert oip.parse_infer_request(json.dumps(body).encode(), None).images == [b"image bytes"]
+    for broken, message in (
+        ({"inputs": []}, "exactly one input"),
+        ({"inputs": [{**body["inputs"][0], "datatype": "FP32"}]}, "expected 'BYTES'"),
+        ({"inputs": [{**body["inputs"][0], "data": ["%%%"]}]}, "not base64"),
+        ({"inputs": [{**body["inputs"][0], "shape": [2]}]}, "does not hold its 1 elements"),
+        ({**body, "outputs": [{"name": "logits"}]}, "output 'logits' unknown"),
+    ):
+        with pytest.raises(oip.InferRequestError, match=message):
+            oip.parse_infer_request(json.dumps(broken).encode(), None)
+    with pytest.raises(oip.InferRequestError, match="not JSON"):
+        oip.parse_infer_request(b"{", None)
