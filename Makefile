@@ -42,7 +42,7 @@ SERVER_SECRETS = $(BIN)/python -m deployments.auth server --host $(HOST) $(if $(
 WITH_AUTH = $(BIN)/python -m deployments.auth client --
 
 .PHONY: run test test-fast lint browser postgres-programs postgres postgres-stop screenshots bench data server worker \
-	deploy serve clean torch-check
+	deploy serve serve-model clean torch-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,8 +63,10 @@ torch-check:
 		echo "Install a matching pair from one index, e.g. $(BIN)/python -m pip install --force-reinstall torch torchvision" >&2; \
 		exit 1; }
 
+# The new version takes the production alias when it beats the one there (the first always does): what
+# `make serve-model` follows.
 run: $(VENV)/.installed
-	$(WITH_AUTH) $(BIN)/python -m flows.pipeline $(RUN_ARGS) $(if $(DEBUG),--debug)
+	$(WITH_AUTH) $(BIN)/python -m flows.pipeline --promote-to production $(RUN_ARGS) $(if $(DEBUG),--debug)
 
 # The suite keeps two cores ~88% busy, but some files wait long (heartbeats, join timeouts), so its files run in
 # TEST_WORKERS processes at once, each file whole in one of them (--dist loadfile: its module fixtures start once),
@@ -128,6 +130,12 @@ worker: $(VENV)/.installed
 deploy: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
 deploy: $(VENV)/.installed
 	@$(WITH_AUTH) $(BIN)/python -m deployments.deploy
+
+# The registered model answering HTTP requests (tasks/serving, docs/serving.md), following MODEL's alias: MODEL is
+# a registry reference or a model folder; SERVE_ARGS adds options (--port 9000 --max-batch-size 32 …).
+MODEL ?= digits-resnet18@production
+serve-model: $(VENV)/.installed
+	$(BIN)/python -m tasks.serving $(MODEL) $(SERVE_ARGS)
 
 # Single-process alternative to worker + deploy (flow.serve).
 serve: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
