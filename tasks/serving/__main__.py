@@ -10,7 +10,7 @@ MODEL is a registry reference (``name``, ``name/3``, ``name@production``; ``--re
 ModelDirectory. With ``name@alias`` the registry is read every ``--poll-s`` seconds and a new version swapped in
 when the alias moves. On an address other than loopback a bearer token is required: IMAGE_CLASSIFIER_SERVE_TOKEN,
 or the 0600 file ``--token-file`` (``~/.config/image-classifier/serve-token``, created with a random token when
-missing). On SIGTERM, ``/readyz`` turns 503, requests in flight are answered (``--drain-s`` at most), then it exits.
+missing). ``--ssl-certfile`` and ``--ssl-keyfile`` serve HTTPS. On SIGTERM, ``/readyz`` turns 503, requests in flight are answered (``--drain-s`` at most), then it exits.
 A mistake (an unknown model, a bad option, a port in use) is one line on stderr and exit status 2. docs/serving.md
 has the API, the settings and sizing.
 """
@@ -63,6 +63,8 @@ def parse(argv: list[str] | None, prog: str) -> tuple[ServeSettings, Path | None
     parser.add_argument(
         "--token-file", type=Path, help=f"the bearer token's 0600 file (~/.config/image-classifier/{TOKEN_FILE})"
     )
+    parser.add_argument("--ssl-certfile", metavar="PEM", help="TLS: the certificate (chain), with --ssl-keyfile")
+    parser.add_argument("--ssl-keyfile", metavar="PEM", help="TLS: the certificate's private key")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     for flag, value, least in (
@@ -79,6 +81,11 @@ def parse(argv: list[str] | None, prog: str) -> tuple[ServeSettings, Path | None
         parser.error("--max-body-mb and --poll-s must be more than 0")
     if not 0 < args.canary_percent < 100:
         parser.error(f"--canary-percent {args.canary_percent}: give a share between 0 and 100")
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        parser.error("give --ssl-certfile and --ssl-keyfile together")
+    for flag, path in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
+        if path and not Path(path).is_file():
+            parser.error(f"{flag} {path}: no such file")
     if not 0 < args.port < 65536:
         parser.error(f"--port {args.port}: give 1 to 65535")
     settings = ServeSettings(
@@ -98,6 +105,8 @@ def parse(argv: list[str] | None, prog: str) -> tuple[ServeSettings, Path | None
         canary_percent=args.canary_percent if args.canary else 0.0,
         drain_s=args.drain_s,
         decode_threads=args.decode_threads,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
     )
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return settings, args.token_file

@@ -90,8 +90,11 @@ def serve(settings: ServeSettings, prog: str) -> int:
         port=settings.port,
         log_level="warning",
         timeout_graceful_shutdown=5,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
     )
     server = DrainingServer(config, endpoint)
-    print(f"{prog}: {settings.model} on http://{settings.host}:{settings.port} (the API: /docs)", file=sys.stderr)
+    scheme = "https" if settings.ssl_certfile else "http"
+    print(f"{prog}: {settings.model} on {scheme}://{settings.host}:{settings.port} (the API: /docs)", file=sys.stderr)
     server.run()
     return outcome["status"]

@@ -30,6 +30,8 @@ class ServeSettings:
     canary_percent: float = 0.0
     drain_s: float = 30.0  # on SIGTERM: the longest wait for requests in flight
     decode_threads: int = 4
+    ssl_certfile: str | None = None  # TLS through uvicorn: the certificate (chain) and its key, PEM
+    ssl_keyfile: str | None = None
     token: str | None = field(default=None, repr=False)  # bearer token; required off loopback
 
     @property

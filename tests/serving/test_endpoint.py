@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+import ipaddress
 import os
 import signal
 import socket
+import ssl
 import stat
 import struct
 import subprocess
@@ -41,9 +43,17 @@ STARTS_WITHIN_S = 180
 class Served:
     """A ``python -m tasks.serving`` process and where it answers."""
 
-    def __init__(self, registry: Path, *args: str, host: str = "127.0.0.1", env: dict | None = None) -> None:
+    def __init__(
+        self,
+        registry: Path,
+        *args: str,
+        host: str = "127.0.0.1",
+        env: dict | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.port, self.log = free_port(), registry.parent / f"serve-{time.monotonic_ns()}.log"
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.verify = tls or True
         command = [sys.executable, "-m", "tasks.serving", *args, "--registry", str(registry)]
         command += ["--host", host, "--port", str(self.port)]
         with self.log.open("wb") as log:
@@ -51,7 +61,7 @@ class Served:
         deadline = time.monotonic() + STARTS_WITHIN_S
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
+                if httpx.get(f"{self.url}/readyz", timeout=5, verify=self.verify).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -65,7 +75,7 @@ class Served:
             self.process.wait(30)
 
     def metrics(self, headers: dict | None = None) -> dict[tuple[str, tuple], float]:
-        text = httpx.get(f"{self.url}/metrics", headers=headers).text
+        text = httpx.get(f"{self.url}/metrics", headers=headers, verify=self.verify).text
         return {
             (sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text)
@@ -115,13 +125,13 @@ def predict(url: str, path: Path, **kwargs) -> httpx.Response:
 
 
 async def closed_loop(
-    url: str, data: bytes, clients: int, until, answers: list | None = None, headers: dict | None = None
+    url: str, data: bytes, clients: int, until, answers: list | None = None, headers: dict | None = None, verify=True
 ) -> list[httpx.Response]:
     """``clients`` clients each sending the next request as its answer comes, until ``until()``; the answers in
     ``answers`` (as they come)."""
     answers = [] if answers is None else answers
     limits = httpx.Limits(max_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, verify=verify) as client:
 
         async def one_client() -> None:
             while not until():
@@ -326,33 +336,72 @@ def test_a_tampered_version_is_refused_while_the_old_one_serves_and_moving_back_
     server.wait_for(lambda: httpx.get(f"{server.url}/v1/model").json()["version"] == 1)
 
 
-def test_off_loopback_a_token_is_required_and_a_canary_takes_its_share(registry, tmp_path):
+def self_signed(folder: Path) -> tuple[Path, Path, ssl.SSLContext]:
+    """A certificate for 127.0.0.1 and its key (PEM files), and a client context that trusts it."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert, key_file = folder / "cert.pem", folder / "key.pem"
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    key_file.chmod(0o600)
+    return cert, key_file, ssl.create_default_context(cafile=str(cert))
+
+
+def test_off_loopback_a_token_is_required_tls_is_served_and_a_canary_takes_its_share(registry, tmp_path):
     config = tmp_path / "config"
     env = {**os.environ, "IMAGE_CLASSIFIER_CONFIG": str(config)}
     env.pop("IMAGE_CLASSIFIER_SERVE_TOKEN", None)
-    served = Served(registry, f"{NAME}/1", "--canary", f"{NAME}/2", "--canary-percent", "25", host="0.0.0.0", env=env)
+    cert, key, trust = self_signed(tmp_path)
+    served = Served(
+        registry,
+        *(f"{NAME}/1", "--canary", f"{NAME}/2", "--canary-percent", "25"),
+        *("--ssl-certfile", str(cert), "--ssl-keyfile", str(key)),
+        host="0.0.0.0",
+        env=env,
+        tls=trust,
+    )
     try:
         token_file = config / "serve-token"
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and f"created {token_file}" in served.log.read_text()
         png = io_png()
-        refused = httpx.post(f"{served.url}/v1/predict", content=png, headers={"Content-Type": "image/png"})
-        assert refused.status_code == 401 and "Bearer" in refused.json()["error"]
-        assert httpx.get(f"{served.url}/metrics").status_code == 401
-        assert httpx.get(f"{served.url}/readyz").status_code == 200  # the probes stay open
-        auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        with httpx.Client(base_url=served.url, verify=trust) as client:
+            refused = client.post("/v1/predict", content=png, headers={"Content-Type": "image/png"})
+            assert refused.status_code == 401 and "Bearer" in refused.json()["error"]
+            assert client.get("/metrics").status_code == 401
+            assert client.get("/readyz").status_code == 200  # the probes stay open
+            auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+            model = client.get("/v1/model", headers=auth).json()
+        assert (model["version"], model["canary"]["version"], model["canary"]["percent"]) == (1, 2, 25)
         answers: list[httpx.Response] = []
-        asyncio.run(closed_loop(served.url, png, 4, lambda: len(answers) >= 40, answers, headers=auth))
+        asyncio.run(closed_loop(served.url, png, 4, lambda: len(answers) >= 40, answers, headers=auth, verify=trust))
         versions = collections.Counter(answer.headers["X-Model-Version"] for answer in answers)
         assert abs(versions[f"{NAME}/2"] - len(answers) / 4) <= 4, versions  # request n to the canary every 4th
         counted = served.metrics(auth)
         for version, count in versions.items():
-            key = (
-                "image_classifier_serve_requests_total",
-                (("endpoint", "/v1/predict"), ("status", "200"), ("version", version)),
-            )
-            assert counted[key] == count
-        model = httpx.get(f"{served.url}/v1/model", headers=auth).json()
-        assert (model["version"], model["canary"]["version"], model["canary"]["percent"]) == (1, 2, 25)
+            labels = (("endpoint", "/v1/predict"), ("status", "200"), ("version", version))
+            assert counted[("image_classifier_serve_requests_total", labels)] == count
     finally:
         served.stop()
 
