@@ -13,12 +13,16 @@ blocks in the order a reader meets them, in ``bash -e -o pipefail``, on a fresh 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import time
+import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
@@ -113,6 +117,27 @@ image-classifier runs prune --since 2026-11-01""": Expect(
     ),
 }
 
+# Blocks that keep running (a server): started as pasted in the background, in a session of their own, and taken as
+# done when the URL answers 200; the blocks after them run against it, and the page's end stops it (SIGTERM to its
+# process group, which it must survive with exit status 0).
+BACKGROUND: dict[str, str] = {
+    # README.md
+    "make serve-model MODEL=digits-resnet18@production": "http://127.0.0.1:8080/readyz",
+    # docs/serving.md
+    """make data
+make serve-model MODEL=digits-resnet18@production""": "http://127.0.0.1:8080/readyz",
+}
+RUN.update(
+    {
+        # README.md, docs/serving.md: against the endpoint the block before started
+        """curl -H 'Content-Type: image/png' --data-binary @data/digits/validation/3/digit_0060.png http://127.0.0.1:8080/v1/predict""": Expect(
+            output=(
+                r'^\{"model":\{"name":"digits-resnet18","version":1\},"predictions":\[\{"image":"body","label":"\d",',
+            )
+        ),
+    }
+)
+
 SERVER = "needs a running Prefect server (make server) with the deployments and a worker: tests/deployments/ run them"
 SKIP: dict[str, str] = {
     # README.md
@@ -139,6 +164,13 @@ image-classifier sweep --train-data photos --validation-fraction 0.2 --epochs 6 
     --work-dir s3://bucket/runs --registry s3://bucket/registry --output s3://bucket/scores.csv --max-failed-images 50""": "a "
     "bucket, a server with the deployments and gpu workers; tests/flows/test_score_shards.py scores in shards through "
     "such a stack",
+    # docs/serving.md
+    """. .venv/bin/activate
+image-classifier serve digits-resnet18@production --canary digits-resnet18/7 --canary-percent 10""": "long-running, "
+    "and a seventh version; tests/serving/test_endpoint.py serves a canary beside the primary",
+    """. .venv/bin/activate
+image-classifier serve digits-resnet18@production --host 0.0.0.0 --ssl-certfile cert.pem --ssl-keyfile key.pem""": "long-"
+    "running, and a certificate of your own; tests/serving/test_endpoint.py serves HTTPS off loopback with one",
     # docs/development.md
     """make test-fast
 make test PYTEST_ARGS="-k convert -x"
@@ -222,11 +254,12 @@ def commands_outside_shell_blocks(page: str) -> list[str]:
 
 def test_every_shell_block_is_run_or_skipped_with_a_reason():
     blocks = [block for page in PAGES for block in shell_blocks(page)]
-    unclassified = [f"{b.page}:{b.line}\n{b.commands}" for b in blocks if b.commands not in RUN | SKIP]
+    known = RUN | SKIP | BACKGROUND
+    unclassified = [f"{b.page}:{b.line}\n{b.commands}" for b in blocks if b.commands not in known]
     assert not unclassified, "shell blocks neither in RUN nor in SKIP of this file:\n\n" + "\n\n".join(unclassified)
-    gone = [commands for commands in RUN | SKIP if commands not in {b.commands for b in blocks}]
+    gone = [commands for commands in known if commands not in {b.commands for b in blocks}]
     assert not gone, "listed here, but no page has these blocks any more:\n\n" + "\n\n".join(gone)
-    assert not set(RUN) & set(SKIP)
+    assert not set(RUN) & set(SKIP) and not set(BACKGROUND) & (set(RUN) | set(SKIP))
     assert all(reason.strip() for reason in SKIP.values())
 
 
@@ -322,15 +355,55 @@ def test_the_page_s_commands_run_as_pasted(page, after_make_run, tmp_path):
     checkout = tmp_path / "checkout"
     shutil.copytree(after_make_run / "checkout", checkout, symlinks=True, ignore=shutil.ignore_patterns(".venv"))
     (checkout / ".venv").symlink_to(after_make_run / "checkout" / ".venv")
-    for block in shell_blocks(page):
-        if block.commands not in RUN:
-            continue
-        done = run_block(block.text, checkout, user_environment(tmp_path / "home"))
-        said = done.stdout + done.stderr
-        where = f"{page}:{block.line} exit status {done.returncode}\n{block.text}\n{said}"
-        assert done.returncode == 0, where
-        expect = RUN[block.commands]
-        assert [pattern for pattern in expect.output if not re.search(pattern, said, re.M)] == [], where
-        assert [p for p in expect.exists if not (checkout / p).exists()] == [], where
-        assert [p for p in expect.absent if (checkout / p).exists()] == [], where
-        assert "Traceback" not in said, where
+    with contextlib.ExitStack() as running:
+        for block in shell_blocks(page):
+            if block.commands in BACKGROUND:
+                running.enter_context(in_background(block, checkout, user_environment(tmp_path / "home"), tmp_path))
+            elif block.commands in RUN:
+                run_and_check(block, checkout, user_environment(tmp_path / "home"))
+
+
+@contextlib.contextmanager
+def in_background(block: Block, cwd: Path, env: dict[str, str], logs: Path):
+    """A block that keeps running, started and waited for (its URL answers 200); stopped by SIGTERM when done."""
+    log = logs / f"background-{block.line}.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            ["bash", "-e", "-o", "pipefail", "-c", block.text],
+            cwd=cwd,
+            env=env,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+        )
+    where = f"{block.page}:{block.line}\n{block.text}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert process.poll() is None, f"{where}\nexited {process.returncode}: {log.read_text()}"
+            assert time.monotonic() < deadline, f"{where}\nnot ready in 300 s: {log.read_text()}"
+            try:
+                if urllib.request.urlopen(BACKGROUND[block.commands], timeout=5).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.5)
+        yield
+        os.killpg(process.pid, signal.SIGTERM)
+        assert process.wait(120) == 0, f"{where}\nstopped with {process.returncode}: {log.read_text()}"
+        assert "Traceback" not in log.read_text(), f"{where}\n{log.read_text()}"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def run_and_check(block: Block, checkout: Path, env: dict[str, str]) -> None:
+    done = run_block(block.text, checkout, env)
+    said = done.stdout + done.stderr
+    where = f"{block.page}:{block.line} exit status {done.returncode}\n{block.text}\n{said}"
+    assert done.returncode == 0, where
+    expect = RUN[block.commands]
+    assert [pattern for pattern in expect.output if not re.search(pattern, said, re.M)] == [], where
+    assert [p for p in expect.exists if not (checkout / p).exists()] == [], where
+    assert [p for p in expect.absent if (checkout / p).exists()] == [], where
+    assert "Traceback" not in said, where
