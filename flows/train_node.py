@@ -6,9 +6,11 @@ The train stage submits one run per node (tasks/launch/multinode.py) as its subf
 from __future__ import annotations
 
 from prefect import flow
+from prefect.states import State
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.launch.prefect_tasks import find_rendezvous, train_node
+from tasks.errors import TrainingFailedError
+from tasks.launch.prefect_tasks import cancelled_with_its_gang, find_rendezvous, train_node
 
 
 @flow(name="train-node", log_prints=True)
@@ -17,8 +19,9 @@ def train_node_flow(
     params: TrainingParams,
     node_rank: int,
     rendezvous_key: str,
-) -> str:
-    """Launch this host's share of a multi-node training (processes_per_node processes) and wait for it.
+) -> str | State:
+    """Launch this host's share of a multi-node training (processes_per_node processes) and wait for it: the model
+    folder, or the run's Cancelled state when its training failed because its gang was being cancelled.
 
     Args:
         folders: The training's ImageDirectories and UntrainedModelDirectory, and the ModelDirectory every node
@@ -28,4 +31,8 @@ def train_node_flow(
         rendezvous_key: Prefect Variable where the first node to start publishes its endpoint (and the rendezvous id).
     """
     rendezvous = find_rendezvous(params, node_rank, rendezvous_key)
-    return train_node(folders, params, rendezvous)
+    try:
+        return train_node(folders, params, rendezvous)
+    except TrainingFailedError as failed:
+        # A peer stopped by the gang's cancellation fails this node's training too: then it ends Cancelled.
+        return cancelled_with_its_gang(node_rank, failed)

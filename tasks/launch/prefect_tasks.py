@@ -24,17 +24,24 @@ from prefect.artifacts import (
 )
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import VariableCreate
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterTaskRunId,
+    ArtifactFilterType,
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+    FlowRunFilterParentFlowRunId,
+)
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.runtime import flow_run, task_run
 from prefect.settings import PREFECT_API_URL
-from prefect.states import Crashed
+from prefect.states import Cancelled, Crashed, State
 from prefect.variables import Variable
 
 from tasks.contracts.model_directory import TRAINING_CURVES_FILE, ModelDirectory, TrainingMetrics
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.errors import NodesNotJoinedError, TrainingNodeFailedError
+from tasks.errors import NodesNotJoinedError, TrainingFailedError, TrainingNodeFailedError
 from tasks.evaluation.plots import plot_training_curves, png_markdown, significant
 from tasks.launch.flow_runs import cancel_unfinished, require_deployment
 from tasks.launch.multinode import (
@@ -153,7 +160,8 @@ def watchable(log: Callable[[int, str], None]) -> Callable[[int, str], None]:
 @stage_task(retries=0)
 def train_node(folders: TrainingFolders, params: TrainingParams, rendezvous: Rendezvous) -> str:
     """One node's launcher of a multi-node training (flows/train_node.py); not retried alone: the train task
-    that submitted the nodes retries them all together."""
+    that submitted the nodes retries them all together. A failure while its gang is being cancelled ends the
+    node's run Cancelled (``cancelled_with_its_gang``)."""
     node_params = params.model_copy(update={"rendezvous_endpoint": rendezvous.endpoint})
     model_dir = launch_training(
         folders,
@@ -163,6 +171,50 @@ def train_node(folders: TrainingFolders, params: TrainingParams, rendezvous: Ren
         log=watchable(get_run_logger().log),
     )
     return str(model_dir.root)
+
+
+def gang_cancellation(client, node_run) -> State | None:
+    """The Cancelling or Cancelled state of ``node_run`` or of another node run of its training (a subflow of the
+    same flow run with the same rendezvous key), if any."""
+    runs = [node_run]
+    if node_run.parent_task_run_id is not None:
+        parent = client.read_task_run(node_run.parent_task_run_id).flow_run_id
+        runs += client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent]),
+                deployment_id=FlowRunFilterDeploymentId(any_=[node_run.deployment_id]),
+            )
+        )
+    key = node_run.parameters.get("rendezvous_key")
+    return next(
+        (
+            run.state
+            for run in runs
+            if run.parameters.get("rendezvous_key") == key
+            and run.state is not None
+            and (run.state.is_cancelling() or run.state.is_cancelled())
+        ),
+        None,
+    )
+
+
+def cancelled_with_its_gang(node_rank: int, failed: TrainingFailedError) -> State:
+    """A node run's end when its training failed: Cancelled if its gang is being cancelled, else ``failed`` raised
+    again. The train stage (or the server, when the pipeline's run is cancelled) sets every node run Cancelling,
+    and each host's worker stops its own: the first node stopped takes the others' training down with it (gloo:
+    "Connection reset by peer", and torchrun exits) before their own workers stop them. Such a node failed only
+    because its gang is being cancelled, and ends Cancelled as its gang does, not Failed (or left Cancelling, as
+    the server takes nothing but Cancelled from Cancelling, with no process left for its worker to stop)."""
+    with get_client(sync_client=True) as client:
+        cancelled = gang_cancellation(client, client.read_flow_run(flow_run.id))
+    if cancelled is None:
+        raise failed
+    message = (
+        f"node {node_rank}: its training ended with its gang's cancellation ({cancelled.message or cancelled.name}): "
+        f"{str(failed).splitlines()[0]}"
+    )
+    get_run_logger().info(message)
+    return Cancelled(message=message)
 
 
 # Multi-node: a node's side (flows/train_node.py: find_rendezvous, then train_node above), then the train task's

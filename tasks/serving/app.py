@@ -37,6 +37,7 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/re
 UNCOUNTED_PATHS = OPEN_PATHS | {"/metrics"}  # not requests in flight for SIGTERM's drain
 RAW_IMAGE_TYPES = ("image/", "application/octet-stream")
 RETRY_AFTER_S = "1"
+CLIENT_LEFT = 499  # counted for a request whose client went away before its answer (nginx's code)
 
 
 class Refused(Exception):
@@ -211,6 +212,9 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
             status = error.status
             if label:
                 error.headers = {**error.headers, VERSION_HEADER: label}
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_LEFT
             raise
         finally:
             if admitted:

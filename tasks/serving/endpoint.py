@@ -33,6 +33,7 @@ from tasks.serving.model import Identity, ServedModel, locate
 from tasks.serving.settings import ServeSettings
 
 logger = logging.getLogger("tasks.serving")
+RETRY_FAILED_S = 30.0  # a version that failed to load is tried again this often (an S3 download each time)
 
 
 class NotReadyError(Exception):
@@ -70,6 +71,7 @@ class Endpoint:
         self.last_request = time.monotonic()  # when one last arrived or was answered
         self._picks = 0
         self._follower: AliasFollower | None = None
+        self._leaving: set[asyncio.Task] = set()
 
     # -- what the app asks -------------------------------------------------------------------------------
     @property
@@ -102,7 +104,9 @@ class Endpoint:
     def release(self, served: Served) -> None:
         served.bound -= 1
         if served.retiring and served.bound == 0:
-            asyncio.get_running_loop().create_task(self._leave(served))
+            leaving = asyncio.get_running_loop().create_task(self._leave(served))
+            self._leaving.add(leaving)  # held until done: the loop keeps only a weak reference
+            leaving.add_done_callback(self._leaving.discard)
 
     def versions(self) -> list[Served]:
         return [served for served in (self.primary, self.canary) if served is not None]
@@ -186,8 +190,8 @@ class Endpoint:
 
 class AliasFollower(threading.Thread):
     """Reads the followed alias every ``poll_s`` seconds; when it names another version, loads that one beside
-    the serving one and swaps. A version that fails is told once (one line, one count) and tried again at each
-    poll, in case it is mended; the serving version stays until one loads."""
+    the serving one and swaps. A version that fails is told once (one line, one count) and tried again every
+    ``RETRY_FAILED_S``, in case it is mended; the serving version stays until one loads."""
 
     def __init__(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(name="follow-alias", daemon=True)
@@ -195,6 +199,7 @@ class AliasFollower(threading.Thread):
         self.reference = parse_reference(endpoint.settings.model)
         self._stopped = threading.Event()
         self._told: set[str] = set()
+        self._failed_at: dict[str, float] = {}  # version -> when it last failed to load
 
     def stop(self) -> None:
         self._stopped.set()
@@ -211,9 +216,12 @@ class AliasFollower(threading.Thread):
             if serving is not None and serving.identity.version == registration.version:
                 continue
             wanted = f"{registration.name}/{registration.version}"
+            if time.monotonic() - self._failed_at.get(wanted, -RETRY_FAILED_S) < RETRY_FAILED_S:
+                continue
             try:
                 model = self.endpoint.load(wanted, self.reference.alias)
             except (PipelineInputError, OSError, RuntimeError) as error:
+                self._failed_at[wanted] = time.monotonic()
                 still = serving.identity.label if serving else "nothing"
                 if self._tell(
                     wanted, f"{self.reference} moved to {wanted}, not served: {error}; still serving {still}"
@@ -222,6 +230,7 @@ class AliasFollower(threading.Thread):
                 continue
             asyncio.run_coroutine_threadsafe(self.endpoint.swap(model), self.loop).result()
             self._told.discard(wanted)
+            self._failed_at.pop(wanted, None)
             logger.info(
                 "%s moved: now serving %s (was %s)",
                 self.reference,

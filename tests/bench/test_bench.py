@@ -1,6 +1,7 @@
 """The benchmark scripts run (small settings, real code paths). Nothing here asserts a speed: the figures only
 have to be measured — positive numbers with the names and units BENCHMARKS.md reports."""
 
+import json
 import subprocess
 import sys
 
@@ -104,3 +105,35 @@ def test_score_fanout_benchmark_measures_a_merge_in_a_fresh_process(tmp_path):
     for failed in (False, True):
         figures = merge_million(tmp_path, 3000, 3, 4, failed=failed)
         assert figures["seconds"] > 0 and 20 < figures["peak_mb"] < 400 and figures["bytes"] > 3000 * 40
+
+
+def test_serve_benchmark_reads_the_endpoint_batch_histogram():
+    """bench/serve.py's reading of the endpoint's own /metrics text: batches per bucket between two scrapes."""
+    from prometheus_client import generate_latest
+
+    from bench.serve import batch_histogram, histogram_between
+    from tasks.serving.metrics import ServeMetrics
+
+    metrics = ServeMetrics()
+    before = batch_histogram(generate_latest(metrics.registry).decode())
+    for size, version in ((1, "m/1"), (3, "m/1"), (16, "m/1"), (16, "m/2"), (5, "m/2")):
+        metrics.batch_size.labels(version).observe(size)
+        metrics.forward_seconds.labels(version).observe(0.1)
+    batches = histogram_between(before, batch_histogram(generate_latest(metrics.registry).decode()))
+    assert batches["buckets"] == {"1": 1, "3-4": 1, "5-8": 1, "9-16": 2}
+    assert batches["batches"] == 5 and batches["mean"] == 41 / 5 and round(batches["forward_ms_mean"]) == 100
+
+
+def test_serve_benchmark_runs_the_plain_server_under_load(tmp_path):
+    """One short level of the plain FastAPI server (a real subprocess, the closed-loop load, its peak memory, the
+    record); ours and LitServe take the same paths with other commands (each several seconds to start)."""
+    from bench.serve import main
+
+    out = tmp_path / "serve.json"
+    main(["--only", "plain", "--concurrency", "2", "--seconds", "1", "--warmup", "0.5", "--output", str(out)])
+    record = json.loads(out.read_text())
+    (level,) = record["levels"]
+    assert level["server"] == "plain" and level["concurrency"] == 2 and level["errors"] == 0
+    assert level["ok"] > 0 and level["requests_per_s"] > 0 and level["p99_ms"] >= level["p50_ms"] > 0
+    assert level["batches"]["mean"] == 1.0 and level["peak_rss_mb"] > 100
+    assert record["swap"] is None and record["figures"] == []

@@ -37,7 +37,7 @@ from tests.flows.nodes_stack import (
     start_pipeline,
     stop_and_fail,
 )
-from tests.helpers import processes_of, training_processes
+from tests.helpers import flow_run_log, processes_of, training_processes
 
 
 def test_each_node_run_gets_what_the_node_flow_takes():
@@ -177,10 +177,18 @@ def test_two_nodes_train_through_the_pool_with_no_shared_files_until_a_stopped_p
     for run in mine:
         locations = list(run.parameters["folders"].values())
         assert all(location.startswith(work) for location in locations), locations
+    # torchrun's rendezvous numbers the ranks (its nodes sorted by address, then launcher pid), not the node runs'
+    # node_rank: the node run that trained rank 0 is the one whose log has rank 0's lines (only rank 0 logs there).
+    trained = {
+        r.parameters["node_rank"]: 0 if "[rank 0] INFO rank 0/2 on cpu" in flow_run_log(stack.api_url, r.id) else 1
+        for r in mine
+    }
+    assert sorted(trained.values()) == [0, 1], trained
     for host in HOSTS:
         assert len(list((stack.folders[host] / "cache" / "images").iterdir())) == 2, host
-        # Each host's log is its own rank's (the rank its worker's node run was given).
-        (rank,) = [rank for rank, hosts in ran_on.items() if hosts == [host]]
+        # Each host's log is its own rank's: the rank its worker's node run trained.
+        (node,) = [node for node, hosts in ran_on.items() if hosts == [host]]
+        rank = trained[node]
         assert [f"rank {rank}/2 on cpu (gloo, fp32, contiguous)" in log for log in logs[host]] == [True], logs[host]
 
     runs, _, variables = node_runs(stack)
@@ -237,7 +245,6 @@ def test_an_elastic_run_takes_in_a_late_node_and_finishes_alone_when_that_node_i
     from tasks.allocator import ENVIRONMENT
     from tasks.contracts.model_directory import TrainingMetrics
     from tasks.storage.s3 import list_s3_names, read_s3_object
-    from tests.helpers import flow_run_log
 
     if "host-a" not in stack.workers:
         start_host(stack, "host-a")
@@ -334,6 +341,54 @@ def test_too_few_workers_fail_the_gang_within_its_join_timeout_and_leave_nothing
     runs, parents, _ = node_runs(stack)
     mine = [r for r in runs if r.parameters["folders"]["output_dir"] == str(run_dir / "model")]
     assert len(mine) == 2 and all(r.state.is_cancelled() for r in mine), [(r.name, r.state) for r in mine]
+
+
+def test_a_node_tells_its_gang_is_being_cancelled_from_any_node_run_of_its_training(stack):
+    """A node whose training failed ends Cancelled, not Failed, when its gang is being cancelled
+    (``cancelled_with_its_gang``): its own run or another node run of the same training (a subflow of the same flow
+    run, with the same rendezvous key) Cancelling or Cancelled, whichever the train stage or the server stopped
+    first; a cancelled node run of an earlier attempt (another key) does not count."""
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Cancelled, Cancelling, Running
+
+    from tasks.launch.prefect_tasks import gang_cancellation
+
+    @flow(name="gang-parent")
+    def parent_flow(): ...
+
+    @task(name="train")
+    def train_task(): ...
+
+    params = TrainingParams(nodes=2)
+    folders = TrainingFolders("/d/train", "/d/val", "/d/spec", f"/d/{uuid4().hex}/model")
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("train-node/train-node")
+        parent = client.create_flow_run(parent_flow, state=Running())
+        train_run = client.create_task_run(train_task, parent.id, dynamic_key="0", state=Running())
+
+        def submit(key: str) -> list:
+            return [
+                # Running already: no worker takes them.
+                client.create_flow_run_from_deployment(
+                    deployment.id, parameters=p, parent_task_run_id=train_run.id, state=Running()
+                )
+                for p in node_run_parameters(folders, params, key)
+            ]
+
+        earlier, (node_0, node_1) = submit("rendezvous-earlier"), submit("rendezvous-now")
+        try:
+            for run in earlier:
+                client.set_flow_run_state(run.id, Cancelled(), force=True)
+            assert gang_cancellation(client, client.read_flow_run(node_0.id)) is None
+            client.set_flow_run_state(node_1.id, Cancelling(message="cancelled with the other nodes"), force=True)
+            assert gang_cancellation(client, client.read_flow_run(node_0.id)).is_cancelling()
+            assert gang_cancellation(client, client.read_flow_run(node_1.id)).is_cancelling()
+            assert all(gang_cancellation(client, client.read_flow_run(r.id)).is_cancelled() for r in earlier)
+        finally:
+            for run in (node_0, node_1, parent):
+                client.set_flow_run_state(run.id, Cancelled(), force=True)
 
 
 def test_the_kubernetes_gpu_job_template_fills_in_and_the_server_takes_it(stack):
