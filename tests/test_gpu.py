@@ -211,3 +211,25 @@ def test_phone_photos_are_upright_on_the_gpu_as_on_the_cpu(tmp_path):
     wrong_way = (as_stored.int() - by_pil.int()).abs().float().mean(dim=(1, 2, 3))
     print(f"GPU vs PIL upright, grey levels per orientation 1-8: {[round(x, 2) for x in apart.tolist()]}")
     assert apart.max() < 3 and wrong_way[1:].min() > 10
+
+
+def test_the_endpoint_s_model_decodes_jpegs_on_the_gpu_and_answers_as_on_the_cpu(tmp_path):
+    """tasks/serving on CUDA: a JPEG's bytes go to the device with their batch (nvJPEG, turned upright there), a PNG
+    is decoded by PIL; the probabilities are the CPU's within what nvJPEG's decode differs by."""
+    from bench.score import random_model_directory
+    from tasks.serving.model import Identity, ServedModel
+
+    model_dir = random_model_directory(tmp_path / "model", "resnet18", [f"c{i}" for i in range(10)], 224)
+    photos = write_phone_photos(tmp_path / "photos", width=320, height=240)
+    Image.open(photos[5]).save(tmp_path / "photo.png")
+    files = [path.read_bytes() for path in [*photos, tmp_path / "photo.png"]]
+    identity = Identity("m", 1, None, "", "torch", str(tmp_path))
+    on_gpu = ServedModel(model_dir, identity, device="cuda", max_pixels=10**8)
+    on_cpu = ServedModel(model_dir, identity, device="cpu", max_pixels=10**8)
+    decoded = [on_gpu.decode(data, f"image {i}") for i, data in enumerate(files)]
+    assert [payload.dim() for payload in decoded] == [1] * len(photos) + [3]  # JPEG bytes, a decoded PNG
+    on_gpu.warm([1, len(files)])
+    gpu = on_gpu.forward(decoded)
+    cpu = on_cpu.forward([on_cpu.decode(data, f"image {i}") for i, data in enumerate(files)])
+    print(f"served on the GPU vs the CPU, largest probability gap: {np.abs(gpu - cpu).max():.2e}")
+    assert gpu.shape == cpu.shape == (len(files), 10) and np.abs(gpu - cpu).max() < 0.02
