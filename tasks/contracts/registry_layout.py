@@ -223,6 +223,19 @@ def parse_reference(reference: str) -> ModelReference:
     return ModelReference(check_model_name(match["name"]), int(version) if version else None, alias)
 
 
+def reference_or_folder(model: str) -> ModelReference | None:
+    """What a command's MODEL names: None for an existing folder (a ModelDirectory), else its registry reference;
+    one that is neither is refused in one line."""
+    if Path(model).is_dir():
+        return None
+    try:
+        return parse_reference(model)
+    except InvalidModelNameError as error:
+        raise InvalidModelNameError(
+            f"{model!r} is neither a model directory nor a registry reference: {error}"
+        ) from None
+
+
 def default_model_name(train_source: str, architecture: str) -> str:
     """``<data set>-<architecture>``, the data set named by the training folder (or its parent for
     ``.../train``), e.g. ``data/digits/train`` + resnet18 -> ``digits-resnet18``."""

@@ -97,17 +97,10 @@ def check_training_inputs(
 
 def check_scoring_inputs(images: str, model: str, registry: str) -> None:
     """The images exist; the model is a model folder or a reference the registry resolves (nothing fetched)."""
-    from tasks.contracts.registry_layout import parse_reference
-    from tasks.errors import InvalidModelNameError
+    from tasks.contracts.registry_layout import reference_or_folder
     from tasks.registry.core import resolve
 
     check_source(images, "scoring")
-    if Path(model).is_dir():
-        return
-    try:
-        reference = parse_reference(model)
-    except InvalidModelNameError as error:
-        raise InvalidModelNameError(
-            f"{model!r} is neither a model directory nor a registry reference: {error}"
-        ) from None
-    resolve(registry, reference)
+    reference = reference_or_folder(model)
+    if reference is not None:
+        resolve(registry, reference)

@@ -14,8 +14,8 @@ import uuid
 from pathlib import Path
 
 from tasks.contracts.model_directory import ModelDirectory
-from tasks.contracts.registry_layout import REGISTRATION_FILE, Registration, parse_reference, version_key
-from tasks.errors import InvalidModelDirectoryError, InvalidModelNameError, ModelIntegrityError
+from tasks.contracts.registry_layout import REGISTRATION_FILE, Registration, reference_or_folder, version_key
+from tasks.errors import InvalidModelDirectoryError, ModelIntegrityError
 from tasks.registry.backends import LocalBackend, RegistryBackend
 from tasks.registry.core import Registry, backend_of, resolve
 from tasks.registry.integrity import memo_path, mismatched_files, remember
@@ -88,14 +88,9 @@ def fetch_model(registry: Registry, reference: str, cache_dir: str | os.PathLike
 
 def load_model(model: str, registry: Registry, cache_dir: str | os.PathLike[str]) -> ModelDirectory:
     """Everywhere a model is taken: an existing ModelDirectory path, or a reference into ``registry``."""
-    if Path(model).is_dir():
+    reference = reference_or_folder(model)
+    if reference is None:
         return ModelDirectory(model)
-    try:
-        reference = parse_reference(model)
-    except InvalidModelNameError as error:
-        raise InvalidModelNameError(
-            f"{model!r} is neither a model directory nor a registry reference: {error}"
-        ) from error
     return fetch_model(registry, str(reference), cache_dir)
 
 

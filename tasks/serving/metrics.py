@@ -23,26 +23,12 @@ class ServeMetrics:
             ["endpoint", "status", "version"],
             registry=self.registry,
         )
-        self.latency = Histogram(
-            f"{PREFIX}_request_seconds",
-            "Seconds from a prediction request's arrival to its answer, by model version",
-            ["version"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+        self.latency = self._per_version(
+            "request_seconds", "Seconds from a prediction request's arrival to its answer", LATENCY_BUCKETS
         )
-        self.batch_size = Histogram(
-            f"{PREFIX}_batch_size",
-            "Images per forward pass, by model version",
-            ["version"],
-            buckets=BATCH_BUCKETS,
-            registry=self.registry,
-        )
-        self.forward_seconds = Histogram(
-            f"{PREFIX}_forward_seconds",
-            "Seconds per forward pass (decoding on the device included on CUDA), by model version",
-            ["version"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+        self.batch_size = self._per_version("batch_size", "Images per forward pass", BATCH_BUCKETS)
+        self.forward_seconds = self._per_version(
+            "forward_seconds", "Seconds per forward pass (decoding on the device included on CUDA)", LATENCY_BUCKETS
         )
         self.queue_depth = Gauge(
             f"{PREFIX}_queue_depth",
@@ -70,4 +56,9 @@ class ServeMetrics:
             f"{PREFIX}_model_swaps",
             "Times a new version was swapped in for the followed alias",
             registry=self.registry,
+        )
+
+    def _per_version(self, name: str, what: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(
+            f"{PREFIX}_{name}", f"{what}, by model version", ["version"], buckets=buckets, registry=self.registry
         )

@@ -21,10 +21,10 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from tasks.contracts.model_directory import WEIGHTS_FILE, ModelDirectory
-from tasks.contracts.registry_layout import parse_reference
+from tasks.contracts.registry_layout import reference_or_folder
 from tasks.contracts.scores_table import Runtime
 from tasks.convert.storing import HEIF_READER  # noqa: F401 (registers the HEIC opener with Pillow)
-from tasks.errors import InvalidModelNameError, PipelineInputError
+from tasks.errors import PipelineInputError
 from tasks.registry.core import Registry, resolve
 from tasks.registry.fetch import fetch_model
 from tasks.storage.local_files import sha256_file
@@ -65,16 +65,11 @@ def locate(model: str, registry: Registry, cache_dir: Path, runtime: Runtime) ->
     """A ModelDirectory path, or a registry reference resolved now (an alias to the version it names): its files
     checked against their registered sha256 (a local registry's version folder itself; from S3 a download into
     ``cache_dir``), and who it is."""
-    if Path(model).is_dir():
+    reference = reference_or_folder(model)
+    if reference is None:
         model_dir = ModelDirectory(model)
         weights = sha256_file(model_dir.weights_path)
         return model_dir, Identity(model_dir.root.resolve().name, None, None, weights, runtime, str(model_dir.root))
-    try:
-        reference = parse_reference(model)
-    except InvalidModelNameError as error:
-        raise InvalidModelNameError(
-            f"{model!r} is neither a model directory nor a registry reference: {error}"
-        ) from None
     registration = resolve(registry, reference)
     model_dir = fetch_model(registry, f"{registration.name}/{registration.version}", cache_dir)
     identity = Identity(
