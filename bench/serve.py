@@ -1,0 +1,914 @@
+"""Online serving side by side, in one run: the project's endpoint (``python -m tasks.serving``: dynamic batching, a
+bounded queue, a registry alias followed) against the server a user would write (FastAPI, one forward pass per
+request) and against LitServe with the same batch settings, under a closed-loop load of real JPEG photos at
+concurrency 1, 8, 32 and 64; then one round at concurrency 32 on ours with the registry alias moved half-way
+through. Prints one table and issue 54's goals; writes ``bench/results/<date>-serve-<host>.json``. Asserts nothing.
+
+    python -m bench.serve                                      # 3 servers x 4 levels, 20 s each, the swap: ~8 min
+    python -m bench.serve --seconds 10 --concurrency 1 32      # shorter
+    python -m bench.serve --only ours plain --no-swap
+
+The servers, each a subprocess on a free loopback port, a fresh one for every level (so each level's peak memory
+is its own), stopped (its whole process group) when the level ends, on an error and on Ctrl-C:
+
+  ours      ``python -m tasks.serving bench-resnet18@production --registry <temporary> --max-batch-size B
+            --max-wait-ms W --max-queue Q --poll-s 0.5``, ``POST /v1/predict?top_k=10`` (every class, as the
+            others answer); batch sizes and forward-pass seconds from its ``/metrics`` histograms (the difference
+            between the window's two ends).
+  plain     ``python -m bench.serve --plain-server MODEL_DIR --port P``: ``plain_app`` below, FastAPI + uvicorn, a
+            ``def`` endpoint (Starlette runs it in its thread pool, 40 threads) that reads the raw body, decodes it
+            with PIL, applies the model's eval transform and runs the model on a batch of one under
+            ``torch.inference_mode``; ``POST /predict``. Batch size 1 by construction.
+  litserve  ``python -m bench.serve --litserve-server MODEL_DIR --port P``: ``LitClassifier`` below, LitServe's
+            LitAPI with ``max_batch_size=B``, ``batch_timeout=W`` (its own decode_request, batch, predict, unbatch,
+            encode_response), ``LitServer(accelerator="cpu", workers_per_device=1)``: one inference worker process
+            beside one HTTP process; ``POST /predict``. Batch sizes counted by ``LitClassifier.predict`` itself.
+
+The model: ResNet-18 at 224 px with random weights (``bench.score.random_model_directory``: throughput does not
+depend on what a network learned), 10 classes. Ours serves it from a temporary local registry holding two
+versions (different random weights) with ``production`` on version 1; plain and LitServe load version 1's
+folder. All three decode and transform alike (``tasks.vision``: EXIF orientation, RGB, the eval transform) and
+answer the label and every class's probability.
+
+The images: scikit-learn's two sample photographs (640 x 427) and six crops of them, as JPEG bytes at quality 90;
+each request's body is one of them (``Content-Type: image/jpeg``), each client task cycling through them.
+
+The load: ``C`` asyncio tasks in this process on one httpx client, each sending its next request as soon as its
+previous answer came (closed loop), ``--warmup`` seconds unmeasured then ``--seconds`` measured; a request counts
+when its answer arrives inside the measured window. Throughput is 200 answers per second; latency percentiles are
+over the 200 answers; errors are every other answer (status, or a connection error). On a small machine the load
+generator shares the CPUs with the server: the same for all three.
+
+CPU: over each window, the CPU-seconds of the server's processes, of this process (the load generator) and of
+everything else on the machine ("others": on a shared machine, other people's work; a figure measured while others
+were busy is the server's share of a smaller machine, and a server with many threads takes a bigger share of it).
+"requests per server CPU-s" is what a server answered per CPU-second it got.
+
+Threads: this script sets none; every server keeps torch's default intra-op threads (the machine's cores as
+torch counts them: "torch threads" in the first line printed, 2 on a 2-core machine). Ours runs the network in one
+thread and decodes in ``--decode-threads`` threads (its default, min(8, cores)); LitServe's one inference worker
+decodes and runs the network in turn in one thread; the plain server, as a user's would, runs each request in
+Starlette's thread pool, so with ``C`` requests in flight up to ``min(C, 40)`` forward passes run at once, each
+asking for that many intra-op threads.
+
+Peak memory: VmHWM (/proc/<pid>/status) of every process of the server's process group, summed, read just before
+the server is stopped: the peak over that server's whole life (start-up, warm-up, the level). LitServe's is five
+processes (the launcher, multiprocessing's manager and resource tracker, the HTTP server, the inference worker); a
+sum of peaks can exceed the peak of the sum.
+
+The swap round (ours only): a fresh server at concurrency 32 for ``--swap-seconds``; half-way through
+``production`` moves from version 1 to 2 (``tasks.registry.set_alias``). Reported: errors (every answer of the
+round), p99 overall, p99 before the move, p99 from the move until 2 s after answers switched (the first
+version-2 or the last version-1 answer, by ``X-Model-Version``, whichever came later), and when they switched.
+"""
+# No ``from __future__ import annotations`` here: FastAPI and LitServe read the endpoints' annotations at run time
+# (LitServe takes decode_request's annotation object itself as its endpoint's body type).
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any, NamedTuple
+
+import httpx
+import numpy as np
+import torch
+from fastapi import Body, FastAPI
+from PIL import Image
+
+from bench.harness import PROJECT_ROOT, Figure, aligned, table
+from tasks.contracts.model_directory import ModelDirectory
+from tasks.predict.classifier import Classifier
+from tasks.vision.images import upright_rgb
+from tasks.vision.transforms import ImageTransform
+
+try:
+    import litserve
+except ImportError:  # the bench extra (pip install -e '.[bench]'); without it LitServe is left out of the run
+    litserve = None
+
+SERVERS = ("ours", "plain", "litserve")
+MODEL_NAME = "bench-resnet18"
+RESULTS = Path(__file__).resolve().parent / "results"
+JPEG = {"Content-Type": "image/jpeg"}
+RawBody = Annotated[bytes, Body(media_type="image/jpeg")]  # FastAPI hands a non-JSON body over as its bytes
+
+
+# --- what the plain server and LitServe share: the project's decode and transform, the answer --------------------
+
+
+def decode_pixels(body: bytes, transform: ImageTransform) -> torch.Tensor:
+    """An encoded image's uint8 pixels (C, H, W) as scoring decodes a file: EXIF orientation, RGB, eval transform."""
+    with Image.open(io.BytesIO(body)) as image:
+        return transform.decode(upright_rgb(image))
+
+
+def answer(classes: Sequence[str], probabilities: torch.Tensor) -> dict:
+    values = probabilities.tolist()
+    return {"label": classes[int(np.argmax(values))], "probabilities": dict(zip(classes, values))}
+
+
+# --- (b) the plain server: what a user writes -----------------------------------------------------------------------
+
+plain_app = FastAPI(title="plain: one forward pass per request")
+plain_model: dict[str, Classifier] = {}
+
+
+@plain_app.get("/readyz")
+def plain_ready() -> dict:
+    return {"ready": "classifier" in plain_model}
+
+
+@plain_app.post("/predict")
+def plain_predict(body: RawBody) -> dict:
+    classifier = plain_model["classifier"]
+    pixels = decode_pixels(body, classifier.transform)
+    with torch.inference_mode():
+        logits = classifier.model(classifier.transform.normalize(pixels[None]))
+        return answer(classifier.classes, torch.softmax(logits, dim=1)[0])
+
+
+def run_plain_server(model_dir: str, port: int) -> None:
+    import uvicorn
+
+    plain_model["classifier"] = Classifier(ModelDirectory(model_dir))
+    print(f"plain server: torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True)
+    uvicorn.run(plain_app, host="127.0.0.1", port=port, log_level="warning")
+
+
+# --- (c) LitServe with the same batch settings ----------------------------------------------------------------------
+
+
+class LitClassifier(litserve.LitAPI if litserve else object):
+    """The model behind LitServe: decode each request's bytes, stack, one forward pass, one answer per request.
+    Each batch's size goes to ``batch_log`` (a line ``<unix time> <size> <forward seconds>``): LitServe reports
+    none itself."""
+
+    def __init__(self, model_dir: str, batch_log: str, max_batch_size: int, batch_timeout: float) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+        self.model_dir, self.batch_log = model_dir, batch_log
+
+    def setup(self, device: str) -> None:
+        self.classifier = Classifier(ModelDirectory(self.model_dir), device)
+        self.sizes = open(self.batch_log, "a", buffering=1)  # noqa: SIM115 (open for the worker's life)
+        print(f"litserve worker: torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True)
+
+    def decode_request(self, request: RawBody) -> torch.Tensor:
+        return decode_pixels(request, self.classifier.transform)
+
+    def batch(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(inputs)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        started, clock = time.time(), time.perf_counter()
+        with torch.inference_mode():
+            probabilities = torch.softmax(self.classifier.model(self.classifier.transform.normalize(x)), dim=1)
+        self.sizes.write(f"{started:.6f} {len(x)} {time.perf_counter() - clock:.6f}\n")
+        return probabilities
+
+    def unbatch(self, output: torch.Tensor) -> list[torch.Tensor]:
+        return list(output)
+
+    def encode_response(self, output: torch.Tensor) -> dict:
+        return answer(self.classifier.classes, output)
+
+
+def run_litserve_server(model_dir: str, port: int, batch_log: str, max_batch_size: int, max_wait_ms: float) -> None:
+    from bench import serve  # the class by its module's name: LitServe pickles the API into a spawned worker
+
+    api = serve.LitClassifier(model_dir, batch_log, max_batch_size, max_wait_ms / 1000)
+    server = litserve.LitServer(api, accelerator="cpu", workers_per_device=1)
+    server.run(host="127.0.0.1", port=port, log_level="warning", generate_client_file=False)
+
+
+# --- the servers as subprocesses --------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def process_group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+                    members.append(int(entry.name))
+    return members
+
+
+def peak_rss_mb(pids: Sequence[int]) -> dict[int, float]:
+    """VmHWM of each process, in MB."""
+    peaks = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks[pid] = int(line.split()[1]) / 1024
+    return peaks
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU-seconds of each live process in ``pids``, summed."""
+    ticks = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU-seconds the whole machine has spent busy (every state but idle and iowait) since it booted."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(values[:8]) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Server:
+    name: str
+    argv: list[str]
+    port: int
+    predict_path: str
+    ready_path: str
+    log: Path
+    batch_log: Path | None = None
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 300) -> float:
+        """Start it in its own process group and wait until it answers ready; seconds that took."""
+        started = time.monotonic()
+        with open(self.log, "ab") as log:
+            log.write(f"\n$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.argv, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        while time.monotonic() - started < timeout_s:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited ({self.process.returncode}) before it was ready:\n{self.tail()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + self.ready_path, timeout=2).status_code == 200:
+                    return time.monotonic() - started
+            time.sleep(0.25)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def peak_rss(self) -> dict[int, float]:
+        return peak_rss_mb(process_group(self.process.pid)) if self.process else {}
+
+    def cpu(self) -> dict[str, float]:
+        """CPU-seconds so far: the server's processes, this process (the load generator), the whole machine."""
+        return {
+            "server": cpu_seconds(process_group(self.process.pid)) if self.process else 0.0,
+            "client": time.process_time(),
+            "machine": machine_busy_seconds(),
+        }
+
+    def stop(self) -> None:
+        """SIGTERM to its process group, SIGKILL to whatever of it is left after 10 s."""
+        if self.process is None:
+            return
+        pgid = self.process.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (self.process.poll() is None or process_group(pgid)):
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        self.process.wait()
+        self.process = None
+
+
+@dataclass
+class Settings:
+    seconds: float
+    warmup: float
+    max_batch_size: int
+    max_wait_ms: float
+    max_queue: int
+    poll_s: float
+    scratch: Path
+    registry: Path
+    model_dir: Path
+
+
+def make_server(kind: str, settings: Settings, tag: str) -> Server:
+    port, log = free_port(), settings.scratch / f"{kind}-{tag}.log"
+    python = sys.executable
+    if kind == "ours":
+        argv = [python, "-m", "tasks.serving", f"{MODEL_NAME}@production", "--registry", str(settings.registry)]
+        argv += ["--host", "127.0.0.1", "--port", str(port), "--max-batch-size", str(settings.max_batch_size)]
+        argv += ["--max-wait-ms", str(settings.max_wait_ms), "--max-queue", str(settings.max_queue)]
+        argv += ["--poll-s", str(settings.poll_s)]
+        return Server(kind, argv, port, "/v1/predict?top_k=10", "/readyz", log)  # every class, as the others
+    if kind == "plain":
+        argv = [python, "-m", "bench.serve", "--plain-server", str(settings.model_dir), "--port", str(port)]
+        return Server(kind, argv, port, "/predict", "/readyz", log)
+    batch_log = settings.scratch / f"litserve-{tag}.batches"
+    argv = [python, "-m", "bench.serve", "--litserve-server", str(settings.model_dir), "--port", str(port)]
+    argv += ["--batch-log", str(batch_log), "--max-batch-size", str(settings.max_batch_size)]
+    argv += ["--max-wait-ms", str(settings.max_wait_ms)]
+    return Server(kind, argv, port, "/predict", "/health", log, batch_log)
+
+
+# --- the model, the registry, the photos ------------------------------------------------------------------------------
+
+
+def prepare_registry(scratch: Path) -> tuple[Path, Path]:
+    """Two versions of a random-weight ResNet-18 @224 (10 classes) in a local registry, ``production`` on
+    version 1; (the registry, version 1's own folder)."""
+    from bench.score import random_model_directory
+    from tasks.contracts.model_directory import METRICS_FILE, TrainingMetrics
+    from tasks.registry import DatasetLineage, register_model, set_alias
+    from tasks.training.loop import write_training_log
+
+    registry, classes = scratch / "registry", [f"class{i}" for i in range(10)]
+    lineage = {"train": DatasetLineage(source="bench/serve.py: random weights", content_hash="0" * 64, images=0)}
+    for version in (1, 2):
+        model = random_model_directory(scratch / f"model-{version}", "resnet18", classes, 224)
+        write_training_log(model.root, TrainingMetrics())  # no training: an empty record, as registering wants one
+        (model.root / METRICS_FILE).write_text(TrainingMetrics().model_dump_json())
+        registration, _ = register_model(
+            registry, MODEL_NAME, model, metrics={"accuracy": 0.1}, params={"random_weights": True}, datasets=lineage
+        )
+        assert registration.version == version, registration.version
+    set_alias(registry, MODEL_NAME, "production", 1)
+    return registry, scratch / "model-1"
+
+
+def photos() -> list[bytes]:
+    """scikit-learn's two sample photographs and three crops of each (centre square, left half, top half), as
+    JPEG bytes at quality 90."""
+    from sklearn.datasets import load_sample_images
+
+    images = []
+    for pixels in load_sample_images().images:
+        photo = Image.fromarray(pixels)
+        w, h = photo.size
+        side = min(w, h)
+        crops = [(0, 0, w, h), ((w - side) // 2, 0, (w + side) // 2, side), (0, 0, w // 2, h), (0, 0, w, h // 2)]
+        for box in crops:
+            buffer = io.BytesIO()
+            photo.crop(box).save(buffer, format="JPEG", quality=90)
+            images.append(buffer.getvalue())
+    return images
+
+
+# --- the load -------------------------------------------------------------------------------------------------------
+
+
+class Answer(NamedTuple):
+    sent: float  # time.time() when sent
+    latency_ms: float
+    status: int  # the HTTP status; 0: no answer (a connection error or timeout)
+    version: str | None  # X-Model-Version
+
+
+@dataclass
+class Round:
+    answers: list[Answer]
+    window: tuple[float, float]  # time.time() of the measured window's ends
+    hooks: dict[str, tuple[float, Any]]  # name: (time.time() when it ran, what it returned)
+
+    def measured(self, start: float | None = None, end: float | None = None) -> list[Answer]:
+        start, end = start or self.window[0], end or self.window[1]
+        return [a for a in self.answers if start <= a.sent + a.latency_ms / 1000 < end]
+
+
+async def closed_loop(
+    url: str,
+    images: Sequence[bytes],
+    concurrency: int,
+    warmup: float,
+    seconds: float,
+    hooks: dict[str, tuple[float, Callable[[httpx.AsyncClient], Awaitable[Any]]]] | None = None,
+) -> Round:
+    """``concurrency`` tasks, each posting its next image as soon as its previous answer came, for ``warmup`` +
+    ``seconds``; ``hooks``: name -> (seconds after the window opens, a coroutine run then with the client)."""
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
+    answers: list[Answer] = []
+    done: dict[str, tuple[float, Any]] = {}
+    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+        start = time.time() + warmup
+        end = start + seconds
+
+        async def user(index: int) -> None:
+            i = index
+            while time.time() < end:
+                body = images[i % len(images)]
+                i += 1
+                sent, clock = time.time(), time.perf_counter()
+                try:
+                    response = await client.post(url, content=body, headers=JPEG)
+                    status, version = response.status_code, response.headers.get("x-model-version")
+                except httpx.HTTPError:
+                    status, version = 0, None
+                answers.append(Answer(sent, (time.perf_counter() - clock) * 1000, status, version))
+
+        async def hook(name: str, after: float, run: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> None:
+            await asyncio.sleep(max(0.0, start + after - time.time()))
+            done[name] = (time.time(), await run(client))
+
+        tasks = [user(i) for i in range(concurrency)]
+        tasks += [hook(name, after, run) for name, (after, run) in (hooks or {}).items()]
+        await asyncio.gather(*tasks)
+    return Round(answers, (start, end), done)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def summary(answers: Sequence[Answer], seconds: float) -> dict:
+    ok = [a.latency_ms for a in answers if a.status == 200]
+    return {
+        "answers": len(answers),
+        "ok": len(ok),
+        "errors": len(answers) - len(ok),
+        "error_statuses": dict(Counter(str(a.status) for a in answers if a.status != 200)),
+        "requests_per_s": len(ok) / seconds,
+        "p50_ms": percentile(ok, 50),
+        "p95_ms": percentile(ok, 95),
+        "p99_ms": percentile(ok, 99),
+    }
+
+
+# --- batch sizes --------------------------------------------------------------------------------------------------------
+
+BATCH_METRIC = "image_classifier_serve_batch_size"
+FORWARD_METRIC = "image_classifier_serve_forward_seconds"
+
+
+async def scrape_batches(client: httpx.AsyncClient, url: str) -> dict | None:
+    """``url``/metrics' batch histogram (``batch_histogram``); None when it could not be read."""
+    try:
+        return batch_histogram((await client.get(url + "/metrics")).text)
+    except httpx.HTTPError:
+        return None
+
+
+def batch_histogram(text: str) -> dict | None:
+    """The batch-size histogram in Prometheus text, summed over its labels: {"buckets": {le: cumulative count},
+    "sum", "count", and the forward passes' "forward_s" and "forwards"}; None when there is none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    histogram: dict = {"buckets": Counter(), "sum": 0.0, "count": 0.0, "forward_s": 0.0, "forwards": 0.0}
+    found = False
+    for family in text_string_to_metric_families(text):
+        if family.name == FORWARD_METRIC:
+            for sample in family.samples:
+                if sample.name.endswith("_sum"):
+                    histogram["forward_s"] += sample.value
+                elif sample.name.endswith("_count"):
+                    histogram["forwards"] += sample.value
+        if family.name != BATCH_METRIC:
+            continue
+        found = True
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                histogram["buckets"][float(sample.labels["le"])] += sample.value
+            elif sample.name.endswith("_sum"):
+                histogram["sum"] += sample.value
+            elif sample.name.endswith("_count"):
+                histogram["count"] += sample.value
+    return histogram if found else None
+
+
+def histogram_between(before: dict | None, after: dict | None) -> dict | None:
+    """Batches per bucket (not cumulative: "lo-hi" -> count) and the mean batch size between two scrapes."""
+    if not after:
+        return None
+    before = before or {"buckets": {}, "sum": 0.0, "count": 0.0, "forward_s": 0.0, "forwards": 0.0}
+    count = after["count"] - before["count"]
+    buckets, previous_le, previous = {}, 0.0, 0.0
+    for le in sorted(after["buckets"]):
+        cumulative = after["buckets"][le] - before["buckets"].get(le, 0.0)
+        if cumulative - previous:
+            low = int(previous_le) + 1
+            high = "inf" if le == float("inf") else int(le)
+            buckets[str(low) if low == high else f"{low}-{high}"] = int(cumulative - previous)
+        previous_le, previous = le, cumulative
+    mean = (after["sum"] - before["sum"]) / count if count else None
+    forwards = after["forwards"] - before["forwards"]
+    forward_ms = 1000 * (after["forward_s"] - before["forward_s"]) / forwards if forwards else None
+    return {
+        "batches": int(count),
+        "mean": mean,
+        "buckets": buckets,
+        "forward_ms_mean": forward_ms,
+        "source": f"/metrics {BATCH_METRIC}, {FORWARD_METRIC}",
+    }
+
+
+def logged_batches(batch_log: Path, window: tuple[float, float]) -> dict | None:
+    """LitClassifier's own record of its batches in the window, by exact size."""
+    if not batch_log.is_file():
+        return None
+    sizes, seconds = [], []
+    for line in batch_log.read_text().splitlines():
+        when, size, forward = line.split()
+        if window[0] <= float(when) < window[1]:
+            sizes.append(int(size))
+            seconds.append(float(forward))
+    counts = Counter(sizes)
+    return {
+        "batches": len(sizes),
+        "mean": sum(sizes) / len(sizes) if sizes else None,
+        "buckets": {str(size): counts[size] for size in sorted(counts)},
+        "forward_ms_mean": 1000 * sum(seconds) / len(seconds) if seconds else None,
+        "source": "LitClassifier.predict's own count and clock",
+    }
+
+
+def batches_text(batches: dict | None) -> str:
+    if batches is None:
+        return "n/a"
+    if not batches["batches"]:
+        return "none"
+    shown = " ".join(f"{size}:{n}" for size, n in batches["buckets"].items())
+    return f"mean {batches['mean']:.1f} ({shown})" if batches["mean"] is not None else shown
+
+
+# --- the rounds --------------------------------------------------------------------------------------------------------
+
+
+def cpu_now(server: Server) -> Callable[[httpx.AsyncClient], Awaitable[dict[str, float]]]:
+    async def read(client: httpx.AsyncClient) -> dict[str, float]:
+        return server.cpu()
+
+    return read
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU-seconds over the window: the server's, the load generator's, and everything else on the machine (other
+    people's processes: a figure taken while they were busy is not this server's alone)."""
+    used = {k: after[k] - before[k] for k in before}
+    return {
+        "server": used["server"],
+        "client": used["client"],
+        "others": max(0.0, used["machine"] - used["server"] - used["client"]),
+        "machine": used["machine"],
+    }
+
+
+def level(kind: str, concurrency: int, settings: Settings, images: Sequence[bytes]) -> dict:
+    """A fresh server of ``kind`` under ``concurrency`` closed-loop clients; its figures."""
+    server = make_server(kind, settings, f"c{concurrency}")
+    try:
+        ready_s = server.start()
+        hooks = {"cpu before": (0.0, cpu_now(server)), "cpu after": (settings.seconds, cpu_now(server))}
+        if kind == "ours":
+            hooks["before"] = (0.0, lambda client: scrape_batches(client, server.url))
+            hooks["after"] = (settings.seconds, lambda client: scrape_batches(client, server.url))
+        result = asyncio.run(
+            closed_loop(server.url + server.predict_path, images, concurrency, settings.warmup, settings.seconds, hooks)
+        )
+        peaks = server.peak_rss()
+    finally:
+        server.stop()
+    figures = summary(result.measured(), settings.seconds)
+    cpu = cpu_used(result.hooks["cpu before"][1], result.hooks["cpu after"][1])
+    if kind == "ours":
+        batches = histogram_between(result.hooks["before"][1], result.hooks["after"][1])
+    elif kind == "litserve":
+        batches = logged_batches(server.batch_log, result.window)
+    else:
+        batches = {"batches": figures["ok"], "mean": 1.0, "buckets": {"1": figures["ok"]}, "source": "by construction"}
+    return {
+        "server": kind,
+        "concurrency": concurrency,
+        **figures,
+        "batches": batches,
+        "cpu_s": cpu,
+        "requests_per_server_cpu_s": figures["ok"] / cpu["server"] if cpu["server"] else None,
+        "peak_rss_mb": sum(peaks.values()),
+        "peak_rss_mb_per_process": {str(pid): round(mb, 1) for pid, mb in peaks.items()},
+        "ready_s": ready_s,
+    }
+
+
+def swap_round(settings: Settings, images: Sequence[bytes], seconds: float, concurrency: int = 32) -> dict:
+    """Ours under ``concurrency`` clients for ``seconds`` after the warm-up; half-way through ``production`` moves
+    from version 1 to 2. Errors count every answer of the round; the rest, every request sent after the warm-up
+    (those answered after the window's end too: a version-2 answer can come late)."""
+    from tasks.registry import set_alias
+
+    set_alias(settings.registry, MODEL_NAME, "production", 1)
+    server = make_server("ours", settings, "swap")
+
+    async def move(client: httpx.AsyncClient) -> None:
+        await asyncio.to_thread(set_alias, settings.registry, MODEL_NAME, "production", 2)
+
+    try:
+        server.start()
+        result = asyncio.run(
+            closed_loop(
+                server.url + server.predict_path,
+                images,
+                concurrency,
+                settings.warmup,
+                seconds,
+                {"move": (seconds / 2, move)},
+            )
+        )
+        peaks = server.peak_rss()
+    finally:
+        server.stop()
+    moved, start = result.hooks["move"][0], result.window[0]
+    sent = [(a.sent + a.latency_ms / 1000, a) for a in result.answers if a.sent >= start]
+    old, new = f"{MODEL_NAME}/1", f"{MODEL_NAME}/2"
+    first_new = min((t for t, a in sent if a.version == new), default=None)
+    last_old = max((t for t, a in sent if a.version == old), default=None)
+    switched = max(t for t in (first_new, last_old, moved) if t is not None)
+    errors = [a for a in result.answers if a.status != 200]
+    return {
+        "concurrency": concurrency,
+        "seconds": seconds,
+        "answers": len(result.answers),
+        "errors": len(errors),
+        "error_statuses": dict(Counter(str(a.status) for a in errors)),
+        "requests_per_s": summary(result.measured(), seconds)["requests_per_s"],
+        "p99_ms": summary([a for _, a in sent], seconds)["p99_ms"],
+        "p99_before_move_ms": summary([a for t, a in sent if t < moved], seconds)["p99_ms"],
+        "around_move": summary([a for t, a in sent if moved <= t <= switched + 2.0], switched + 2.0 - moved),
+        "versions": dict(Counter(str(a.version) for _, a in sent)),
+        "first_version_2_after_move_s": None if first_new is None else first_new - moved,
+        "last_version_1_after_move_s": None if last_old is None else last_old - moved,
+        "peak_rss_mb": sum(peaks.values()),
+    }
+
+
+# --- the report ---------------------------------------------------------------------------------------------------------
+
+
+def number(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def levels_table(levels: list[dict]) -> str:
+    rows = [
+        (
+            "server",
+            "C",
+            "requests/s",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "errors",
+            "batch sizes",
+            "forward ms",
+            "CPU s server/client/others",
+            "requests per server CPU-s",
+            "peak RSS MB",
+        )
+    ]
+    for r in levels:
+        errors = str(r["errors"]) + (f" {r['error_statuses']}" if r["errors"] else "")
+        rows.append(
+            (
+                r["server"],
+                str(r["concurrency"]),
+                number(r["requests_per_s"]),
+                number(r["p50_ms"]),
+                number(r["p95_ms"]),
+                number(r["p99_ms"]),
+                errors,
+                batches_text(r["batches"]),
+                number((r["batches"] or {}).get("forward_ms_mean")),
+                "/".join(f"{r['cpu_s'][k]:.0f}" for k in ("server", "client", "others")),
+                number(r["requests_per_server_cpu_s"]),
+                number(r["peak_rss_mb"], 0),
+            )
+        )
+    return aligned(rows)
+
+
+def swap_text(swap: dict) -> str:
+    def after(seconds: float | None) -> str:
+        return "never" if seconds is None else f"{seconds:+.2f} s"
+
+    return (
+        f"alias swap (ours, concurrency {swap['concurrency']}, {swap['seconds']:g} s, the move half-way): "
+        f"{swap['errors']} errors {swap['error_statuses'] or ''}in {swap['answers']} answers (warm-up included); "
+        f"{number(swap['requests_per_s'])} requests/s; "
+        f"p99 {number(swap['p99_ms'])} ms overall, {number(swap['p99_before_move_ms'])} ms before the move, "
+        f"{number(swap['around_move']['p99_ms'])} ms from the move to 2 s after answers switched "
+        f"({swap['around_move']['answers']} answers); first version-2 answer {after(swap['first_version_2_after_move_s'])}, "
+        f"last version-1 answer {after(swap['last_version_1_after_move_s'])} after the move; "
+        f"answers by version {swap['versions']}; peak RSS {number(swap['peak_rss_mb'], 0)} MB"
+    )
+
+
+def goals(levels: list[dict], swap: dict | None, at: int = 32) -> list[Figure]:
+    """Issue 54's goals, where this run measured what they compare."""
+    by = {(r["server"], r["concurrency"]): r for r in levels}
+    ours, plain, lit = by.get(("ours", at)), by.get(("plain", at)), by.get(("litserve", at))
+    figures = []
+    if ours and plain:
+        figures.append(
+            Figure(
+                f"throughput at C={at}, ours vs plain",
+                ours["requests_per_s"],
+                plain["requests_per_s"],
+                "requests/s",
+                ">= 2x",
+                2.0,
+            )
+        )
+        if ours["p99_ms"] is not None and plain["p99_ms"] is not None:
+            figures.append(
+                Figure(
+                    f"p99 at C={at}, ours vs plain",
+                    ours["p99_ms"],
+                    plain["p99_ms"],
+                    "ms",
+                    "<= 1x (no worse)",
+                    1.0,
+                    higher_is_better=False,
+                )
+            )
+    if ours and lit:
+        figures.append(
+            Figure(
+                f"throughput at C={at}, ours vs LitServe",
+                ours["requests_per_s"],
+                lit["requests_per_s"],
+                "requests/s",
+                ">= 1x (no worse)",
+                1.0,
+            )
+        )
+    if swap:
+        figures.append(
+            Figure(
+                f"errors through the alias swap (C={swap['concurrency']})",
+                swap["errors"],
+                None,
+                "errors",
+                "0",
+                0.0,
+                higher_is_better=False,
+            )
+        )
+    return figures
+
+
+def measure(
+    args: argparse.Namespace, kinds: list[str], images: Sequence[bytes]
+) -> tuple[list[dict], dict | None, dict]:
+    """Every level of every server, then the swap round; (levels, swap, the tail of each server's log)."""
+    levels: list[dict] = []
+    swap = None
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as scratch:
+        scratch = Path(scratch)
+        registry, model_dir = prepare_registry(scratch)
+        settings = Settings(
+            args.seconds, args.warmup, args.max_batch_size, args.max_wait_ms, args.max_queue, args.poll_s,
+            scratch, registry, model_dir,
+        )  # fmt: skip
+        try:
+            for concurrency in args.concurrency:
+                for kind in kinds:
+                    levels.append(level(kind, concurrency, settings, images))
+                    r = levels[-1]
+                    print(
+                        f"  {kind} C={concurrency}: {number(r['requests_per_s'])} requests/s, p99 "
+                        f"{number(r['p99_ms'])} ms, {r['errors']} errors, batches {batches_text(r['batches'])}",
+                        flush=True,
+                    )
+            if "ours" in kinds and not args.no_swap:
+                swap = swap_round(settings, images, args.swap_seconds)
+        except BaseException:
+            logs = sorted(scratch.glob("*.log"), key=lambda log: log.stat().st_mtime)
+            if logs:
+                print(f"the last server's log ({logs[-1].name}):\n{logs[-1].read_text(errors='replace')[-4000:]}")
+            raise
+        server_logs = {log.name: log.read_text(errors="replace")[-2000:] for log in sorted(scratch.glob("*.log"))}
+    return levels, swap, server_logs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20, help="measured seconds per level (default 20)")
+    parser.add_argument("--warmup", type=float, default=3, help="unmeasured seconds before each level (default 3)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=16,
+        help="ours and LitServe (default 16, ours' own default: on 2 CPU cores ResNet-18 @224 gives about the same "
+        "images/s from a batch of 4 to 32, some 15%% more than one at a time, while a bigger batch holds its first "
+        "request longer; a GPU wants more)",
+    )
+    parser.add_argument("--max-wait-ms", type=float, default=10, help="ours and LitServe's batch_timeout (default 10)")
+    parser.add_argument(
+        "--max-queue", type=int, default=128, help="ours: images admitted before 503 (default 128, its own; above C)"
+    )
+    parser.add_argument("--poll-s", type=float, default=0.5, help="ours: how often it reads the alias (default 0.5)")
+    parser.add_argument("--only", nargs="+", choices=SERVERS, help="a subset of the servers (default: all)")
+    parser.add_argument("--no-swap", action="store_true", help="leave out the alias-swap round")
+    parser.add_argument(
+        "--swap-seconds", type=float, default=30, help="the swap round's measured seconds; the move half-way (30)"
+    )
+    parser.add_argument("--output", type=Path, help="the results file (default bench/results/<date>-serve-<host>.json)")
+    parser.add_argument("--plain-server", metavar="MODEL_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--litserve-server", metavar="MODEL_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--batch-log", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.plain_server:
+        return run_plain_server(args.plain_server, args.port)
+    if args.litserve_server:
+        return run_litserve_server(
+            args.litserve_server, args.port, args.batch_log, args.max_batch_size, args.max_wait_ms
+        )
+
+    kinds = [k for k in SERVERS if k in (args.only or SERVERS)]
+    if "litserve" in kinds and litserve is None:
+        print("LitServe is not installed (pip install -e '.[bench]'): left out", file=sys.stderr)
+        kinds.remove("litserve")
+    from bench.run import machine
+
+    threads = torch.get_num_threads()
+    print(
+        f"bench.serve: {', '.join(kinds)} at concurrency {args.concurrency}, {args.warmup:g} s warm-up + "
+        f"{args.seconds:g} s each; max batch {args.max_batch_size}, max wait {args.max_wait_ms:g} ms, "
+        f"max queue {args.max_queue}; torch threads {threads} (torch's default here, left to each server)",
+        flush=True,
+    )
+    images = photos()
+    # A SIGTERM ends the run as Ctrl-C does: the finally blocks stop every server started.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        levels, swap, server_logs = measure(args, kinds, images)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    figures = goals(levels, swap)
+    print()
+    print(levels_table(levels))
+    if swap:
+        print(swap_text(swap))
+    if figures:
+        print()
+        print(table(figures))
+    now = datetime.now(timezone.utc)
+    out = args.output or RESULTS / f"{now:%Y-%m-%d}-serve-{socket.gethostname()}.json"
+    record = {
+        "date": now.isoformat(),
+        "machine": machine(),
+        "command": [Path(sys.executable).name, "-m", "bench.serve", *(argv if argv is not None else sys.argv[1:])],
+        "settings": {
+            "servers": kinds,
+            "concurrency": args.concurrency,
+            "seconds": args.seconds,
+            "warmup": args.warmup,
+            "max_batch_size": args.max_batch_size,
+            "max_wait_ms": args.max_wait_ms,
+            "max_queue": args.max_queue,
+            "poll_s": args.poll_s,
+            "swap_seconds": None if args.no_swap else args.swap_seconds,
+            "torch_threads": threads,
+            "images": len(images),
+            "model": "resnet18 @224 px, random weights, 10 classes",
+            "peak_rss": "VmHWM summed over the server's process group, a fresh server per level",
+        },
+        "levels": levels,
+        "swap": swap,
+        "figures": [f.as_dict() for f in figures],
+        "server_log_tails": server_logs,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
