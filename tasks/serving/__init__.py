@@ -8,6 +8,7 @@
     endpoint.py   the versions served (primary, canary), the alias followed and the swap without a failed request
     oip.py        the Open Inference Protocol's inference request and response (JSON and binary tensors)
     metrics.py    the Prometheus metrics
+    answering.py  a prediction request from admission to answer (the queue's bound, body limit, decode, batch)
     app.py        the FastAPI app: /v1/predict, /v1/model, /healthz, /readyz, /metrics, /v2/…
     server.py     the process: uvicorn, loading while /healthz answers, SIGTERM drained
     __main__.py   the command line

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
@@ -25,27 +24,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tasks.predict.classifier import Prediction
 from tasks.serving import oip
-from tasks.serving.endpoint import Endpoint, NotReadyError, Served
+from tasks.serving.answering import RETRY_AFTER_S, VERSION_HEADER, Answering, Refused
+from tasks.serving.endpoint import Endpoint, Served
 from tasks.serving.metrics import ServeMetrics
-from tasks.serving.model import ImageRefused
 
 logger = logging.getLogger("tasks.serving")
-VERSION_HEADER = "X-Model-Version"
 # Open to anyone who reaches the port, token or not: the probes of a load balancer or Kubernetes, and the API's
 # description (it says nothing about the model).
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/docs", "/openapi.json"})
 UNCOUNTED_PATHS = OPEN_PATHS | {"/metrics"}  # not requests in flight for SIGTERM's drain
-RAW_IMAGE_TYPES = ("image/", "application/octet-stream")
-RETRY_AFTER_S = "1"
-CLIENT_LEFT = 499  # counted for a request whose client went away before its answer (nginx's code)
-
-
-class Refused(Exception):
-    """A request answered with an error status and a JSON reason."""
-
-    def __init__(self, status: int, message: str, part: str | None = None, headers: dict | None = None) -> None:
-        super().__init__(message)
-        self.status, self.part, self.headers = status, part, headers or {}
 
 
 def _package_version() -> str:
@@ -56,7 +43,7 @@ def _package_version() -> str:
 
 
 def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
-    """The app around ``endpoint``. ``starting`` (an awaitable) runs in the lifespan, in the background: the
+    """The app around ``endpoint`` (a request's lifecycle: answering.py). ``starting`` (an awaitable) runs in the lifespan, in the background: the
     model's loading, so that ``/healthz`` answers while it loads and ``/readyz`` once it is warm."""
     settings, metrics = endpoint.settings, endpoint.metrics
 
@@ -111,117 +98,7 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
         logger.exception("%s %s failed", request.method, request.url.path)
         return JSONResponse({"error": f"internal error ({type(error).__name__}); the server's log has it"}, 500)
 
-    async def read_body(request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
-            raise Refused(
-                413, f"the body is {int(declared):,} bytes, more than {settings.max_body_bytes:,} (--max-body-mb)"
-            )
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > settings.max_body_bytes:
-                raise Refused(413, f"the body is more than {settings.max_body_bytes:,} bytes (--max-body-mb)")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    async def images_of(request: Request) -> list[tuple[str, bytes]]:
-        """(part name, encoded image) for each image a /v1/predict request sent."""
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type.startswith(RAW_IMAGE_TYPES):
-            return [("body", await read_body(request))]
-        if content_type != "multipart/form-data":
-            raise Refused(
-                415,
-                f"content type {content_type or 'none'!r}: send one image as the body (image/jpeg, image/png, … or "
-                "application/octet-stream) or images as multipart/form-data",
-            )
-        request._body = await read_body(request)  # the form parser reads it from there (Starlette's Request.stream)
-        try:
-            form = await request.form(max_files=settings.max_queue, max_fields=settings.max_queue)
-        except Exception as error:  # noqa: BLE001 (Starlette's MultiPartException and python-multipart's errors)
-            raise Refused(400, f"the multipart body cannot be read: {error}") from None
-        parts = []
-        for field, value in form.multi_items():
-            if isinstance(value, str):
-                raise Refused(400, f"form field {field!r} is text: send each image as a file part", field)
-            name = f"{field}:{value.filename}" if value.filename else field
-            parts.append((name, await value.read()))
-        if not parts:
-            raise Refused(400, "the multipart body holds no file part: send each image as one")
-        return parts
-
-    def admit(count: int) -> None:
-        if endpoint.admitted + count > settings.max_queue:
-            raise Refused(
-                503,
-                f"the queue is full ({endpoint.admitted} of {settings.max_queue} images waiting): try again",
-                headers={"Retry-After": RETRY_AFTER_S},
-            )
-        endpoint.admitted += count
-        metrics.queue_depth.set(endpoint.admitted)
-
-    def leave(count: int) -> None:
-        endpoint.admitted -= count
-        metrics.queue_depth.set(endpoint.admitted)
-
-    def pick() -> Served:
-        try:
-            return endpoint.pick()
-        except NotReadyError as error:
-            raise Refused(503, str(error), headers={"Retry-After": RETRY_AFTER_S}) from None
-
-    async def run(served: Served, parts: list[tuple[str, bytes]]) -> np.ndarray:
-        """The probabilities of ``parts`` (N x classes) on ``served``: decoded in threads, then batched."""
-        loop = asyncio.get_running_loop()
-        decoding = [loop.run_in_executor(endpoint.decoder, served.model.decode, data, name) for name, data in parts]
-        try:
-            images = await asyncio.gather(*decoding)
-        except ImageRefused as error:
-            raise Refused(error.status, str(error), error.part) from None
-        try:
-            results = await asyncio.gather(*(served.batcher.submit(image) for image in images))
-        except Exception as error:  # noqa: BLE001 (a forward pass that raised: this batch's requests only)
-            logger.error("a forward pass of %s failed: %s: %s", served.identity.label, type(error).__name__, error)
-            raise Refused(500, f"the model failed on this request's batch ({type(error).__name__})") from None
-        return np.stack(results)
-
-    async def answer(
-        request: Request, endpoint_name: str, parts_of: Any, respond: Any, served: Served | None = None
-    ) -> Response:
-        """A prediction request from admission to answer, counted and timed by the version that answered."""
-        started, label, status, admitted = time.perf_counter(), "", 500, 0
-        try:
-            served = served or pick()
-            label = served.identity.label
-            admit(1)  # the body's memory, before it is read
-            admitted = 1
-            endpoint.bind(served)
-            try:
-                parts = await parts_of(request)
-                if len(parts) > 1:
-                    admit(len(parts) - 1)
-                    admitted = len(parts)
-                response = respond(served, parts, await run(served, parts))
-            finally:
-                endpoint.release(served)
-            response.headers[VERSION_HEADER] = label
-            status = response.status_code
-            return response
-        except Refused as error:
-            status = error.status
-            if label:
-                error.headers = {**error.headers, VERSION_HEADER: label}
-            raise
-        except asyncio.CancelledError:
-            status = CLIENT_LEFT
-            raise
-        finally:
-            if admitted:
-                leave(admitted)
-            metrics.requests.labels(endpoint_name, str(status), label).inc()
-            if status == 200:
-                metrics.latency.labels(label).observe(time.perf_counter() - started)
+    answering = Answering(endpoint)
 
     # -- the project's own API ------------------------------------------------------------------------------
     @app.post(
@@ -246,7 +123,7 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
             identity = served.identity
             return JSONResponse({"model": {"name": identity.name, "version": identity.version}, "predictions": rows})
 
-        return await answer(request, "/v1/predict", images_of, respond)
+        return await answering.answer(request, "/v1/predict", answering.images_of, respond)
 
     @app.get("/v1/model", summary="The model being served: name, version, alias, classes, weights' sha256, runtime")
     async def model() -> dict[str, Any]:
@@ -330,7 +207,9 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
 
         async def parts_of(request: Request) -> list[tuple[str, bytes]]:
             try:
-                parsed.append(oip.parse_infer_request(await read_body(request), request.headers.get(oip.HEADER_LENGTH)))
+                parsed.append(
+                    oip.parse_infer_request(await answering.read_body(request), request.headers.get(oip.HEADER_LENGTH))
+                )
             except oip.InferRequestError as error:
                 raise Refused(400, str(error)) from None
             return [(f"{oip.INPUT_NAME}[{i}]", image) for i, image in enumerate(parsed[0].images)]
@@ -342,7 +221,7 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
             body, headers = oip.infer_response(parsed[0], identity.name, str(identity.version), labels, probabilities)
             return Response(body, headers=headers)
 
-        return await answer(request, "/v2/infer", parts_of, respond, served)
+        return await answering.answer(request, "/v2/infer", parts_of, respond, served)
 
     @app.post("/v2/models/{name}/infer", summary="Open Inference Protocol: label encoded images (a BYTES input)")
     async def infer_model(request: Request, name: str) -> Response:
