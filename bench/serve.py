@@ -4,12 +4,14 @@ request) and against LitServe with the same batch settings, under a closed-loop 
 concurrency 1, 8, 32 and 64; then one round at concurrency 32 on ours with the registry alias moved half-way
 through. Prints one table and issue 54's goals; writes ``bench/results/<date>-serve-<host>.json``. Asserts nothing.
 
-    python -m bench.serve                                      # 3 servers x 4 levels, 20 s each, the swap: ~8 min
+    python -m bench.serve                                      # 3 servers x 4 levels, 20 s each, the swap: ~9 min
     python -m bench.serve --seconds 10 --concurrency 1 32      # shorter
     python -m bench.serve --only ours plain --no-swap
 
-The servers, each a subprocess on a free loopback port, a fresh one for every level (so each level's peak memory
-is its own), stopped (its whole process group) when the level ends, on an error and on Ctrl-C:
+The servers, each a subprocess on a free loopback port, a fresh set for every level (so each level's peak memory is
+its own), all of a level's running at once and taking the load in turn (``--slices`` turns each, ``--seconds``
+in all per server: a drift in the machine's load falls on all of them alike), stopped (each its whole process
+group) when the level ends, on an error and on Ctrl-C:
 
   ours      ``python -m tasks.serving bench-resnet18@production --registry <temporary> --max-batch-size B
             --max-wait-ms W --max-queue Q --poll-s 0.5``, ``POST /v1/predict?top_k=10`` (every class, as the
@@ -34,14 +36,16 @@ The images: scikit-learn's two sample photographs (640 x 427) and six crops of t
 each request's body is one of them (``Content-Type: image/jpeg``), each client task cycling through them.
 
 The load: ``C`` asyncio tasks in this process on one httpx client, each sending its next request as soon as its
-previous answer came (closed loop), ``--warmup`` seconds unmeasured then ``--seconds`` measured; a request counts
-when its answer arrives inside the measured window. Throughput is 200 answers per second; latency percentiles are
+previous answer came (closed loop); in each turn some seconds unmeasured (``--warmup`` in a server's first turn, 1 s
+in the others) then its share of ``--seconds`` measured; a request counts when its answer arrives inside a
+measured window. Throughput is 200 answers per second; latency percentiles are
 over the 200 answers; errors are every other answer (status, or a connection error). On a small machine the load
 generator shares the CPUs with the server: the same for all three.
 
-CPU: over each window, the CPU-seconds of the server's processes, of this process (the load generator) and of
-everything else on the machine ("others": on a shared machine, other people's work; a figure measured while others
-were busy is the server's share of a smaller machine, and a server with many threads takes a bigger share of it).
+CPU: over the measured windows, the CPU-seconds of the server's processes, of this process (the load generator)
+and of everything else on the machine ("others": the level's idle servers, LitServe's polling about a tenth of a
+core, and on a shared machine other people's work; a figure measured while others were busy is the server's share
+of a smaller machine, and a server with many threads takes a bigger share of it).
 "requests per server CPU-s" is what a server answered per CPU-second it got.
 
 Threads: this script sets none; every server keeps torch's default intra-op threads (the machine's cores as
@@ -52,7 +56,7 @@ Starlette's thread pool, so with ``C`` requests in flight up to ``min(C, 40)`` f
 asking for that many intra-op threads.
 
 Peak memory: VmHWM (/proc/<pid>/status) of every process of the server's process group, summed, read just before
-the server is stopped: the peak over that server's whole life (start-up, warm-up, the level). LitServe's is five
+the server is stopped: the peak over that server's whole life (start-up, its turns, idle through the others'). LitServe's is five
 processes (the launcher, multiprocessing's manager and resource tracker, the HTTP server, the inference worker); a
 sum of peaks can exceed the peak of the sum.
 
@@ -310,6 +314,7 @@ class Server:
 @dataclass
 class Settings:
     seconds: float
+    slices: int
     warmup: float
     max_batch_size: int
     max_wait_ms: float
@@ -579,39 +584,90 @@ def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, flo
     }
 
 
-def level(kind: str, concurrency: int, settings: Settings, images: Sequence[bytes]) -> dict:
-    """A fresh server of ``kind`` under ``concurrency`` closed-loop clients; its figures."""
-    server = make_server(kind, settings, f"c{concurrency}")
+def levels_at(concurrency: int, kinds: Sequence[str], settings: Settings, images: Sequence[bytes]) -> list[dict]:
+    """Fresh servers of ``kinds``, all started; then ``settings.slices`` turns in which each server in turn takes
+    ``concurrency`` closed-loop clients for its share of ``settings.seconds`` (after a warm-up: ``--warmup`` the
+    first time, 1 s later), so that a drift in the machine's load falls on all of them alike; each server's figures
+    pooled over its turns."""
+    servers = {kind: make_server(kind, settings, f"c{concurrency}") for kind in kinds}
+    turns: dict[str, list[Round]] = {kind: [] for kind in kinds}
+    each = settings.seconds / settings.slices
     try:
-        ready_s = server.start()
-        hooks = {"cpu before": (0.0, cpu_now(server)), "cpu after": (settings.seconds, cpu_now(server))}
-        if kind == "ours":
-            hooks["before"] = (0.0, lambda client: scrape_batches(client, server.url))
-            hooks["after"] = (settings.seconds, lambda client: scrape_batches(client, server.url))
-        result = asyncio.run(
-            closed_loop(server.url + server.predict_path, images, concurrency, settings.warmup, settings.seconds, hooks)
-        )
-        peaks = server.peak_rss()
+        ready = {kind: server.start() for kind, server in servers.items()}
+        for turn in range(settings.slices):
+            for kind, server in servers.items():
+                hooks = {"cpu before": (0.0, cpu_now(server)), "cpu after": (each, cpu_now(server))}
+                if kind == "ours":
+                    hooks["before"] = (0.0, lambda client, url=server.url: scrape_batches(client, url))
+                    hooks["after"] = (each, lambda client, url=server.url: scrape_batches(client, url))
+                url = server.url + server.predict_path
+                warmup = settings.warmup if turn == 0 else min(1.0, settings.warmup)
+                turns[kind].append(asyncio.run(closed_loop(url, images, concurrency, warmup, each, hooks)))
+        peaks = {kind: server.peak_rss() for kind, server in servers.items()}
     finally:
-        server.stop()
-    figures = summary(result.measured(), settings.seconds)
-    cpu = cpu_used(result.hooks["cpu before"][1], result.hooks["cpu after"][1])
+        for server in servers.values():
+            server.stop()
+    return [
+        pooled(kind, concurrency, turns[kind], servers[kind], peaks[kind], ready[kind], settings.seconds)
+        for kind in kinds
+    ]
+
+
+def pooled(
+    kind: str,
+    concurrency: int,
+    turns: list[Round],
+    server: Server,
+    peaks: dict[int, float],
+    ready_s: float,
+    seconds: float,
+) -> dict:
+    """One server's figures over its turns: answers pooled, CPU-seconds and batches summed."""
+    figures = summary([a for r in turns for a in r.measured()], seconds)
+    used = [cpu_used(r.hooks["cpu before"][1], r.hooks["cpu after"][1]) for r in turns]
+    cpu = {k: sum(u[k] for u in used) for k in used[0]}
     if kind == "ours":
-        batches = histogram_between(result.hooks["before"][1], result.hooks["after"][1])
+        batches = merged([histogram_between(r.hooks["before"][1], r.hooks["after"][1]) for r in turns])
     elif kind == "litserve":
-        batches = logged_batches(server.batch_log, result.window)
+        batches = merged([logged_batches(server.batch_log, r.window) for r in turns])
     else:
         batches = {"batches": figures["ok"], "mean": 1.0, "buckets": {"1": figures["ok"]}, "source": "by construction"}
     return {
         "server": kind,
         "concurrency": concurrency,
         **figures,
+        "turns": len(turns),
         "batches": batches,
         "cpu_s": cpu,
         "requests_per_server_cpu_s": figures["ok"] / cpu["server"] if cpu["server"] else None,
         "peak_rss_mb": sum(peaks.values()),
         "peak_rss_mb_per_process": {str(pid): round(mb, 1) for pid, mb in peaks.items()},
         "ready_s": ready_s,
+    }
+
+
+def merged(parts: list[dict | None]) -> dict | None:
+    """Batch figures of several windows as one: counts added, means weighted by batches."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    batches = sum(p["batches"] for p in parts)
+    buckets: Counter = Counter()
+    for p in parts:
+        buckets.update(p["buckets"])
+
+    def weighted(key: str) -> float | None:
+        known = [p for p in parts if p[key] is not None and p["batches"]]
+        total = sum(p["batches"] for p in known)
+        return sum(p[key] * p["batches"] for p in known) / total if total else None
+
+    order = sorted(buckets, key=lambda b: float(b.split("-")[0]))
+    return {
+        "batches": batches,
+        "mean": weighted("mean"),
+        "buckets": {b: buckets[b] for b in order},
+        "forward_ms_mean": weighted("forward_ms_mean"),
+        "source": parts[0]["source"],
     }
 
 
@@ -791,16 +847,15 @@ def measure(
         scratch = Path(scratch)
         registry, model_dir = prepare_registry(scratch)
         settings = Settings(
-            args.seconds, args.warmup, args.max_batch_size, args.max_wait_ms, args.max_queue, args.poll_s,
+            args.seconds, args.slices, args.warmup, args.max_batch_size, args.max_wait_ms, args.max_queue, args.poll_s,
             scratch, registry, model_dir,
         )  # fmt: skip
         try:
             for concurrency in args.concurrency:
-                for kind in kinds:
-                    levels.append(level(kind, concurrency, settings, images))
-                    r = levels[-1]
+                for r in levels_at(concurrency, kinds, settings, images):
+                    levels.append(r)
                     print(
-                        f"  {kind} C={concurrency}: {number(r['requests_per_s'])} requests/s, p99 "
+                        f"  {r['server']} C={concurrency}: {number(r['requests_per_s'])} requests/s, p99 "
                         f"{number(r['p99_ms'])} ms, {r['errors']} errors, batches {batches_text(r['batches'])}",
                         flush=True,
                     )
@@ -818,7 +873,10 @@ def measure(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20, help="measured seconds per level (default 20)")
-    parser.add_argument("--warmup", type=float, default=3, help="unmeasured seconds before each level (default 3)")
+    parser.add_argument(
+        "--slices", type=int, default=4, help="turns per level: the servers take the load in turn (default 4)"
+    )
+    parser.add_argument("--warmup", type=float, default=3, help="unmeasured seconds before a server's first turn (3)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument(
         "--max-batch-size",
@@ -889,6 +947,7 @@ def main(argv: list[str] | None = None) -> None:
             "servers": kinds,
             "concurrency": args.concurrency,
             "seconds": args.seconds,
+            "slices": args.slices,
             "warmup": args.warmup,
             "max_batch_size": args.max_batch_size,
             "max_wait_ms": args.max_wait_ms,
