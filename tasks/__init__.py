@@ -28,3 +28,31 @@ Flat leaves, shared by the packages and small enough to stay alone:
     memory.py     a process's own peak memory
     allocator.py  glibc malloc kept from returning batch-sized blocks to the kernel
 """
+
+# The names ``from tasks import …`` gave before the stages moved into packages (2026-11, issue 42): each now raises an
+# ImportError that says where it is (the public ones: ``from flows import …``, flows/__init__.py).
+_MOVED = {
+    "convert_to_image_directory": "flows",
+    "check_training_data": "flows",
+    "export_digits": "flows",
+    "launch_training": "flows",
+    "score_images": "flows",
+    "ImageDirectory": "flows",
+    "ModelDirectory": "flows",
+    "ModelSpec": "flows",
+    "TrainingParams": "flows",
+    "PipelineInputError": "flows",
+    "split_image_directory": "tasks.data.split",
+    "write_untrained_model_directory": "tasks.model.untrained",
+    "build_torchrun_command": "tasks.launch.torchrun_launcher",
+    "run_training": "tasks.launch.torchrun_launcher",
+    "evaluate_scores": "tasks.evaluation.evaluate",
+    "register_model": "tasks.registry",
+    "Normalisation": "tasks.contracts.image_directory",
+}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        raise ImportError(f"'from tasks import {name}' moved: use 'from {_MOVED[name]} import {name}'", name=name)
+    raise AttributeError(f"module 'tasks' has no attribute {name!r}")
