@@ -37,9 +37,10 @@ from tasks.model.untrained import with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE, check_distance
 from tasks.registry import PromotionPolicy, Registration
 from tasks.registry.prefect_tasks import register, settle_promotion
-from tasks.storage.prefect_tasks import keep_results, store
+from tasks.storage.prefect_tasks import keep_results
 from tasks.storage.runs import Keep
 from tasks.storage.work_dir_on_s3 import join, local_folder
+from tasks.work_dir.prefect_tasks import store
 
 
 class PipelineResult(BaseModel):

@@ -31,13 +31,14 @@ from tasks.model.prefect_tasks import resolve_pretrained_weights, untrained_mode
 from tasks.model.untrained import with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE
 from tasks.registry import PromotionPolicy
-from tasks.storage.prefect_tasks import store
 from tasks.storage.runs import Keep
 from tasks.storage.s3 import is_s3_uri, read_s3_object
-from tasks.storage.work_dir_on_s3 import fetch_folder, join, local_folder, mirror_of
+from tasks.storage.work_dir_on_s3 import fetch_folder, join, local_folder
 from tasks.sweep import SearchSpace, SweepSettings, SweepStudy, TrialRecord, apply_params
 from tasks.sweep.space import check_search_space, describe_search
 from tasks.sweep.study import STUDY_FILE, trial_folder
+from tasks.work_dir.prefect_tasks import store
+from tasks.work_dir.training_output import mirror_of
 
 
 @flow(name="sweep-pipeline", log_prints=True)

@@ -32,7 +32,8 @@ from tasks.contracts.model_directory import METRICS_FILE
 from tasks.errors import RerunLimitError, UnknownRunError
 from tasks.storage.runs import mark_run, run_folder_location
 from tasks.storage.s3 import is_s3_uri, read_s3_object
-from tasks.storage.work_dir_on_s3 import epochs_in, join
+from tasks.storage.work_dir_on_s3 import join
+from tasks.work_dir.training_output import epochs_in
 
 MAX_RERUNS = 2  # a training is run at most 1 + MAX_RERUNS times when its hosts keep being lost
 

@@ -62,7 +62,7 @@ from tasks.launch.multinode import (
 from tasks.launch.torchrun_launcher import launch_training
 from tasks.launch.torchrun_output import NewEpochs, read_metrics
 from tasks.retrying import stage_task
-from tasks.storage.work_dir_on_s3 import mirror_of
+from tasks.work_dir.training_output import mirror_of
 
 
 def epochs_done(metrics: TrainingMetrics | None, total: int) -> str:

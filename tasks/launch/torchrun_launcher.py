@@ -46,7 +46,6 @@ from tasks.launch.torchrun_output import (
     read_metrics,
     training_failure,
 )
-from tasks.storage.work_dir_on_s3 import StagedTraining, stage_training
 from tasks.training.lifeline import (
     HangWatch,
     TrainingHang,
@@ -54,6 +53,7 @@ from tasks.training.lifeline import (
     output_lock,
     read_heartbeats,
 )
+from tasks.work_dir.training_output import StagedTraining, stage_training
 
 WORKER_MODULE = "tasks.training.worker"
 
@@ -269,7 +269,7 @@ def launch_training(
 
     Everything that starts training (the train task, each node of a multi-node training, tests, benchmarks)
     comes through here. Any location may be ``s3://``: the inputs are fetched to this host's cache and the
-    output kept in step with its S3 folder while training runs (tasks/storage/work_dir_on_s3.py)."""
+    output kept in step with its S3 folder while training runs (tasks/work_dir/training_output.py)."""
     staged = stage_training(folders)
     # torchrun's attempt folders hold nothing here (the ranks' output comes through its stdout): removed after.
     with tempfile.TemporaryDirectory(prefix="torchrun-", ignore_cleanup_errors=True) as torchrun_logs:

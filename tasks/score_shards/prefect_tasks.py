@@ -51,8 +51,8 @@ from tasks.score_shards.parts import (
     shard_ranges,
 )
 from tasks.score_shards.shard import score_part
-from tasks.storage.prefect_tasks import store
 from tasks.storage.work_dir_on_s3 import join
+from tasks.work_dir.prefect_tasks import store
 
 
 @dataclasses.dataclass

@@ -17,7 +17,8 @@ from tasks.evaluation.score import DecodeOn, Span, score_chunks
 from tasks.score_shards.parts import FailedImage, PartSummary, ShardRange, write_summary
 from tasks.storage.local_files import sha256_file
 from tasks.storage.s3 import download_s3_object, is_s3_uri, no_such_key, parse_s3_uri, s3_client
-from tasks.storage.work_dir_on_s3 import fetch_folder, fetch_index, stored_manifest
+from tasks.storage.work_dir_on_s3 import fetch_folder
+from tasks.work_dir.images import fetch_index, stored_manifest
 
 DOWNLOAD_THREADS = 16
 

@@ -1,6 +1,5 @@
-"""The Prefect tasks of storage: ``store`` (a folder written on this host published where the next stages read
-it) and ``keep_results`` (what a registered run's folder keeps), around ``work_dir_on_s3`` and ``runs``, which
-import no Prefect."""
+"""The Prefect task of storage: ``keep_results`` (what a registered run's folder keeps), around ``runs``, which
+imports no Prefect. ``store`` is tasks/work_dir/prefect_tasks.py's."""
 
 from __future__ import annotations
 
@@ -10,13 +9,6 @@ from prefect import get_run_logger
 
 from tasks.retrying import stage_task
 from tasks.storage.runs import Keep, drop_registered_copies, drop_unregistered_models, run_size
-from tasks.storage.work_dir_on_s3 import publish
-
-
-@stage_task  # retries a storage fault, never a mistake in the location (InvalidStorageURIError)
-def store(local: str, location: str) -> str:
-    """``publish``: a folder written on this host, where the next stages (on any host) read it."""
-    return publish(local, location)
 
 
 @stage_task(retries=0)

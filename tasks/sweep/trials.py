@@ -28,8 +28,8 @@ from tasks.contracts.model_directory import TrainingMetrics
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.launch.flow_runs import cancel_unfinished, own_work_queue, require_deployment, run_again
 from tasks.launch.torchrun_output import read_metrics
-from tasks.storage.work_dir_on_s3 import mirror_of
 from tasks.sweep.study import SweepStudy, TrialRecord
+from tasks.work_dir.training_output import mirror_of
 
 TRIAL_DEPLOYMENT = "sweep-trial/sweep-trial"
 

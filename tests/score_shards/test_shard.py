@@ -16,7 +16,8 @@ from tasks.evaluation.score import score_chunks, score_images
 from tasks.score_shards.parts import check_failures, merge_parts, part_location, shard_ranges
 from tasks.score_shards.shard import score_part
 from tasks.storage.s3 import s3_client
-from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE, publish
+from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE
+from tasks.work_dir.images import publish
 from tests.helpers import write_class_folders
 
 
