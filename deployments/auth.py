@@ -14,13 +14,15 @@ there, else from files only their owner may read (mode 0600) in ``${XDG_CONFIG_H
   and prints its path; ``INSECURE=1`` starts an open API instead, with a warning. On loopback the server stays
   open, as Prefect starts it.
 - ``database-url``: ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` with its password (PostgreSQL), for ``server``;
-  with ``--db postgresql`` and no such file, the one ``make postgres`` wrote (deployments/postgres.py). A
-  PostgreSQL URL is checked before the server starts: one line if it cannot be reached or refuses the password.
+  with ``--db postgresql`` and no such file, the one ``make postgres`` wrote (deployments/postgres_cluster.py). A
+  PostgreSQL URL is checked before the server starts (deployments/database.py): one line if it cannot be reached
+  or refuses the password.
 
 A file that its group or others may read is refused with one line: the secret in it may already be known. So is
 ``server`` given a ``--port`` that another process holds on ``--host`` (exit status 2).
-Imports nothing but the standard library and ``tasks.storage.secrets`` (the rule it shares with the online
-endpoint's token), so that it adds little to each command's start.
+Imports nothing at its top but the standard library and ``tasks.storage.secrets`` (the rule it shares with the
+online endpoint's token), so that it adds little to each command's start; the server's database modules, which it
+sits above, are imported where a server needs them. ``python -m deployments.postgres check`` sits above it.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def server_environment(
     elif not any(env.get(name) for name in DATABASE_URLS):
         database_url = read_secret(folder / DATABASE_FILE)
         if database_url is None and db == "postgresql":
-            from deployments.postgres import Cluster, default_dir
+            from deployments.postgres_cluster import Cluster, default_dir
 
             local = Cluster(postgres_dir or default_dir()).url_file
             database_url = read_secret(local)
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(2)
             database_url = next((env[name] for name in DATABASE_URLS if env.get(name)), None)
             if database_url:  # one line now, rather than a traceback from the server's start
-                from deployments.postgres import PostgresError, check_database
+                from deployments.database import PostgresError, check_database
 
                 try:
                     print(check_database(database_url), file=sys.stderr, flush=True)

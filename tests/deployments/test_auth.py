@@ -16,6 +16,7 @@ from deployments.auth import (
     AUTH_FILE,
     CLIENT_AUTH,
     DATABASE_FILE,
+    DATABASE_URLS,
     SERVER_AUTH,
     SecretFileError,
     client_environment,
@@ -23,6 +24,7 @@ from deployments.auth import (
     server_environment,
 )
 from deployments.local import PROJECT_ROOT
+from deployments.postgres_cluster import Cluster, write_private
 
 MAKE = ["make", "--no-print-directory", "-o", f"{sys.prefix}/.installed", f"VENV={sys.prefix}"]
 
@@ -76,6 +78,32 @@ def test_a_secret_file_others_may_read_is_refused_in_one_line(config):
     environment = {**os.environ, "PREFECT_API_URL": "http://gpu-server:4200/api"}
     refused = subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True)
     assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "chmod 600" in refused.stderr
+
+
+def test_db_sqlite_ignores_every_database_url(config):
+    config.mkdir()
+    write_private(config / DATABASE_FILE, "postgresql+asyncpg://prefect:x@db/prefect")
+    env, _ = server_environment("127.0.0.1", {DATABASE_URLS[0]: "postgresql+asyncpg://a:b@c/d"}, False, db="sqlite")
+    assert not any(name in env for name in DATABASE_URLS)
+
+
+def test_db_postgresql_uses_the_url_make_postgres_wrote_and_says_how_to_get_one_when_there_is_none(config, tmp_path):
+    cluster = Cluster(tmp_path / "cluster")
+    with pytest.raises(SecretFileError, match=r"DB=postgresql, but no database URL: .*run `make postgres` first"):
+        server_environment("127.0.0.1", {}, False, db="postgresql", postgres_dir=cluster.folder)
+
+    cluster.folder.mkdir()
+    write_private(cluster.url_file, "postgresql+asyncpg://prefect:local@127.0.0.1:5433/prefect")
+    env, _ = server_environment("127.0.0.1", {}, False, db="postgresql", postgres_dir=cluster.folder)
+    assert env[DATABASE_URLS[0]] == "postgresql+asyncpg://prefect:local@127.0.0.1:5433/prefect"
+    # The user's own database-url comes first; without DB the local cluster's is not used at all.
+    config.mkdir()
+    write_private(config / DATABASE_FILE, "postgresql+asyncpg://prefect:team@db.example.org/prefect")
+    env, _ = server_environment("127.0.0.1", {}, False, db="postgresql", postgres_dir=cluster.folder)
+    assert env[DATABASE_URLS[0]].endswith("@db.example.org/prefect")
+    (config / DATABASE_FILE).unlink()
+    env, _ = server_environment("127.0.0.1", {}, False, postgres_dir=cluster.folder)
+    assert DATABASE_URLS[0] not in env
 
 
 def test_make_refuses_a_secret_given_on_its_command_line():
