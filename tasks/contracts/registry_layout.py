@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from tasks.contracts.image_directory import SplitRecord
+from tasks.contracts.image_manifest import SplitRecord
 from tasks.contracts.model_directory import MODEL_FILES, OPTIONAL_FILES
 from tasks.errors import CorruptRegistryRecordError, InvalidModelNameError
 
