@@ -28,18 +28,17 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader
 
+from bench.gpu_inputs import bench_images, setting
+from bench.gpu_inputs import write_jpegs as write_jpegs  # bench.device_stages and bench.score take it from here
 from bench.harness import Figure, table
 from bench.profile_steps import profile_training
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.contracts.transformations import ImageTransformations
-from tasks.convert.conversion import convert_to_image_directory
 from tasks.launch.torchrun_launcher import launch_training
 from tasks.model.untrained import write_untrained_model_directory
 from tasks.training.loop import autocast, make_optimizer
@@ -50,16 +49,6 @@ from tasks.vision.payloads import EncodedImageFiles, collate_payloads
 from tasks.vision.transforms import train_transform
 
 H100_GOAL = 3200.0  # the team goal for one H100 (the seed table's 16 x V100 figure)
-
-
-def write_jpegs(root: Path, count: int, side: int, classes: int = 10) -> None:
-    rng = np.random.default_rng(0)
-    for i in range(count):
-        pixels = rng.integers(0, 255, (side // 8, side // 8, 3), dtype=np.uint8)
-        image = Image.fromarray(pixels).resize((side, side), Image.Resampling.BILINEAR)
-        folder = root / f"class{i % classes:02d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        image.save(folder / f"{i:06d}.jpg", quality=90)
 
 
 def loader_ceiling(image_dir: Path, size: int, batch: int, workers: int, decode_on: str, seconds: float = 20) -> float:
@@ -214,18 +203,6 @@ def measured(what: str, images_per_s: float) -> float:
     """Each figure printed as it comes: a run cut short still shows what it measured."""
     print(f"{what}: {images_per_s:.1f} images/s", flush=True)
     return images_per_s
-
-
-def setting() -> tuple[str, int, int, int]:
-    """(architecture, image side, batch, loader workers): ResNet-50 @224, batch 256 on CUDA; a CPU stand-in."""
-    workers = max(0, min(12, (os.cpu_count() or 1) - 2))
-    return ("resnet50", 224, 256, workers) if torch.cuda.is_available() else ("resnet18", 64, 32, workers)
-
-
-def bench_images(scratch: Path, images: int | None, size: int) -> Path:
-    """An ImageDirectory of ``images`` JPEGs (default 4,096 on CUDA, 192 elsewhere) a little larger than ``size``."""
-    write_jpegs(scratch / "jpegs", images or (4096 if torch.cuda.is_available() else 192), side=size + size // 7)
-    return convert_to_image_directory(scratch / "jpegs", scratch / "images").root
 
 
 def figures(

@@ -7,8 +7,8 @@ spent turning it into the network's input; the profiler's own table of the costl
     python -m bench.profile_steps --images 4096              # makes JPEGs, ResNet-50 @224, batch 256 on CUDA
     python -m bench.profile_steps --compile --trace t.json   # with torch.compile; a trace for chrome://tracing
 
-``bench.gpu`` calls ``profile_training`` on its own JPEGs. On the CPU it runs ResNet-18 @64 (the device figures
-are then the CPU's).
+``bench.gpu`` calls ``profile_training`` on its own JPEGs; both take the setting and the JPEGs from
+``bench.gpu_inputs``. On the CPU it runs ResNet-18 @64 (the device figures are then the CPU's).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from bench.gpu_inputs import bench_images, setting
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelSpec, TrainedModelSpec
 from tasks.contracts.training_config import TrainingParams
@@ -167,8 +168,6 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--trace", type=Path, help="write the profiler's trace here (chrome://tracing, Perfetto)")
     args = parser.parse_args()
-    from bench.gpu import bench_images, setting
-
     architecture, size, batch, workers = setting()
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as scratch:
         image_dir = bench_images(Path(scratch), args.images, size)
