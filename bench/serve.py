@@ -923,6 +923,7 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     images = photos()
+    load_before = os.getloadavg()
     # A SIGTERM ends the run as Ctrl-C does: the finally blocks stop every server started.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
@@ -957,10 +958,11 @@ def main(argv: list[str] | None = None) -> None:
             "torch_threads": threads,
             "images": len(images),
             "model": "resnet18 @224 px, random weights, 10 classes",
-            "peak_rss": "VmHWM summed over the server's process group, a fresh server per level",
+            "peak_rss": "VmHWM summed over the server's process group, a fresh set of servers per level",
         },
         "levels": levels,
         "swap": swap,
+        "load_average": {"start": load_before, "end": os.getloadavg()},  # the machine's, others' work included
         "figures": [f.as_dict() for f in figures],
         "server_log_tails": server_logs,
     }
