@@ -126,7 +126,7 @@ class ImageDirectory:
         if not manifest_path.is_file():
             raise InvalidDatasetError(
                 f"{self.root} is not an ImageDirectory: {MANIFEST_NAME} is missing. "
-                "Run the convert stage (tasks.convert_to_image_directory) on your images first."
+                "Run the convert stage (from flows import convert_to_image_directory) on your images first."
             )
         data = json.loads(manifest_path.read_bytes())
         self._index: ImageIndex | None = None
@@ -139,7 +139,7 @@ class ImageDirectory:
         elif version != FORMAT_VERSION:
             raise InvalidDatasetError(
                 f"{manifest_path} is in format {version!r}; this version reads formats 1 and {FORMAT_VERSION}: "
-                "convert the images again with this version (tasks.convert_to_image_directory)"
+                "convert the images again with this version (from flows import convert_to_image_directory)"
             )
         self.manifest = ImageDirectoryManifest.model_validate(data)
 
