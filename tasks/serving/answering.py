@@ -103,13 +103,17 @@ class Answering:
     async def run(self, served: Served, parts: list[tuple[str, bytes]]) -> np.ndarray:
         """The probabilities of ``parts`` (N x classes) on ``served``: decoded in threads, then batched."""
         loop = asyncio.get_running_loop()
+        served.batcher.announce(len(parts))  # a gathering batch waits for these
         decoding = [
             loop.run_in_executor(self.endpoint.decoder, served.model.decode, data, name) for name, data in parts
         ]
         try:
             images = await asyncio.gather(*decoding)
-        except ImageRefused as error:
-            raise Refused(error.status, str(error), error.part) from None
+        except BaseException as error:
+            served.batcher.withdraw(len(parts))
+            if isinstance(error, ImageRefused):
+                raise Refused(error.status, str(error), error.part) from None
+            raise
         try:
             results = await asyncio.gather(*(served.batcher.submit(image) for image in images))
         except Exception as error:  # noqa: BLE001 (a forward pass that raised: this batch's requests only)

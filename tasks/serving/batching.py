@@ -3,7 +3,8 @@ up to ``max_batch_size`` images gathered within ``max_wait_s`` of the first (Tri
 ``max_batch_delay``, LitServe's ``batch_timeout``).
 
 While a batch runs (in the one thread that runs the network, off the event loop), the next one gathers: under load
-the queue holds a full batch by the time the network is free, and no time is spent waiting. A forward pass that
+the queue holds a full batch by the time the network is free, and no time is spent waiting. A batch waits only for
+images announced as on their way (being decoded): a lone request runs at once. A forward pass that
 raises fails that batch's images only; the next batch runs. Bounding the queue is the caller's (``app.py`` admits
 at most ``--max-queue`` images), so this holds no more than that. Imports no torch, no Prefect.
 """
@@ -46,6 +47,7 @@ class Batcher:
         self._queue: asyncio.Queue[_Waiting] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self._busy = False
+        self._coming = 0  # images announced (being decoded) and not yet submitted
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
@@ -59,10 +61,21 @@ class Batcher:
         """Nothing queued and no batch running."""
         return not self._busy and self._queue.empty()
 
+    def announce(self, count: int) -> None:
+        """``count`` images are on their way (being decoded): a gathering batch waits for them, up to ``max_wait_s``.
+        With none announced and none queued, a batch runs at once: a lone request pays no wait."""
+        self._coming += count
+
+    def withdraw(self, count: int) -> None:
+        """Announced images that will not come (their request failed before submitting them)."""
+        self._coming = max(0, self._coming - count)
+
     async def submit(self, item: Any) -> Any:
-        """``item``'s result, once its batch has run; raises what the batch's forward pass raised."""
+        """``item``'s result, once its batch has run; raises what the batch's forward pass raised. An announced
+        image counts as arrived."""
         if self._task is None or self._task.done():
             raise RuntimeError("the batcher is not running")
+        self.withdraw(1)
         answer = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Waiting(item, answer))
         return await answer
@@ -76,14 +89,16 @@ class Batcher:
                 pass
 
     async def _gather(self) -> list[_Waiting]:
-        """The next batch: the first waiting image, then others until the batch is full or ``max_wait_s`` passed;
-        those already queued join at once."""
+        """The next batch: the first waiting image, then others until the batch is full, ``max_wait_s`` passed, or
+        none is queued and none announced; those already queued join at once."""
         batch = [await self._queue.get()]
         deadline = time.monotonic() + self.max_wait_s
         while len(batch) < self.max_batch_size:
             if not self._queue.empty():
                 batch.append(self._queue.get_nowait())
                 continue
+            if self._coming == 0:  # no other image on its way: waiting would only add latency
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 break

@@ -52,9 +52,28 @@ def test_a_pass_that_raises_fails_its_batch_only_and_the_next_runs():
     assert sizes == [4, 4]
 
 
-def test_a_lone_item_waits_no_longer_than_max_wait():
-    results, sizes = run_batcher(lambda batch: batch, [1], max_batch_size=64, max_wait_s=0.0)
-    assert results == [1] and sizes == [1]
+def test_a_batch_waits_for_announced_images_only():
+    """Announced images (being decoded) are waited for, up to max_wait; with none on its way a lone image runs at
+    once however long max_wait is."""
+    sizes = []
+
+    async def main():
+        with ThreadPoolExecutor(1) as executor:
+            batcher = Batcher(
+                lambda b: b, executor, max_batch_size=8, max_wait_s=60, on_batch=lambda n, _: sizes.append(n)
+            )
+            batcher.start()
+            assert await asyncio.wait_for(batcher.submit("alone"), 10) == "alone"  # not 60 s: nothing announced
+            batcher.announce(3)
+            first = asyncio.ensure_future(batcher.submit(1))
+            await asyncio.sleep(0.2)  # the batch holds 1 and waits for the 2 announced
+            assert not first.done() and sizes == [1]
+            batcher.withdraw(1)  # one of them failed to decode
+            rest = await asyncio.wait_for(asyncio.gather(first, batcher.submit(2)), 10)
+            await batcher.stop()
+            return rest
+
+    assert asyncio.run(main()) == [1, 2] and sizes == [1, 2]
     with pytest.raises(ValueError, match="max_batch_size 0"):
         Batcher(lambda batch: batch, None, max_batch_size=0, max_wait_s=0)
 
