@@ -37,6 +37,7 @@ from tasks.model.untrained import with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE, check_distance
 from tasks.registry import PromotionPolicy, Registration
 from tasks.registry.prefect_tasks import register, settle_promotion
+from tasks.registry.preflight import check_registration_inputs
 from tasks.storage.prefect_tasks import keep_results
 from tasks.storage.runs import Keep
 from tasks.storage.work_dir_on_s3 import join, local_folder
@@ -265,8 +266,8 @@ def evaluate_and_register(
 
 
 def check_inputs(arguments: dict[str, Any]) -> None:
-    """What can be checked before any work (tasks/data/preflight.py): the data paths and their classes, the size the
-    network takes, the names; ``arguments`` are the flow's, by name (the flow's and the command line's alike)."""
+    """What can be checked before any work (tasks/data/preflight.py, tasks/registry/preflight.py): the data paths and
+    their classes, the size the network takes, the names; ``arguments`` are the flow's, by name (the flow's and the command line's alike)."""
     model, training = arguments["model"], arguments["training"]
     check_distance(arguments["near_duplicate_distance"])
     check_training_inputs(
@@ -275,11 +276,9 @@ def check_inputs(arguments: dict[str, Any]) -> None:
         arguments["validation_fraction"],
         model.architecture,
         training.image_size,
-        arguments["model_name"],
-        arguments["registry"],
-        arguments["promotion"].promote_to,
         model.weights_path,
     )
+    check_registration_inputs(arguments["registry"], arguments["model_name"], arguments["promotion"].promote_to)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m flows.pipeline") -> int:
@@ -287,7 +286,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m flows.pipeline") 
     ConversionLimits (flows/flags.py FlowFlags).
 
     A user's mistake is one line on stderr and exit status 2, found before any work where it can be (see
-    tasks/data/preflight.py); the run's full log goes to <work-dir>/logs/pipeline-<time>-<pid>.log."""
+    tasks/data/preflight.py and tasks/registry/preflight.py); the run's full log goes to <work-dir>/logs/pipeline-<time>-<pid>.log."""
     from flows import cli
 
     result = cli.run_flow(

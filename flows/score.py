@@ -17,10 +17,11 @@ from flows import run_folder
 from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.scores_table import BATCH_SIZE, Runtime
 from tasks.convert.prefect_tasks import convert
-from tasks.data.preflight import check_scoring_inputs
+from tasks.data.preflight import check_source
 from tasks.evaluation.evaluate import Evaluation
 from tasks.evaluation.prefect_tasks import compare, evaluate, score
 from tasks.registry.prefect_tasks import resolve_model
+from tasks.registry.preflight import check_model_reference
 from tasks.score_shards.parts import DEFAULT_TIMEOUT_S, ShardPool, check_sharding
 from tasks.storage.work_dir_on_s3 import join, local_folder
 
@@ -76,7 +77,7 @@ def score_pipeline(
         shard_timeout_s: With shards: a shard running longer than this is cancelled and run again (at most twice).
     """
     check_sharding(shards, max_failed_images, shard_timeout_s)
-    check_scoring_inputs(images, model, registry)  # in seconds: the images exist, the model resolves
+    check_scoring_inputs(images, model, registry)
     run_dir = run_folder(work_dir, prefix="score-")
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
     model_dir = resolve_model(model, registry, str(local_folder(work_dir).resolve() / "models"))  # before converting
@@ -123,6 +124,13 @@ def check_arguments(arguments: dict) -> None:
     """The command line's checks, before a server is started: the sharding, the images, the model."""
     check_sharding(arguments["shards"], arguments["max_failed_images"], arguments["shard_timeout_s"])
     check_scoring_inputs(arguments["images"], arguments["model"], arguments["registry"])
+
+
+def check_scoring_inputs(images: str, model: str, registry: str) -> None:
+    """In seconds: the images exist (tasks/data/preflight.py); the model is a model folder or a reference the
+    registry resolves (tasks/registry/preflight.py)."""
+    check_source(images, "scoring")
+    check_model_reference(model, registry)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m flows.score") -> int:

@@ -1,9 +1,10 @@
-"""Fail fast: what can be checked before any work starts is checked first, in seconds, with the message the stage
-itself would give later (a missing folder, differing class folders, an unknown model, a malformed name).
+"""Fail fast: what can be checked of the data before any work starts is checked first, in seconds, with the
+message the stage itself would give later (a missing folder, differing class folders, an image size the network
+does not take, a missing weights file).
 
 Cheap checks only: local paths are looked at (S3 prefixes and archives are left to their stage), a local folder's
-class folders are listed (no image is opened), a registry reference is resolved (its record read, nothing
-downloaded). The flows call these first, and the command lines call them before a flow run starts.
+class folders are listed (no image is opened). The flows call these first, and the command lines call them before
+a flow run starts; the registry's names and references are tasks/registry/preflight.py's.
 """
 
 from __future__ import annotations
@@ -70,37 +71,16 @@ def check_training_inputs(
     validation_fraction: float | None,
     architecture: str,
     image_size: int | None,
-    model_name: str | None,
-    registry: str,
-    promote_to: str | None,
     weights_path: str | None = None,
 ) -> None:
-    """Everything the training pipeline can check before it converts an image (or fetches weights)."""
+    """Everything about the data and the network the training pipeline can check before it converts an image (or
+    fetches weights)."""
     from tasks.contracts.architectures import check_image_size
-    from tasks.contracts.registry_layout import check_alias, check_model_name
-    from tasks.registry.locations import open_backend
 
     check_image_size(architecture, image_size)
-    if model_name is not None:
-        check_model_name(model_name)
-    if promote_to is not None:
-        check_alias(promote_to)
-    if is_s3_uri(registry):
-        open_backend(registry)  # a malformed s3:// location
     check_training_sources(train, validation, validation_fraction)
     if weights_path and not _is_remote(weights_path) and not Path(weights_path).expanduser().is_file():
         raise PretrainedWeightsError(
             f"weights_path {weights_path} for {architecture} does not exist (looked for "
             f"{Path(weights_path).expanduser().resolve()}): give a .pth file, an https:// URL or an s3:// URI"
         )
-
-
-def check_scoring_inputs(images: str, model: str, registry: str) -> None:
-    """The images exist; the model is a model folder or a reference the registry resolves (nothing fetched)."""
-    from tasks.contracts.registry_layout import reference_or_folder
-    from tasks.registry.core import resolve
-
-    check_source(images, "scoring")
-    reference = reference_or_folder(model)
-    if reference is not None:
-        resolve(registry, reference)
