@@ -12,7 +12,6 @@ the running ones.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -24,21 +23,20 @@ from flows import run_folder
 from flows.pipeline import PipelineResult, check_inputs, evaluate_and_register, prepare_data
 from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.model_directory import ModelSpec
-from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.contracts.training_config import TrainingParams
 from tasks.errors import PipelineInputError, SweepFailedError
 from tasks.launch.lost_runs import take_over_stopped_run
-from tasks.model.prefect_tasks import resolve_pretrained_weights, untrained_model_directory
 from tasks.model.untrained import with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE
 from tasks.registry import PromotionPolicy
 from tasks.storage.runs import Keep
-from tasks.storage.s3 import is_s3_uri, read_s3_object
-from tasks.storage.work_dir_on_s3 import fetch_folder, join, local_folder
-from tasks.sweep import SearchSpace, SweepSettings, SweepStudy, TrialRecord, apply_params
+from tasks.storage.s3 import is_s3_uri
+from tasks.storage.work_dir_on_s3 import join, local_folder
+from tasks.sweep import SearchSpace, SweepSettings, SweepStudy, apply_params
+from tasks.sweep.run_folder import best_model_with_pictures, local_study, stored_study, study_stored, trial_model
 from tasks.sweep.space import check_search_space, describe_search
-from tasks.sweep.study import STUDY_FILE, trial_folder
+from tasks.sweep.study import STUDY_FILE
 from tasks.work_dir.prefect_tasks import store
-from tasks.work_dir.training_output import mirror_of
 
 
 @flow(name="sweep-pipeline", log_prints=True)
@@ -88,7 +86,6 @@ def sweep_pipeline(
         run_dir = run_folder(work_dir, prefix="sweep-")
     print(f"sweep run folder {run_dir} (after a stop, --resume {run_dir} goes on from it)")
     print(describe_search(search_space, spec, training))
-    local_run = local_folder(run_dir)
     train_dir, validation_dir = prepare_data(
         train_data,
         validation_data,
@@ -96,39 +93,26 @@ def sweep_pipeline(
         near_duplicate_distance,
         conversion,
         work_dir,
-        local_run,
+        local_folder(run_dir),
         training.random_seed,
     )
     stored_train = store(train_dir, join(run_dir, "data", "train"))
     stored_validation = store(validation_dir, join(run_dir, "data", "validation"))
-    study_dir, stored_study = local_run / "sweep", join(run_dir, "sweep")
-    if is_s3_uri(run_dir) and not (study_dir / STUDY_FILE).is_file():
-        fetch_folder(stored_study)  # a sweep resumed on another host: the study as last stored
+    study_dir = local_study(run_dir)
     study = SweepStudy(study_dir, sweep, search_space)
     if (stopped := study.begin_attempt(flow_run.get_id())) is not None:
         take_over_stopped_run(stopped, "sweep")  # the stopped attempt's run set Crashed, the two linked
 
-    def make_trial(trial: TrialRecord) -> tuple[TrainingFolders, TrainingParams]:
-        trial_spec, params = apply_params(search_space, trial.params, spec, training)
-        resolve_pretrained_weights(trial_spec)
-        folder = trial_folder(trial.number)
-        spec_dir = untrained_model_directory(str(local_run / folder / "model_spec"), trial_spec)
-        folders = TrainingFolders(
-            train_dir=stored_train,
-            validation_dir=stored_validation,
-            model_spec_dir=store(spec_dir, join(run_dir, folder, "model_spec")),
-            output_dir=join(run_dir, folder, "model"),
-        )
-        return folders, params
-
-    from tasks.sweep.trials import publish_pictures, publish_table, run_trials
-
-    def publish() -> None:
-        store(str(study_dir), stored_study)  # on S3: the study beside the run's other files, after every change
-        publish_table(study)
+    from tasks.sweep.prefect_tasks import TrialBuilder, publish_study
+    from tasks.sweep.trials import publish_pictures, run_trials
 
     # The sweep's own work queue, named after its run folder: a resumed or retried sweep finds the same one.
-    run_trials(study, make_trial, queue=PurePosixPath(run_dir.rstrip("/")).name, on_change=publish)
+    run_trials(
+        study,
+        TrialBuilder(search_space, spec, training, run_dir, stored_train, stored_validation),
+        queue=PurePosixPath(run_dir.rstrip("/")).name,
+        on_change=lambda: publish_study(study, study_dir, run_dir),
+    )
     best = study.best()
     if best is None:
         ended = ", ".join(f"trial {r.number} {r.state}" for r in study.records())
@@ -138,15 +122,11 @@ def sweep_pipeline(
         )
     importances = study.importances()
     pictures = publish_pictures(study, study_dir, importances)
-    store(str(study_dir), stored_study)
+    store(str(study_dir), stored_study(run_dir))
     best_spec, best_training = apply_params(search_space, best.params, spec, training)
-    output_dir = join(run_dir, trial_folder(best.number), "model")
-    mirror = mirror_of(output_dir)
-    model_dir = mirror.download_all() if mirror else output_dir
-    for picture in pictures:  # registered with the model: its card shows them
-        shutil.copyfile(picture, Path(model_dir) / f"sweep_{picture.name}")
+    model_dir = best_model_with_pictures(run_dir, best.number, pictures)
     registered, evaluation, size = evaluate_and_register(
-        str(model_dir),
+        model_dir,
         train_dir,
         validation_dir,
         run_dir,
@@ -165,19 +145,10 @@ def sweep_pipeline(
         },
         promotion=promotion,
         keep=keep,
-        unregistered=[
-            join(run_dir, trial_folder(r.number), "model") for r in study.records() if r.number != best.number
-        ],
+        unregistered=[trial_model(run_dir, r.number) for r in study.records() if r.number != best.number],
     )
     result = PipelineResult.of(registered, evaluation, run_dir, size, keep)
     return Completed(message=f"best of {sweep.trials} trials: trial {best.number}; {result.headline()}", data=result)
-
-
-def study_stored(run_dir: str) -> bool:
-    """Whether ``run_dir`` (a folder or an S3 URI) holds a sweep's study."""
-    if is_s3_uri(run_dir):
-        return read_s3_object(join(run_dir, "sweep", STUDY_FILE)) is not None
-    return (Path(run_dir) / "sweep" / STUDY_FILE).is_file()
 
 
 def check_sweep_inputs(arguments: dict[str, Any]) -> None:
