@@ -1,5 +1,6 @@
 """Pipeline stages. A stage is imported from the module that defines it (``from tasks.convert.conversion import
-convert_to_image_directory``), as the flows do; importing a package imports neither torch nor Prefect.
+convert_to_image_directory``), as the flows do; importing a package imports neither torch nor Prefect. The public
+Python API is ``from flows import …`` (flows/__init__.py); the layers these packages sit on: tests/test_layers.py.
 
 Packages (the plain functions in their modules; the Prefect tasks of each in its ``prefect_tasks.py``):
 
@@ -15,9 +16,12 @@ Packages (the plain functions in their modules; the Prefect tasks of each in its
     score_shards/     scoring in shards over the work pool
     sweep/            hyperparameter sweeps (Optuna)
     registry/         the model registry: versions, aliases, promotion, the command line
-    storage/          where files live: S3, local files, a work dir on S3, run folders
+    storage/          where files live: S3, local files, run folders, secrets' files (no contract)
+    work_dir/         a run folder or training output on S3 and its copy in this host's cache
     near_duplicates/  perceptual hashes and near-duplicate pairs
     predict/          Classifier: a trained model labelling a few photos, no Prefect
+    serving/          the online endpoint: batching, the alias followed, the Open Inference Protocol
+    outages/          riding out a Prefect server's restart
 
 Flat leaves, shared by the packages and small enough to stay alone:
 
