@@ -1,6 +1,6 @@
 """A prediction request from admission to answer, whichever API it came by (``/v1/predict``, the Open Inference
 Protocol's infer): the version picked, the queue's bound kept (503 with ``Retry-After``), the body read within its
-limit (413), the images decoded in threads and batched, each outcome counted and timed by the version that
+limit (413), the images queued for the batcher (decoded and run in the network's thread), each outcome counted and timed by the version that
 answered. ``Refused`` is every error a client is told, as JSON with its status.
 """
 
@@ -100,26 +100,16 @@ class Answering:
         except NotReadyError as error:
             raise Refused(503, str(error), headers={"Retry-After": RETRY_AFTER_S}) from None
 
-    async def run(self, served: Served, parts: list[tuple[str, bytes]]) -> np.ndarray:
-        """The probabilities of ``parts`` (N x classes) on ``served``: decoded in threads, then batched."""
-        loop = asyncio.get_running_loop()
-        served.batcher.announce(len(parts))  # a gathering batch waits for these
-        decoding = [
-            loop.run_in_executor(self.endpoint.decoder, served.model.decode, data, name) for name, data in parts
-        ]
+    async def results(self, served: Served, answers: list[asyncio.Future]) -> np.ndarray:
+        """The probabilities (N x classes) of a request's queued images once their batches ran: decoded and run in
+        the network's thread (ServedModel.run); an image refused there is this request's 400 or 413."""
         try:
-            images = await asyncio.gather(*decoding)
-        except BaseException as error:
-            served.batcher.withdraw(len(parts))
-            if isinstance(error, ImageRefused):
-                raise Refused(error.status, str(error), error.part) from None
-            raise
-        try:
-            results = await asyncio.gather(*(served.batcher.submit(image) for image in images))
+            return np.stack(await asyncio.gather(*answers))
+        except ImageRefused as error:
+            raise Refused(error.status, str(error), error.part) from None
         except Exception as error:  # noqa: BLE001 (a forward pass that raised: this batch's requests only)
             logger.error("a forward pass of %s failed: %s: %s", served.identity.label, type(error).__name__, error)
             raise Refused(500, f"the model failed on this request's batch ({type(error).__name__})") from None
-        return np.stack(results)
 
     async def answer(
         self, request: Request, endpoint_name: str, parts_of: Any, respond: Any, served: Served | None = None
@@ -132,13 +122,20 @@ class Answering:
             self.admit(1)  # the body's memory, before it is read
             admitted = 1
             self.endpoint.bind(served)
+            served.batcher.announce()  # its body is on its way: a gathering batch waits for it (max_wait at most)
+            announced = True
             try:
                 parts = await parts_of(request)
                 if len(parts) > 1:
                     self.admit(len(parts) - 1)
                     admitted = len(parts)
-                response = respond(served, parts, await self.run(served, parts))
+                answers = [served.batcher.enqueue((data, name)) for name, data in parts]
+                served.batcher.withdraw()
+                announced = False
+                response = respond(served, parts, await self.results(served, answers))
             finally:
+                if announced:
+                    served.batcher.withdraw()
                 self.endpoint.release(served)
             response.headers[VERSION_HEADER] = label
             status = response.status_code

@@ -4,7 +4,7 @@ up to ``max_batch_size`` images gathered within ``max_wait_s`` of the first (Tri
 
 While a batch runs (in the one thread that runs the network, off the event loop), the next one gathers: under load
 the queue holds a full batch by the time the network is free, and no time is spent waiting. A batch waits only for
-images announced as on their way (being decoded): a lone request runs at once. A forward pass that
+requests announced as on their way (their bodies being read): a lone request runs at once. A forward pass that
 raises fails that batch's images only; the next batch runs. Bounding the queue is the caller's (``app.py`` admits
 at most ``--max-queue`` images), so this holds no more than that. Imports no torch, no Prefect.
 """
@@ -18,7 +18,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-Forward = Callable[[Sequence[Any]], Sequence[Any]]  # a batch's inputs to one result per input, in order
+# A batch's inputs to one result per input, in order; an exception instance as a result fails that input alone.
+Forward = Callable[[Sequence[Any]], Sequence[Any]]
 BatchDone = Callable[[int, float], None]  # (images in the batch, seconds its forward pass took)
 
 
@@ -47,7 +48,7 @@ class Batcher:
         self._queue: asyncio.Queue[_Waiting] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self._busy = False
-        self._coming = 0  # images announced (being decoded) and not yet submitted
+        self._coming = 0  # requests announced (bodies being read) whose items are not queued yet
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
@@ -61,24 +62,26 @@ class Batcher:
         """Nothing queued and no batch running."""
         return not self._busy and self._queue.empty()
 
-    def announce(self, count: int) -> None:
-        """``count`` images are on their way (being decoded): a gathering batch waits for them, up to ``max_wait_s``.
-        With none announced and none queued, a batch runs at once: a lone request pays no wait."""
+    def announce(self, count: int = 1) -> None:
+        """``count`` requests are on their way (their bodies being read): a gathering batch waits for them, up to
+        ``max_wait_s``. With none announced and none queued, a batch runs at once: a lone request pays no wait."""
         self._coming += count
 
-    def withdraw(self, count: int) -> None:
-        """Announced images that will not come (their request failed before submitting them)."""
+    def withdraw(self, count: int = 1) -> None:
+        """Announced requests that arrived (their items enqueued) or will not come."""
         self._coming = max(0, self._coming - count)
 
-    async def submit(self, item: Any) -> Any:
-        """``item``'s result, once its batch has run; raises what the batch's forward pass raised. An announced
-        image counts as arrived."""
+    def enqueue(self, item: Any) -> asyncio.Future:
+        """Queue ``item`` now; the future gets its result once its batch has run, or the exception its forward pass
+        raised (for the whole batch, or for this item alone)."""
         if self._task is None or self._task.done():
             raise RuntimeError("the batcher is not running")
-        self.withdraw(1)
         answer = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Waiting(item, answer))
-        return await answer
+        return answer
+
+    async def submit(self, item: Any) -> Any:
+        return await self.enqueue(item)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -97,7 +100,7 @@ class Batcher:
             if not self._queue.empty():
                 batch.append(self._queue.get_nowait())
                 continue
-            if self._coming == 0:  # no other image on its way: waiting would only add latency
+            if self._coming == 0:  # no other request on its way: waiting would only add latency
                 break
             left = deadline - time.monotonic()
             if left <= 0:
@@ -127,7 +130,11 @@ class Batcher:
                         waiting.answer.set_exception(error)
             else:
                 for waiting, result in zip(batch, results, strict=True):
-                    if not waiting.answer.done():
+                    if waiting.answer.done():
+                        continue
+                    if isinstance(result, BaseException):  # this item's own failure (an image refused)
+                        waiting.answer.set_exception(result)
+                    else:
                         waiting.answer.set_result(result)
             finally:
                 self._busy = False

@@ -127,7 +127,7 @@ class Endpoint:
             self.metrics.forward_seconds.labels(model.identity.label).observe(seconds)
 
         batcher = Batcher(
-            model.forward,
+            lambda items: model.run(items, self.decoder),
             self.runner,
             max_batch_size=self.settings.max_batch_size,
             max_wait_s=self.settings.max_wait_s,

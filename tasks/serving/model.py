@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,6 +143,29 @@ class ServedModel:
             raise ImageRefused(part, "not an image Pillow can read (JPEG, PNG, WebP, HEIC, AVIF, …)") from None
         except (OSError, SyntaxError, ValueError) as error:
             raise ImageRefused(part, f"damaged or truncated image ({error})") from None
+
+    def run(
+        self, items: Sequence[tuple[bytes, str]], decoder: Executor | None = None
+    ) -> list[np.ndarray | ImageRefused]:
+        """A batch from its encoded images ((bytes, part) each): decoded (``decoder``'s threads, else here), then one
+        forward pass for those that decoded; per item its probabilities, or the ImageRefused that refused it.
+
+        Decoding and the network take turns in the one thread that runs batches: on a CPU both use every core
+        and running them at once slowed the network more than it hid the decoding (bench/serve.py: LitServe,
+        which decodes then predicts in one worker, was ahead of decoding threads beside the network)."""
+        decoded = list(decoder.map(self._decode_or_refusal, items) if decoder else map(self._decode_or_refusal, items))
+        good = [i for i, image in enumerate(decoded) if not isinstance(image, ImageRefused)]
+        results: list[np.ndarray | ImageRefused] = list(decoded)  # type: ignore[arg-type]
+        if good:
+            for i, probabilities in zip(good, self.forward([decoded[i] for i in good]), strict=True):
+                results[i] = probabilities
+        return results
+
+    def _decode_or_refusal(self, item: tuple[bytes, str]) -> torch.Tensor | ImageRefused:
+        try:
+            return self.decode(*item)
+        except ImageRefused as refused:
+            return refused
 
     @torch.inference_mode()
     def forward(self, images: Sequence[torch.Tensor]) -> np.ndarray:

@@ -52,9 +52,9 @@ def test_a_pass_that_raises_fails_its_batch_only_and_the_next_runs():
     assert sizes == [4, 4]
 
 
-def test_a_batch_waits_for_announced_images_only():
-    """Announced images (being decoded) are waited for, up to max_wait; with none on its way a lone image runs at
-    once however long max_wait is."""
+def test_a_batch_waits_for_announced_requests_only():
+    """Requests announced (their bodies being read) are waited for, up to max_wait; with none on its way a lone image
+    runs at once however long max_wait is."""
     sizes = []
 
     async def main():
@@ -64,18 +64,30 @@ def test_a_batch_waits_for_announced_images_only():
             )
             batcher.start()
             assert await asyncio.wait_for(batcher.submit("alone"), 10) == "alone"  # not 60 s: nothing announced
-            batcher.announce(3)
-            first = asyncio.ensure_future(batcher.submit(1))
-            await asyncio.sleep(0.2)  # the batch holds 1 and waits for the 2 announced
+            batcher.announce(2)  # two requests arriving
+            first = batcher.enqueue(1)
+            batcher.withdraw()  # the first arrived
+            await asyncio.sleep(0.2)  # its batch holds it and waits for the second
             assert not first.done() and sizes == [1]
-            batcher.withdraw(1)  # one of them failed to decode
-            rest = await asyncio.wait_for(asyncio.gather(first, batcher.submit(2)), 10)
+            second = batcher.enqueue(2)
+            batcher.withdraw()
+            rest = await asyncio.wait_for(asyncio.gather(first, second), 10)
             await batcher.stop()
             return rest
 
     assert asyncio.run(main()) == [1, 2] and sizes == [1, 2]
     with pytest.raises(ValueError, match="max_batch_size 0"):
         Batcher(lambda batch: batch, None, max_batch_size=0, max_wait_s=0)
+
+
+def test_an_item_s_own_failure_fails_it_alone():
+    results, sizes = run_batcher(
+        lambda batch: [ValueError(f"bad {item}") if item == 2 else item for item in batch],
+        range(4),
+        max_batch_size=4,
+        max_wait_s=0.05,
+    )
+    assert [str(r) if isinstance(r, Exception) else r for r in results] == [0, 1, "bad 2", 3] and sizes == [4]
 
 
 def test_tritonclient_s_binary_request_is_read_and_the_answer_encoded_as_asked():
