@@ -49,7 +49,9 @@ def parse(argv: list[str] | None, prog: str) -> tuple[ServeSettings, Path | None
     )
     parser.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu, cuda, cuda:1 …")
     parser.add_argument("--max-batch-size", type=int, default=16, help="images per forward pass (16)")
-    parser.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a batch waits to fill (10 ms)")
+    parser.add_argument(
+        "--max-wait-ms", type=float, default=10.0, help="the longest a batch waits for requests still arriving (10 ms)"
+    )
     parser.add_argument("--max-queue", type=int, default=128, help="images admitted at once; past it 503 (128)")
     parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20, help="largest body (20)")
     parser.add_argument("--max-image-pixels", type=int, default=ServeSettings.max_image_pixels, help="(50,000,000)")
@@ -59,7 +61,9 @@ def parse(argv: list[str] | None, prog: str) -> tuple[ServeSettings, Path | None
     )
     parser.add_argument("--canary-percent", type=float, default=10.0, help="the canary's share of requests (10)")
     parser.add_argument("--drain-s", type=float, default=30.0, help="on SIGTERM, the longest wait for requests (30 s)")
-    parser.add_argument("--decode-threads", type=int, default=min(8, os.cpu_count() or 1), help="threads decoding")
+    parser.add_argument(
+        "--decode-threads", type=int, default=min(8, os.cpu_count() or 1), help="threads decoding a batch's images"
+    )
     parser.add_argument(
         "--token-file", type=Path, help=f"the bearer token's 0600 file (~/.config/image-classifier/{TOKEN_FILE})"
     )
