@@ -62,7 +62,7 @@ def parse(argv: list[str] | None, prog: str) -> tuple[ServeSettings, Path | None
     parser.add_argument("--canary-percent", type=float, default=10.0, help="the canary's share of requests (10)")
     parser.add_argument("--drain-s", type=float, default=30.0, help="on SIGTERM, the longest wait for requests (30 s)")
     parser.add_argument(
-        "--decode-threads", type=int, default=min(8, os.cpu_count() or 1), help="threads decoding a batch's images"
+        "--decode-threads", type=int, default=0, help="threads decoding a batch's images (0: the network's own thread)"
     )
     parser.add_argument(
         "--token-file", type=Path, help=f"the bearer token's 0600 file (~/.config/image-classifier/{TOKEN_FILE})"
@@ -74,7 +74,7 @@ def parse(argv: list[str] | None, prog: str) -> tuple[ServeSettings, Path | None
     for flag, value, least in (
         ("--max-batch-size", args.max_batch_size, 1),
         ("--max-queue", args.max_queue, 1),
-        ("--decode-threads", args.decode_threads, 1),
+        ("--decode-threads", args.decode_threads, 0),
         ("--max-image-pixels", args.max_image_pixels, 1),
         ("--max-wait-ms", args.max_wait_ms, 0),
         ("--drain-s", args.drain_s, 0),

@@ -61,7 +61,12 @@ class Endpoint:
         self.settings, self.metrics = settings, metrics
         self.device = settings.device if settings.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         self.cache = Path(tempfile.mkdtemp(prefix="image-classifier-serve-"))  # S3 downloads, sha256 memos
-        self.decoder = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
+        # 0 (the default): a batch's images are decoded in the network's own thread, one after another
+        self.decoder = (
+            ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
+            if settings.decode_threads
+            else None
+        )
         self.runner = ThreadPoolExecutor(1, thread_name_prefix="forward")  # one forward pass at a time
         self.primary: Served | None = None
         self.canary: Served | None = None
@@ -183,7 +188,8 @@ class Endpoint:
             await asyncio.to_thread(self._follower.join, 10)
         for served in self.versions():
             await served.batcher.stop()
-        self.decoder.shutdown(wait=False, cancel_futures=True)
+        if self.decoder is not None:
+            self.decoder.shutdown(wait=False, cancel_futures=True)
         self.runner.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(self.cache, ignore_errors=True)
 

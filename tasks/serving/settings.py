@@ -29,7 +29,7 @@ class ServeSettings:
     canary: str | None = None  # a second version (name/7) given canary_percent of the requests
     canary_percent: float = 0.0
     drain_s: float = 30.0  # on SIGTERM: the longest wait for requests in flight
-    decode_threads: int = 4
+    decode_threads: int = 0  # threads decoding a batch's images; 0: the network's own thread
     ssl_certfile: str | None = None  # TLS through uvicorn: the certificate (chain) and its key, PEM
     ssl_keyfile: str | None = None
     token: str | None = field(default=None, repr=False)  # bearer token; required off loopback
