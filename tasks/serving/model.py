@@ -93,7 +93,7 @@ def without_the_gil(network: torch.nn.Module, side: int) -> torch.nn.Module:
     them, the same kernels in the same order (the logits equal eager's to the bit). In the endpoint's process the
     event loop holds the GIL while it reads requests and writes answers; an eager forward pass takes it back at every
     layer and waited: 2,007 vs 382 ms for a batch of 16 beside a busy Python thread, traced 1,181 ms
-    (docs/serving.md). A network that cannot be traced is served eager."""
+    (BENCHMARKS.md, serving). A network that cannot be traced is served eager."""
     example = torch.zeros((1, 3, side, side))
     try:
         with warnings.catch_warnings(), torch.inference_mode():

@@ -183,6 +183,22 @@ def test_answers_are_predict_s_and_the_api_describes_itself(server, trained_mode
     assert httpx.get(f"{server.url}/docs").status_code == 200
 
 
+def test_the_onnx_runtime_answers_as_torch_does(trained_model, photos, tmp_path):
+    """``--runtime onnx``: the same batch through onnxruntime on the exported model.onnx (in this process)."""
+    import shutil
+
+    from tasks.evaluation.onnx_export import export_onnx
+    from tasks.serving.model import Identity, ServedModel
+
+    model_dir = export_onnx(ModelDirectory(shutil.copytree(trained_model, tmp_path / "model")))
+    items = [(path.read_bytes(), path.name) for path in photos]
+    answers = {}
+    for runtime in ("torch", "onnx"):
+        served = ServedModel(model_dir, Identity(NAME, 1, None, "", runtime, ""), max_pixels=10**8)
+        answers[runtime] = np.stack(served.run(items))
+    assert np.allclose(answers["onnx"], answers["torch"], atol=1e-4)
+
+
 def test_a_standard_open_inference_protocol_client_works_unchanged(server, trained_model, photos):
     import tritonclient.http as triton
     from tritonclient.utils import InferenceServerException
