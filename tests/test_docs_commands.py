@@ -85,7 +85,7 @@ image-classifier registry fetch digits-resnet18@production models/digits
 image-classifier registry --json list digits-resnet18""": Expect(
         output=(
             r"^digits-resnet18$",
-            r"digits-resnet18@production -> version 1\n",
+            r"digits-resnet18@production -> version 1 \(was version 1\)\n",  # make run promoted it already
             r'"name": "digits-resnet18"',
             r"digits-resnet18@staging unset \(was version 1\)",
             r"model card of digits-resnet18 not updated: no Prefect API configured",
@@ -389,16 +389,32 @@ def in_background(block: Block, cwd: Path, env: dict[str, str], logs: Path):
                 time.sleep(0.5)
         yield
         os.killpg(process.pid, signal.SIGTERM)
-        # make itself ends by the signal; the server it runs must drain and say so, with no traceback
+        # make itself ends by the signal at once; the server it ran must drain, say so and exit, with no traceback
         assert process.wait(120) in (0, -signal.SIGTERM), (
             f"{where}\nstopped with {process.returncode}: {log.read_text()}"
         )
+        deadline = time.monotonic() + 120
+        while group_alive(process.pid):
+            assert time.monotonic() < deadline, f"{where}\nstill running 120 s after SIGTERM: {log.read_text()}"
+            time.sleep(0.2)
         said = log.read_text()
         assert "drained: no request in flight" in said and "Traceback" not in said, f"{where}\n{said}"
     finally:
-        if process.poll() is None:
+        if group_alive(process.pid):
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie left to whoever adopted it does not count)."""
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 def run_and_check(block: Block, checkout: Path, env: dict[str, str]) -> None:
