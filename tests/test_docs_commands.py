@@ -123,13 +123,10 @@ image-classifier runs prune --since 2026-11-01""": Expect(
 BACKGROUND: dict[str, str] = {
     # README.md
     "make serve-model MODEL=digits-resnet18@production": "http://127.0.0.1:8080/readyz",
-    # docs/serving.md
-    """make data
-make serve-model MODEL=digits-resnet18@production""": "http://127.0.0.1:8080/readyz",
 }
 RUN.update(
     {
-        # README.md, docs/serving.md: against the endpoint the block before started
+        # README.md: against the endpoint the block before started
         """curl -H 'Content-Type: image/png' --data-binary @data/digits/validation/3/digit_0060.png http://127.0.0.1:8080/v1/predict""": Expect(
             output=(
                 r'^\{"model":\{"name":"digits-resnet18","version":1\},"predictions":\[\{"image":"body","label":"\d",',
@@ -165,6 +162,11 @@ image-classifier sweep --train-data photos --validation-fraction 0.2 --epochs 6 
     "bucket, a server with the deployments and gpu workers; tests/flows/test_score_shards.py scores in shards through "
     "such a stack",
     # docs/serving.md
+    """make data
+make serve-model MODEL=digits-resnet18@production""": "README.md's Serving runs the same two commands (make data in "
+    "its earlier block) and a curl line against them",
+    """curl -H 'Content-Type: image/png' --data-binary @data/digits/validation/3/digit_0060.png 'http://127.0.0.1:8080/v1/predict?top_k=3'""": "README.md's "
+    "Serving runs this request (top_k=3 is the default it leaves out) against the endpoint make serve-model starts",
     """. .venv/bin/activate
 image-classifier serve digits-resnet18@production --canary digits-resnet18/7 --canary-percent 10""": "long-running, "
     "and a seventh version; tests/serving/test_endpoint.py serves a canary beside the primary",
