@@ -47,20 +47,10 @@ class Batcher:
         self.max_batch_size, self.max_wait_s, self.on_batch = max_batch_size, max_wait_s, on_batch
         self._queue: asyncio.Queue[_Waiting] = asyncio.Queue()
         self._task: asyncio.Task | None = None
-        self._busy = False
         self._coming = 0  # requests announced (bodies being read) whose items are not queued yet
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
-
-    @property
-    def queued(self) -> int:
-        return self._queue.qsize()
-
-    @property
-    def idle(self) -> bool:
-        """Nothing queued and no batch running."""
-        return not self._busy and self._queue.empty()
 
     def announce(self, count: int = 1) -> None:
         """``count`` requests are on their way (their bodies being read): a gathering batch waits for them, up to
@@ -118,7 +108,6 @@ class Batcher:
             batch = [waiting for waiting in batch if not waiting.answer.done()]  # a client that left
             if not batch:
                 continue
-            self._busy = True
             started = time.perf_counter()
             try:
                 results = await loop.run_in_executor(self.executor, self.forward, [w.item for w in batch])
@@ -136,7 +125,5 @@ class Batcher:
                         waiting.answer.set_exception(result)
                     else:
                         waiting.answer.set_result(result)
-            finally:
-                self._busy = False
             if self.on_batch is not None:
                 self.on_batch(len(batch), time.perf_counter() - started)

@@ -19,11 +19,12 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.registry_layout import parse_reference
 from tasks.errors import PipelineInputError
 from tasks.registry.core import resolve
@@ -47,7 +48,7 @@ class Served:
     role: str  # primary, canary
     bound: int = 0  # requests admitted to this version and not yet answered
     retiring: bool = False
-    left: asyncio.Event = field(default_factory=asyncio.Event)  # set once retired
+    gone: bool = False  # retired: its batcher stopped
 
     @property
     def identity(self) -> Identity:
@@ -117,9 +118,16 @@ class Endpoint:
         return [served for served in (self.primary, self.canary) if served is not None]
 
     # -- loading and swapping ------------------------------------------------------------------------------
-    def load(self, model: str, alias: str | None = None) -> ServedModel:
-        """Fetch, check, load and warm a version (blocking: a thread's work); ``alias``: the one it was found by."""
-        model_dir, identity = locate(model, self.settings.registry, self.cache, self.settings.runtime)
+    def locate(self, model: str) -> tuple[ModelDirectory, Identity]:
+        """Find and check a version's files (blocking): ``model.locate`` with this endpoint's registry and cache."""
+        return locate(model, self.settings.registry, self.cache, self.settings.runtime)
+
+    def load(
+        self, model: str, alias: str | None = None, located: tuple[ModelDirectory, Identity] | None = None
+    ) -> ServedModel:
+        """Fetch, check, load and warm a version (blocking: a thread's work); ``alias``: the one it was found by;
+        ``located``: what ``locate`` already gave for it."""
+        model_dir, identity = located or self.locate(model)
         if alias is not None:
             identity = replace(identity, alias=alias)
         served = ServedModel(model_dir, identity, device=self.device, max_pixels=self.settings.max_image_pixels)
@@ -163,9 +171,9 @@ class Endpoint:
                 await self._leave(old)
 
     async def _leave(self, served: Served) -> None:
-        if served.left.is_set():
+        if served.gone:
             return
-        served.left.set()
+        served.gone = True
         await served.batcher.stop()
         identity = served.identity
         try:

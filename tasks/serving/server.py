@@ -16,7 +16,6 @@ from tasks.errors import PipelineInputError
 from tasks.serving.app import create_app
 from tasks.serving.endpoint import Endpoint
 from tasks.serving.metrics import ServeMetrics
-from tasks.serving.model import locate
 from tasks.serving.settings import ServeSettings
 
 logger = logging.getLogger("tasks.serving")
@@ -66,8 +65,9 @@ def serve(settings: ServeSettings, prog: str) -> int:
     endpoint = Endpoint(settings, ServeMetrics())
     # An unknown model or a version whose files differ from their registration is told before the port opens.
     try:
-        for reference in filter(None, (settings.model, settings.canary)):
-            locate(reference, settings.registry, endpoint.cache, settings.runtime)
+        located = {
+            reference: endpoint.locate(reference) for reference in filter(None, (settings.model, settings.canary))
+        }
     except PipelineInputError as error:
         asyncio.run(endpoint.close())
         print(f"{prog}: error: {error}", file=sys.stderr)
@@ -76,8 +76,12 @@ def serve(settings: ServeSettings, prog: str) -> int:
 
     async def starting() -> None:
         try:
-            primary = await asyncio.to_thread(endpoint.load, settings.model)
-            canary = await asyncio.to_thread(endpoint.load, settings.canary) if settings.canary else None
+            primary = await asyncio.to_thread(endpoint.load, settings.model, None, located[settings.model])
+            canary = (
+                await asyncio.to_thread(endpoint.load, settings.canary, None, located[settings.canary])
+                if settings.canary
+                else None
+            )
             await endpoint.start(primary, canary)
         except Exception as error:  # noqa: BLE001 (told in one line; the process exits 1)
             logger.error("the model could not be loaded: %s: %s", type(error).__name__, error)
