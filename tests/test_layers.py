@@ -20,10 +20,16 @@ TOPS = ("tasks", "flows", "deployments")
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the package's own docstring", ("tasks",)),
     ("errors", ("tasks.errors",)),
-    ("shared leaves", ("tasks.retrying", "tasks.progress", "tasks.console", "tasks.memory", "tasks.allocator")),
+    (
+        "shared leaves",
+        ("tasks.retrying", "tasks.progress", "tasks.console", "tasks.memory", "tasks.allocator", "tasks.markdown"),
+    ),
     ("storage", ("tasks.storage",)),
     ("contracts: only storage and the leaves below", ("tasks.contracts",)),
-    ("stages 1", ("tasks.near_duplicates", "tasks.outages", "tasks.vision", "tasks.registry", "tasks.work_dir")),
+    (
+        "stages 1",
+        ("tasks.near_duplicates", "tasks.outages", "tasks.vision", "tasks.registry", "tasks.work_dir", "tasks.fanout"),
+    ),
     ("stages 2", ("tasks.convert", "tasks.model", "tasks.training", "tasks.evaluation")),
     ("stages 3", ("tasks.data", "tasks.predict", "tasks.launch")),
     ("stages 4", ("tasks.score_shards", "tasks.sweep", "tasks.serving")),

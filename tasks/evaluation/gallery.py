@@ -3,7 +3,6 @@ labels: where a person looks first for label mistakes, look-alike classes or a b
 
 from __future__ import annotations
 
-import base64
 import io
 
 import pandas as pd
@@ -11,6 +10,7 @@ from PIL import Image, ImageOps
 
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.scores_table import IMAGE_COLUMN, LABEL_COLUMN, PROBABILITY_PREFIX, SCORED_LABELS
+from tasks.markdown import png_markdown_of
 
 THUMBNAIL_PX = 96
 GALLERY_SIZE = 16
@@ -34,7 +34,7 @@ def thumbnail_markdown(image: Image.Image, alt: str) -> str:
     image.convert("RGB").resize(size, Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS).save(
         buffer, "PNG"
     )
-    return f"![{alt}](data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode('ascii')})"
+    return png_markdown_of(buffer.getvalue(), alt)
 
 
 def gallery_markdown(scores: pd.DataFrame, images: ImageDirectory, count: int = GALLERY_SIZE) -> tuple[str, str]:

@@ -3,13 +3,12 @@ PNG files (matplotlib, no display)."""
 
 from __future__ import annotations
 
-import base64
 import os
-from pathlib import Path
 
 import numpy as np
 
 from tasks.contracts.model_directory import TrainingMetrics
+from tasks.markdown import png_markdown  # noqa: F401  (until launch/ and sweep/ import it from tasks.markdown)
 
 
 def pyplot():
@@ -90,9 +89,3 @@ def plot_two_class_curves(
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
-
-
-def png_markdown(path: str | os.PathLike[str], alt: str) -> str:
-    """A markdown image with the PNG inline: the Prefect UI shows it in a markdown artifact, no file server needed."""
-    encoded = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-    return f"![{alt}](data:image/png;base64,{encoded})"

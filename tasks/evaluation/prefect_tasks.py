@@ -28,7 +28,8 @@ from tasks.contracts.scores_table import (
 from tasks.evaluation.comparison import comparison_rows, figures_of
 from tasks.evaluation.evaluate import Evaluation, evaluate_scores, evaluation_markdown
 from tasks.evaluation.gallery import GALLERY_SIZE, gallery_markdown
-from tasks.evaluation.plots import plot_confusion_matrix, plot_two_class_curves, png_markdown, significant
+from tasks.evaluation.plots import plot_confusion_matrix, plot_two_class_curves, significant
+from tasks.markdown import png_markdown
 from tasks.retrying import stage_task
 
 PREVIEW_ROWS = 20

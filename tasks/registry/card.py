@@ -5,11 +5,11 @@ no Prefect."""
 
 from __future__ import annotations
 
-import base64
 import re
 
 from tasks.contracts.registry_layout import Approval, DatasetLineage, Promotion, Registration
 from tasks.contracts.transformations import ImageTransformations
+from tasks.markdown import png_markdown_of
 from tasks.registry.core import resolve
 from tasks.registry.manage import VersionView
 
@@ -106,9 +106,7 @@ def _row(view: VersionView, figures: list[str], ui_url: str | None) -> str:
 
 def _pictures(pictures: dict[str, bytes]) -> list[str]:
     """PNGs inline (the Prefect UI shows a markdown artifact's data URIs; no file server needed)."""
-    return [
-        f"![{alt}](data:image/png;base64,{base64.b64encode(data).decode('ascii')})" for alt, data in pictures.items()
-    ]
+    return [png_markdown_of(data, alt) for alt, data in pictures.items()]
 
 
 def _details(view: VersionView, pictures: dict[str, bytes]) -> list[str]:
@@ -153,7 +151,7 @@ def model_card_markdown(
         "#### Details",
         "",
         *(line for v in reversed(views) for line in _details(v, (pictures or {}).get(v.registration.version, {}))),
-        f"Fetch one: `python -m tasks.registry --registry {location} show {name}/<version>`",
+        f"Fetch one: `image-classifier registry --registry {location} show {name}/<version>`",
     ]
     description = f"{name}: {len(views)} version{'s' * (len(views) != 1)}; aliases: {alias_line.replace('`', '')}"
     return "\n".join(lines) + "\n", description
