@@ -34,11 +34,11 @@ from deployments.automations import (
     heartbeat_seconds,
 )
 from deployments.local import PROJECT_ROOT
-from tasks.launch.lost_runs import MAX_RERUNS
+from tasks.fanout.decisions import MAX_RERUNS
 from tasks.launch.multinode import NODE_DEPLOYMENT
 from tasks.outages import RIDE_OUT_SERVER_RESTART, heartbeat_tag
 from tasks.score_shards.parts import SHARD_DEPLOYMENTS
-from tasks.sweep.trials import TRIAL_DEPLOYMENT
+from tasks.sweep.study import TRIAL_DEPLOYMENT
 
 DEPLOYMENT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
 
@@ -94,6 +94,13 @@ def run_job_variables(job_variables: dict) -> dict:
     }
 
 
+def rerun_by_automation(config: dict) -> list[bool]:
+    """For each deployment of ``config``, whether the automation runs its crashed runs again: the training
+    pipeline's. A fan-out's children (node, trial, shard runs) are run again by their fan-out's engine
+    (tasks/fanout/engine.py), never by the automation too."""
+    return [entry["entrypoint"] == RERUN_ENTRYPOINT for entry in config["deployments"]]
+
+
 def deployment_names(config: dict) -> list[str]:
     """``flow/deployment`` of each entry (the flow's name is the one its @flow gives, so the flow is loaded)."""
     entries = config["deployments"]
@@ -144,8 +151,7 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
         return result.returncode
     ids = deployment_ids(names)
     ensure_zombie_automation(heartbeat_tag(beat), timedelta(seconds=MISSED_HEARTBEATS * beat))
-    trainings = [id for id, entry in zip(ids, config["deployments"]) if entry["entrypoint"] == RERUN_ENTRYPOINT]
-    ensure_rerun_automation(trainings)
+    ensure_rerun_automation([id for id, rerun in zip(ids, rerun_by_automation(config)) if rerun])
     print(next_steps(config, names))
     print(
         f"Automation {ZOMBIE_AUTOMATION!r}: a run of these deployments beats every {beat} s and is set Crashed "

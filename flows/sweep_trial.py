@@ -9,8 +9,7 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.launch.lost_runs import take_over_lost_trial
-from tasks.launch.prefect_tasks import train
+from tasks.launch.prefect_tasks import take_over_lost_trial, train
 
 
 @flow(name="sweep-trial", log_prints=True)

@@ -10,7 +10,7 @@ from prefect.states import State
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.errors import TrainingFailedError
-from tasks.launch.prefect_tasks import cancelled_with_its_gang, find_rendezvous, train_node
+from tasks.launch.prefect_nodes import cancelled_with_its_gang, find_rendezvous, train_node
 
 
 @flow(name="train-node", log_prints=True)

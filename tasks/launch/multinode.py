@@ -1,6 +1,6 @@
 """Multi-node training through the work pool: one flow run of the ``train-node`` deployment per node.
 
-With ``nodes > 1`` (or ``min:max``) the train task (tasks/launch/prefect_tasks.py) submits one run of the node deployment
+With ``nodes > 1`` (or ``min:max``) the train task (tasks/launch/prefect_nodes.py) submits one run of the node deployment
 (flows/train_node.py) per node, as subflows of its own flow run: the UI shows each node's run, state and logs under
 the train task, and whichever worker of the deployment's pool (``gpu``, one per GPU host) is free picks each up.
 Every node trains through ``tasks.launch.torchrun_launcher.launch_training``, the one launch path, and all meet at one c10d
@@ -19,7 +19,8 @@ parent flow run is cancelled (they are its subflows).
 
 This module is the plain half (no Prefect): the rendezvous, the node runs' parameters, when the nodes are done
 or failed, the messages. The Prefect half (the rendezvous Variable, ``find_rendezvous``, ``run_nodes``) is in
-``tasks/launch/prefect_tasks.py``; cancelling and re-submitting flow runs in ``tasks/launch/flow_runs.py``.
+``tasks/launch/prefect_nodes.py``; the node runs are submitted, watched and cancelled by the fan-out engine
+(tasks/fanout/engine.py).
 """
 
 from __future__ import annotations

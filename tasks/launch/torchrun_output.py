@@ -132,3 +132,11 @@ def training_failure(output_dir: Path, returncode: int, launcher_output: list[st
         return TrainingDivergedError(f"{headline[headline.index(DIVERGED_MARKER) :]}\n({where})", **options)
     headline = f"training failed on {where}" + (f": {failure['type']}: {message}" if failure else "")
     return TrainingFailedError(f"{headline}\n(torchrun exit code {returncode})", **options)
+
+
+def watchable(log: Callable[[int, str], None]) -> Callable[[int, str], None]:
+    """``log`` for torchrun's lines, each made safe for `prefect deployment run --watch`, which prints log messages
+    as rich markup: a "[/…]" in a line (PyTorch's gloo errors begin with their source file so) is a closing tag
+    without an opening one, and the watch stopped on it (MarkupError) while the run went on. Escaped as rich
+    escapes it; the ranks' own log files keep the line as it was."""
+    return lambda level, line: log(level, line.replace("[/", "\\[/"))

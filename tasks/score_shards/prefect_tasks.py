@@ -3,39 +3,32 @@ and the scoring's fan-out through the work pool: each range of the index is one 
 deployment (flows/score_shard.py; pool ``gpu``, or ``default`` through ``score-shard-default``), submitted through
 the scoring's own work queue; the pool's workers take them, one per host at a time as their limits say.
 
-The flow looks at its shard runs every few seconds. A completed shard's part is read back (its summary); a
-crashed one (its host or worker lost: the lost-host automation or the worker sets it Crashed) and one that ran
-past ``timeout_s`` (cancelled through the API) are run again through the same queue, at most ``MAX_RERUNS``
-times, writing their part anew; one that failed (its own retries spent) fails the scoring. Shards whose part is
+The shard runs go through the fan-out engine (tasks/fanout/engine.py), which looks at them every few seconds. A
+completed shard's part is read back (its summary); a crashed one (its host or worker lost: the lost-host
+automation or the worker sets it Crashed) and one that ran past ``timeout_s`` (cancelled through the API) are run
+again by the engine through the same queue, at most ``MAX_RERUNS`` times, writing their part anew; one that
+failed (its own retries spent), or whose re-runs are spent, fails the scoring. Shards whose part is
 complete are not scored again when the scoring is retried. The live ``scoring`` artifact shows shards done,
 images scored, images per second and images that could not be scored. Then the parts are merged into one table.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import datetime
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import PurePosixPath
 
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-from prefect.client.schemas.sorting import LogSort
-from prefect.deployments import run_deployment
-from prefect.exceptions import ObjectNotFound
-from prefect.runtime import flow_run
 
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.scores_table import BATCH_SIZE, Runtime
 from tasks.errors import ShardFailedError
 from tasks.evaluation.prefect_tasks import PREVIEW_ROWS, Scored, publish_scores
-from tasks.launch.flow_runs import cancel_unfinished, own_work_queue, require_deployment, run_again
-from tasks.launch.lost_runs import MAX_RERUNS
+from tasks.fanout.decisions import RerunRule, Verdict
+from tasks.fanout.engine import Child, FanOut
 from tasks.retrying import stage_task
 from tasks.score_shards.parts import (
     DEFAULT_TIMEOUT_S,
@@ -55,21 +48,21 @@ from tasks.storage.work_dir_on_s3 import join
 from tasks.work_dir.prefect_tasks import store
 
 
-@dataclasses.dataclass
-class Watched:
-    """A shard being scored: its range, its flow run, and how often it was run again."""
-
-    shard: ShardRange
-    flow_run_id: str
-    reruns: int = 0
-
-
 class Progress:
     """The live ``scoring`` artifact: a row per shard; shards done, images scored, images/s, failed images."""
 
     def __init__(self, ranges: list[ShardRange], summaries: dict[int, PartSummary]) -> None:
         self.ranges, self.summaries, self.started = ranges, summaries, time.monotonic()
         self.states: dict[int, str] = {r.shard: "done before" for r in ranges if r.shard in summaries}
+
+    def follow(self, children: Sequence[Child]) -> None:
+        """The engine's hook: each shard's run state as the last look found it (a re-run's included)."""
+        for child in children:
+            if not child.settled:
+                self.states[child.key] = (
+                    "run again" if child.reruns and child.state_name == "Scheduled" else child.state_name.lower()
+                )
+        self.publish()
 
     def publish(self) -> None:
         done = [self.summaries[r.shard] for r in self.ranges if r.shard in self.summaries]
@@ -94,16 +87,6 @@ class Progress:
         )
 
 
-def submit_shard(shard: ShardRange, arguments: dict, deployment: str, queue: str):
-    return run_deployment(
-        deployment,
-        parameters={**arguments, "shard": shard.model_dump()},
-        timeout=0,
-        flow_run_name=f"{flow_run.get_name() or 'score'}-shard-{shard.shard}",
-        work_queue_name=queue,
-    )
-
-
 def run_shards(
     ranges: list[ShardRange],
     arguments: dict,
@@ -114,102 +97,59 @@ def run_shards(
     poll_seconds: float = 2.0,
 ) -> list[PartSummary]:
     """Score each of ``ranges`` as a run of the pool's shard deployment with ``arguments`` (model_dir, image_dir,
-    run_dir, runtime, batch_size, top_k) until every part is complete; returns the parts' summaries in order.
-    Parts already complete (a retried scoring) are kept."""
-    log, deployment = get_run_logger().log, SHARD_DEPLOYMENTS[pool]
+    run_dir, runtime, batch_size, top_k), through the fan-out engine (a crashed or timed-out shard run again at
+    most MAX_RERUNS times), until every part is complete; returns the parts' summaries in order. Parts already
+    complete (a retried scoring) are kept."""
+    log, ranged = get_run_logger().log, {r.shard: r for r in ranges}
     parts = {r.shard: part_location(run_dir, r.shard) for r in ranges}
     summaries: dict[int, PartSummary] = {}
     for r in ranges:
         if (found := read_summary(parts[r.shard])) and (found.start, found.stop) == (r.start, r.stop):
             summaries[r.shard] = found
-    progress, watched = Progress(ranges, summaries), {}
+    progress = Progress(ranges, summaries)
     queue = PurePosixPath(run_dir.rstrip("/")).name
-    with get_client(sync_client=True) as client:
-        require_deployment(client, deployment, "sharded scoring runs each shard")
-        work_queue = own_work_queue(client, pool, queue, None)
-        try:
-            for shard in (r for r in ranges if r.shard not in summaries):
-                run = submit_shard(shard, arguments, deployment, queue)
-                watched[shard.shard] = Watched(shard, str(run.id))
-                progress.states[shard.shard] = "submitted"
-            log(logging.INFO, f"{len(watched)} shards submitted to work queue {queue!r} of pool {pool!r}")
-            progress.publish()
-            while watched:
-                time.sleep(poll_seconds)
-                for number, shard in list(watched.items()):
-                    state = _look(client, shard, parts[number], timeout_s, deployment, queue, log)
-                    if isinstance(state, PartSummary):
-                        summaries[number] = state
-                        del watched[number]
-                        progress.states[number] = "done"
-                        progress.publish()
-                    elif state != progress.states.get(number):
-                        progress.states[number] = state
-                        progress.publish()
-        finally:
-            if watched:  # the scoring is ending otherwise than done: no shard scores on alone
-                cancel_unfinished(
-                    client,
-                    [client.read_flow_run(w.flow_run_id) for w in watched.values()],
-                    "cancelled with its scoring",
-                )
-            with contextlib.suppress(ObjectNotFound):  # made again by a retried scoring
-                client.delete_work_queue_by_id(work_queue.id)
+    fan = FanOut(
+        SHARD_DEPLOYMENTS[pool],
+        label="shard",
+        what="sharded scoring runs each shard",
+        queue=queue,
+        rule=RerunRule(timeout_s=timeout_s),
+        cancel_message="cancelled with its scoring",
+        on_change=progress.follow,
+        poll_seconds=poll_seconds,
+    )
+    with fan:
+        for shard in (r for r in ranges if r.shard not in summaries):
+            fan.submit(shard.shard, {**arguments, "shard": shard.model_dump()})
+        log(logging.INFO, f"{len(fan.children)} shards submitted to work queue {queue!r} of pool {fan.pool!r}")
+        progress.publish()
+
+        def step(looked: list[Child]) -> bool:
+            for child in looked:
+                verdict, shard = child.decision.verdict, ranged[child.key]
+                if verdict is Verdict.COMPLETED:
+                    summary = read_summary(parts[child.key])
+                    if summary is None:
+                        raise shard_failed(shard, child.run, f"completed but wrote no {parts[child.key]}", child.said)
+                    summaries[child.key] = summary
+                    progress.states[child.key] = "done"
+                    fan.settle(child)
+                    progress.publish()
+                elif child.decision.settled:  # failed, cancelled by someone, or its re-runs spent
+                    raise shard_failed(shard, child.run, child.decision.why, child.said)
+            return not fan.unsettled
+
+        fan.watch(step)
     return [summaries[r.shard] for r in ranges]
 
 
-def _look(client, watched: Watched, part: str, timeout_s: float, deployment: str, queue: str, log):
-    """One look at a shard's run: its summary once completed; run again when crashed or past ``timeout_s``;
-    ShardFailedError when it failed; else its state's name."""
-    run = client.read_flow_run(watched.flow_run_id)
-    number = watched.shard.shard
-    if run.state.is_completed():
-        summary = read_summary(part)
-        if summary is None:
-            raise shard_failed(watched, run, f"completed but wrote no {part}", last_message(client, run))
-        return summary
-    running_for = (
-        (datetime.datetime.now(datetime.timezone.utc) - run.start_time).total_seconds()
-        if run.state.is_running() and run.start_time
-        else 0.0
-    )
-    why = said = None
-    if run.state.is_crashed():  # its host or worker lost
-        why, said = "crashed", last_message(client, run)
-    elif running_for > timeout_s:
-        said = last_message(client, run)  # read before the cancel, which makes the run log lines of its own
-        cancel_unfinished(client, [run], f"ran past its shard timeout of {timeout_s:g} s")
-        why = f"ran past its timeout of {timeout_s:g} s: cancelled"
-    elif run.state.is_final():  # failed (its retries spent) or cancelled by someone
-        raise shard_failed(watched, run, f"ended {run.state.name}", last_message(client, run))
-    if why is None:
-        return run.state.name.lower()
-    if watched.reruns >= MAX_RERUNS:
-        raise shard_failed(watched, run, f"{why}, and was run {MAX_RERUNS} times again", said)
-    again = run_again(run, deployment, queue)
-    log(logging.WARNING, f"shard {number}: flow run {run.name!r} {why} ({said}); run again as {again.name!r}")
-    watched.flow_run_id, watched.reruns = str(again.id), watched.reruns + 1
-    return "run again"
-
-
-def shard_failed(watched: Watched, run, what: str, message: str) -> ShardFailedError:
+def shard_failed(shard: ShardRange, run, what: str, message: str) -> ShardFailedError:
     """The error for a shard whose flow ``run`` ``what`` (ended Failed, ran past its timeout…): the shard, its index
     rows, the run and the run's last ``message``."""
     return ShardFailedError(
-        f"shard {watched.shard.shard} (index rows {watched.shard.start}-{watched.shard.stop}): flow run "
-        f"{run.name!r} {what}; its last message: {message}"
+        f"shard {shard.shard} (index rows {shard.start}-{shard.stop}): flow run {run.name!r} {what}; its last "
+        f"message: {message}"
     )
-
-
-def last_message(client, run) -> str:
-    """What ``run`` said last: its state's message (a failure's, a crash's), else its last log line (a run still
-    running has no state message), else 'none'."""
-    if run.state.message:
-        return run.state.message
-    logs = client.read_logs(
-        LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])), limit=1, sort=LogSort.TIMESTAMP_DESC
-    )
-    return logs[0].message if logs else "none"
 
 
 @stage_task

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tasks.sweep.space import SearchSpace
 
 STUDY_FILE = "study.journal"
+TRIAL_DEPLOYMENT = "sweep-trial/sweep-trial"  # a trial is a run of it (tasks/sweep/prefect_tasks.py)
 STUDY_NAME = "sweep"
 _ABANDONED = "abandoned"  # a trial's user attribute: it was re-run as another trial (not counted)
 _ATTEMPTS = "sweep_flow_runs"  # the study's user attribute: the sweep's flow runs that drove it, in order

@@ -1,6 +1,6 @@
 """A run that replaces lost ones, on a real (ephemeral) Prefect server: the lost runs are flow runs created through
 the API and set Crashed as the zombie automation sets them; the replacing run is a flow calling
-take_over_lost_run. (The whole path through two workers and S3 is tests/deployments/test_deployments.py's last
+take_over_lost_run (tasks/launch/prefect_tasks.py; its chain and limit: tasks/fanout/reruns.py). (The whole path through two workers and S3 is tests/deployments/test_deployments.py's last
 test.)"""
 
 import json
@@ -13,7 +13,9 @@ from prefect.states import Crashed
 
 from tasks.contracts.model_directory import EpochMetrics, TrainingMetrics
 from tasks.errors import RerunLimitError, UnknownRunError
-from tasks.launch.lost_runs import MAX_RERUNS, Takeover, take_over_lost_run, take_over_lost_trial
+from tasks.fanout.decisions import MAX_RERUNS
+from tasks.launch.lost_runs import Takeover
+from tasks.launch.prefect_tasks import take_over_lost_run, take_over_lost_trial
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""What the train task hands Prefect's logger (tasks/launch/prefect_tasks.py)."""
+"""What the train task hands Prefect's logger: torchrun's lines made safe (tasks/launch/torchrun_output.py)."""
 
 import io
 import uuid
@@ -19,7 +19,7 @@ def test_a_training_line_with_a_closing_bracket_tag_does_not_stop_prefect_s_watc
     from rich.console import Console
     from rich.errors import MarkupError
 
-    from tasks.launch.prefect_tasks import watchable
+    from tasks.launch.torchrun_output import watchable
 
     def shown(message: str) -> str:
         log = Log(

@@ -5,13 +5,12 @@ from types import SimpleNamespace
 
 from tasks.errors import RunFailedError
 from tasks.score_shards.parts import ShardRange
-from tasks.score_shards.prefect_tasks import Watched, shard_failed
+from tasks.score_shards.prefect_tasks import shard_failed
 
 
 def test_a_failed_shard_names_its_index_rows_its_last_run_and_that_runs_last_message():
-    watched = Watched(ShardRange(shard=1, start=4, stop=6), flow_run_id="id", reruns=2)
     run = SimpleNamespace(name="fuzzy-lemur-shard-1-rerun-2")
-    error = shard_failed(watched, run, "ran past its timeout of 0.5 s: cancelled, and was run 2 times again", "said")
+    error = shard_failed(ShardRange(shard=1, start=4, stop=6), run, "ran past its timeout of 0.5 s: cancelled, and was run 2 times again", "said")
     assert str(error) == (
         "shard 1 (index rows 4-6): flow run 'fuzzy-lemur-shard-1-rerun-2' ran past its timeout of 0.5 s: cancelled, "
         "and was run 2 times again; its last message: said"

@@ -3,7 +3,7 @@
 import time
 
 from deployments.local import PROJECT_ROOT
-from tasks.launch import multinode, prefect_tasks
+from tasks.launch import multinode, prefect_nodes
 
 
 def test_a_node_still_running_past_the_grace_after_another_completed_is_set_crashed(node_runs, monkeypatch):
@@ -16,11 +16,11 @@ def test_a_node_still_running_past_the_grace_after_another_completed_is_set_cras
             client.set_flow_run_state(run.id, state, force=True)
     warnings = []
     read = [client.read_flow_run(run.id) for run in (done, lost)]
-    prefect_tasks.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
+    prefect_nodes.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
     assert client.read_flow_run(lost.id).state.is_running()  # within the grace: the host may still report
     monkeypatch.setattr(multinode, "ELASTIC_FINISH_GRACE_SECONDS", 0.0)
     time.sleep(0.05)
-    prefect_tasks.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
+    prefect_nodes.end_lost_nodes(client, read, lambda level, message: warnings.append(message))
     ended = client.read_flow_run(lost.id).state
     assert ended.is_crashed() and "host was lost with its worker" in ended.message
     assert client.read_flow_run(done.id).state.is_completed()
