@@ -170,7 +170,7 @@ def _refuse_aliased(backend, registration: Registration, aliases: list[str]) -> 
     ref = f"{registration.name}/{registration.version}"
     return AliasedVersionError(
         f"{ref} cannot be deleted from {backend.location}: alias {', '.join(aliases)} points at it; move the alias "
-        f"to another version or unset it first (python -m tasks.registry alias unset {registration.name} {aliases[0]})"
+        f"to another version or unset it first (image-classifier registry alias unset {registration.name} {aliases[0]})"
     )
 
 

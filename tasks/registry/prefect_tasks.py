@@ -1,7 +1,8 @@
 """The registry stage's Prefect tasks: register a trained model (with champion/challenger promotion), a person's
 approval of a promotion, and resolving a model reference to a local ModelDirectory; and the model card, one
-artifact per model name (``model-card-<name>``), published again after every registration and every change made
-from the command line. The judgement and the alias move are ``promotion.py``; the pages are ``card.py``.
+artifact per model name (``model-card-<name>``), published again after every registration and, through
+flows/model_card.py's flow, every change made from the command line. The judgement and the alias move are
+``promotion.py``; the pages are ``card.py``.
 
 Approval: the flow run pauses on a typed form (Prefect's wait-for-input) that shows the challenger's figures beside
 the champion's; the reviewer's answer (or no answer in time) is recorded in the version's ``status.json`` and
@@ -17,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.exceptions import FlowPauseTimeout
@@ -28,7 +29,6 @@ from prefect.settings import get_current_settings
 from prefect.states import Running
 from pydantic import BaseModel, Field
 
-from tasks.console import quiet_console
 from tasks.contracts.model_directory import SWEEP_PICTURES, ModelDirectory
 from tasks.contracts.registry_layout import Approval, version_key
 from tasks.registry import (
@@ -94,22 +94,6 @@ def publish_promotion(decision: Promotion) -> None:
         description=f"{decision.alias!r}: {verdict(decision)}; {decision.metric} {figure(decision.challenger)} "
         f"vs {champion}",
     )
-
-
-@flow(name="update-model-card", log_prints=True)
-def update_model_card(registry: str, name: str) -> str:
-    """Publish the model card again after a change made outside any run (the command line): Prefect creates
-    artifacts inside a flow or task run (creating one outside is deprecated), so this small flow run does it."""
-    return publish_model_card(registry, name)
-
-
-def update_model_card_if_connected(registry: str, name: str) -> str:
-    """For the command line: publish the card when a Prefect API is configured (never starting a server of
-    its own); what happened, in one line. The flow run's own INFO lines stay off the console (the API has them)."""
-    if not get_current_settings().api.url:
-        return f"model card of {name} not updated: no Prefect API configured (set PREFECT_API_URL)"
-    with quiet_console():
-        return f"model card updated: artifact {update_model_card(registry, name)}"
 
 
 @stage_task
