@@ -2,7 +2,6 @@
 
 import time
 
-from deployments.local import PROJECT_ROOT
 from tasks.launch import multinode, prefect_nodes
 
 
@@ -25,19 +24,3 @@ def test_a_node_still_running_past_the_grace_after_another_completed_is_set_cras
     assert ended.is_crashed() and "host was lost with its worker" in ended.message
     assert client.read_flow_run(done.id).state.is_completed()
     assert len(warnings) == 1 and warnings[0].startswith("node 1: still Running")
-
-
-def test_the_node_deployment_the_train_stage_submits_is_the_one_deployments_prefect_yaml_defines():
-    import importlib
-
-    import yaml
-
-    from tasks.launch.multinode import NODE_DEPLOYMENT
-
-    deployments = yaml.safe_load((PROJECT_ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]
-    defined = set()
-    for deployment in deployments:
-        module, function = deployment["entrypoint"].split(":")
-        flow = getattr(importlib.import_module(module.removesuffix(".py").replace("/", ".")), function)
-        defined.add(f"{flow.name}/{deployment['name']}")
-    assert NODE_DEPLOYMENT in defined, defined
