@@ -12,7 +12,7 @@ the engine then uses for the whole run (Prefect's sync client context): every la
 refused connection as a connected client does (``PREFECT_CLIENT_MAX_RETRIES``, tasks/outages). Two more of the
 engine's first steps would otherwise meet a restart unprepared: loading the flow (a new client: the flow is loaded
 from its file instead, ``entrypoint_here``) and opening the events socket that records the task runs
-(tasks/outages/events.py).
+(tasks/outages/prefect_events.py).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def entrypoint_here(client) -> str | None:
 
 
 def main() -> None:
-    from tasks.outages.events import events_wait_for_the_server
+    from tasks.outages.prefect_events import events_wait_for_the_server
 
     # A session of its own, as Prefect starts its engine when no command is given: a signal meant for the worker's
     # process group (its stop) does not reach the run, and one meant for the run's group does not reach the worker.

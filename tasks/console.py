@@ -36,9 +36,3 @@ def console_filter(keep: logging.Filter | Callable[[logging.LogRecord], bool]) -
     finally:
         for handler in consoles:
             handler.removeFilter(keep)
-
-
-def quiet_console(level: int = logging.WARNING) -> contextlib.AbstractContextManager[None]:
-    """Only records of ``level`` and above on the console: for a small bookkeeping flow run that a command makes
-    on the side."""
-    return console_filter(lambda record: record.levelno >= level)

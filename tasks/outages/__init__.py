@@ -3,7 +3,7 @@ server while work goes on needs, so that no run crashes and no task run goes mis
 (docs/operations.md, "Upgrading or restarting the server"; bench/load.py measures it).
 
 - ``settings``: the client's retries, and the heartbeat pace and tag the lost-host automation watches (no Prefect);
-- ``events``: the events client that waits for the server instead of dropping what it had to send.
+- ``prefect_events``: the events client that waits for the server instead of dropping what it had to send.
 
 Used by workers (deployments/worker.py), deployment runs (deployments/deploy.py, deployments/engine.py) and the
 command lines' own runs (flows/cli.py).
