@@ -8,7 +8,6 @@ import os
 import numpy as np
 
 from tasks.contracts.model_directory import TrainingMetrics
-from tasks.markdown import png_markdown  # noqa: F401  (until launch/ and sweep/ import it from tasks.markdown)
 
 
 def pyplot():
