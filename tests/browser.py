@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from concurrent.futures import Future
 from pathlib import Path
+
+from tests.helpers import wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -48,15 +49,17 @@ def wait_for_text(driver, texts, timeout: float = 30) -> str:
     """The page's visible text once it contains every one of ``texts`` (an SPA renders after load)."""
     from selenium.webdriver.common.by import By
 
-    deadline = time.monotonic() + timeout
-    while True:
-        body = driver.find_element(By.TAG_NAME, "body").text
-        if all(text in body for text in texts):
-            return body
-        if time.monotonic() > deadline:
-            missing = [text for text in texts if text not in body]
-            raise AssertionError(f"{driver.current_url} never showed {missing}; it showed:\n{body[:2000]}")
-        time.sleep(0.5)
+    shown = [""]
+
+    def showing() -> str | None:
+        shown[0] = driver.find_element(By.TAG_NAME, "body").text
+        return shown[0] if all(text in shown[0] for text in texts) else None
+
+    def what() -> str:
+        missing = [text for text in texts if text not in shown[0]]
+        return f"{driver.current_url} to show {missing}; it showed:\n{shown[0][:2000]}"
+
+    return wait_for(showing, timeout, interval=0.5, what=what)
 
 
 def click_text(driver, text: str, timeout: float = 30) -> None:
@@ -92,28 +95,34 @@ def paused_run_id(
     waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
     named = FlowFilter(name=FlowFilterName(any_=[flow])) if flow else None
     in_thread = isinstance(pipeline, Future)
-    deadline = time.monotonic() + timeout
+
+    def what_the_pipeline_said() -> str:
+        ended = pipeline.done() if in_thread else pipeline.poll() is not None
+        if not in_thread:
+            return pipeline.communicate(timeout=60)[0][-3000:]
+        if not ended:
+            return "still running"
+        if pipeline.exception():
+            return repr(pipeline.exception())
+        return f"it ended, returning {pipeline.result()!r}"
+
+    def paused(client):
+        runs = [
+            r
+            for r in client.read_flow_runs(flow_filter=named, flow_run_filter=waiting)
+            if registry is None or r.parameters.get("registry") == registry
+        ]
+        if not runs and (pipeline.done() if in_thread else pipeline.poll() is not None):
+            raise AssertionError(f"the pipeline never paused:\n{what_the_pipeline_said()}")
+        return runs
+
     with SyncPrefectClient(stack.api_url, auth_string=getattr(stack, "auth", None)) as client:
-        while not (
-            runs := [
-                r
-                for r in client.read_flow_runs(flow_filter=named, flow_run_filter=waiting)
-                if registry is None or r.parameters.get("registry") == registry
-            ]
-        ):
-            ended = pipeline.done() if in_thread else pipeline.poll() is not None
-            if ended or time.monotonic() > deadline:
-                if in_thread:
-                    if not ended:
-                        said = "still running"
-                    elif pipeline.exception():
-                        said = repr(pipeline.exception())
-                    else:
-                        said = f"it ended, returning {pipeline.result()!r}"
-                else:
-                    said = pipeline.communicate(timeout=60)[0][-3000:]
-                raise AssertionError(f"the pipeline never paused:\n{said}")
-            time.sleep(1)
+        runs = wait_for(
+            lambda: paused(client),
+            timeout,
+            interval=1,
+            what=lambda: f"the pipeline to pause:\n{what_the_pipeline_said()}",
+        )
     return str(runs[0].id)
 
 

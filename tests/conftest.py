@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 
 from deployments.local import PROJECT_ROOT, PrefectStack, free_port  # noqa: E402
-from tests.helpers import FileServer, alive, run_worker, s3_settings, write_class_folders  # noqa: E402
+from tests.helpers import FileServer, alive, run_worker, s3_settings, wait_for, write_class_folders  # noqa: E402
 
 
 @pytest.fixture
@@ -112,9 +111,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     for leader in leaders:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader, signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    while any(map(alive, leaders)) and time.monotonic() < deadline:  # an exited, unreaped server is not alive
-        time.sleep(0.1)
+    # Those still alive after 20 s are killed (an exited, unreaped server is not alive).
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: not any(map(alive, leaders)), 20, what="the servers to stop")
     for leader in filter(alive, leaders):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader, signal.SIGKILL)
@@ -327,16 +326,19 @@ def s3_endpoint(shared_server) -> str:
             start_new_session=True,
         )
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
+
+        def answered() -> str | None:
             try:
                 urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
+                return "answered"
+            except OSError:
+                return "ended" if server.poll() is not None else None
+
+        with contextlib.suppress(AssertionError):  # 30 s without an answer
+            if wait_for(answered, 30, interval=0.2, what=f"moto on {url}") == "answered":
                 return url, server
-            except OSError as error:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    server.kill()
-                    raise RuntimeError(f"moto server did not start on {url}") from error
-                time.sleep(0.2)
+        server.kill()
+        raise RuntimeError(f"moto server did not start on {url}")
 
     return shared_server("s3", start)
 

@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +122,18 @@ def run_worker(*args: str, processes: int = 2, env: dict | None = None) -> subpr
     return subprocess.run(
         command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     )
+
+
+def wait_for(condition: Callable, timeout: float = 120, what: str | Callable[[], str] = "condition", interval=0.1):
+    """``condition()``'s first true value, asked every ``interval`` s: the one deadline loop of the tests. After
+    ``timeout`` s an AssertionError "timed out after <timeout> s waiting for <what>"; ``what`` may be a function,
+    called only then (a log's tail, the states seen last). ``condition`` may raise to stop the wait early."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what() if callable(what) else what}")
+        time.sleep(interval)
+    return value
 
 
 def alive(pid: int) -> bool:

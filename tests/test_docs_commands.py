@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import time
 import urllib.request
 from pathlib import Path
 from typing import NamedTuple
@@ -368,6 +367,8 @@ def test_the_page_s_commands_run_as_pasted(page, after_make_run, tmp_path):
 @contextlib.contextmanager
 def in_background(block: Block, cwd: Path, env: dict[str, str], logs: Path):
     """A block that keeps running, started and waited for (its URL answers 200); stopped by SIGTERM when done."""
+    from tests.helpers import wait_for  # here: the fast tests of this file import no Prefect
+
     log = logs / f"background-{block.line}.log"
     with log.open("wb") as output:
         process = subprocess.Popen(
@@ -379,16 +380,16 @@ def in_background(block: Block, cwd: Path, env: dict[str, str], logs: Path):
             start_new_session=True,
         )
     where = f"{block.page}:{block.line}\n{block.text}"
+
+    def ready() -> bool:
+        assert process.poll() is None, f"{where}\nexited {process.returncode}: {log.read_text()}"
+        try:
+            return urllib.request.urlopen(BACKGROUND[block.commands], timeout=5).status == 200
+        except OSError:
+            return False
+
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert process.poll() is None, f"{where}\nexited {process.returncode}: {log.read_text()}"
-            assert time.monotonic() < deadline, f"{where}\nnot ready in 300 s: {log.read_text()}"
-            try:
-                if urllib.request.urlopen(BACKGROUND[block.commands], timeout=5).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.5)
+        wait_for(ready, 300, interval=0.5, what=lambda: f"{where}\nto be ready: {log.read_text()}")
         yield
         # SIGTERM to the server itself, as systemd or Kubernetes send it (make, between, would send its child a
         # second one: stop at once); the server drains and exits 0, and so does the make that ran it.

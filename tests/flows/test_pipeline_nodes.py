@@ -8,7 +8,6 @@ nothing is left running."""
 import os
 import re
 import subprocess
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from uuid import uuid4
@@ -37,7 +36,7 @@ from tests.flows.nodes_stack import (
     start_pipeline,
     stop_and_fail,
 )
-from tests.helpers import flow_run_log, processes_of, training_processes
+from tests.helpers import flow_run_log, processes_of, training_processes, wait_for
 
 
 def test_each_node_run_gets_what_the_node_flow_takes():
@@ -222,13 +221,24 @@ def stored_metrics(stack, host: str = "host-a"):
 def wait_for_stored(stack, parent: subprocess.Popen, until, what: str, timeout: float = 300):
     """The stored TrainingMetrics once ``until`` holds for them; the test fails with the pipeline's output if the
     pipeline ends first or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while parent.poll() is None and time.monotonic() < deadline:
-        if (metrics := stored_metrics(stack)) is not None and until(metrics):
-            return metrics
-        time.sleep(0.5)
-    ended = parent.poll()
-    stop_and_fail(parent, f"{what}: " + (f"the pipeline ended (exit {ended})" if ended is not None else "timed out"))
+    from tasks.contracts.model_directory import TrainingMetrics
+
+    def stored():
+        if parent.poll() is not None:
+            return True  # told below, with its output
+        metrics = stored_metrics(stack)
+        return metrics if metrics is not None and until(metrics) else None
+
+    try:
+        found = wait_for(stored, timeout, interval=0.5, what=what)
+    except AssertionError:
+        found = None
+    if not isinstance(found, TrainingMetrics):
+        ended = parent.poll()
+        stop_and_fail(
+            parent, f"{what}: " + (f"the pipeline ended (exit {ended})" if ended is not None else "timed out")
+        )
+    return found
 
 
 def test_an_elastic_run_takes_in_a_late_node_and_finishes_alone_when_that_node_is_lost(
@@ -353,7 +363,7 @@ def test_a_node_tells_its_gang_is_being_cancelled_from_any_node_run_of_its_train
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.states import Cancelled, Cancelling, Running
 
-    from tasks.launch.prefect_tasks import gang_cancellation
+    from tasks.launch.prefect_nodes import gang_cancellation
 
     @flow(name="gang-parent")
     def parent_flow(): ...

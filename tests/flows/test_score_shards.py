@@ -13,7 +13,7 @@ import pytest
 from deployments.local import PROJECT_ROOT
 from tasks.storage.s3 import list_s3_names, read_s3_object
 from tests.flows.nodes_stack import host_env, nodes_stack
-from tests.helpers import flow_run_log, lose_host_of, write_class_folders
+from tests.helpers import flow_run_log, lose_host_of, wait_for, write_class_folders
 
 pytestmark = pytest.mark.integration
 
@@ -52,15 +52,26 @@ def start(stack, command: list[str], host, apart: bool = False) -> subprocess.Po
     return subprocess.Popen(command, env=env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
+def wait_for_a_running_shard(stack, scoring: subprocess.Popen, work: str, timeout: float = 300):
+    """A shard run of the scoring into ``work`` once one is Running; the test fails if the scoring ends first."""
+
+    def running():
+        assert scoring.poll() is None, shard_runs_of(stack, work)
+        return next((r for r in shard_runs_of(stack, work) if r.state.is_running()), None)
+
+    return wait_for(running, timeout, interval=0.2, what=lambda: f"a running shard: {shard_runs_of(stack, work)}")
+
+
 def damage_a_stored_image(work: str, timeout: float = 300) -> str:
     """Once a scoring under ``work`` has stored its converted images on S3 (their manifest goes last), overwrite
     one image object there, before a shard fetches it; the image's stored path."""
     from tasks.storage.s3 import parse_s3_uri, s3_client
 
-    deadline = time.monotonic() + timeout
-    while not (manifests := [n for n in list_s3_names(work) if n.endswith("/images/image_directory.json")]):
-        assert time.monotonic() < deadline, "the scoring never stored its images"
-        time.sleep(0.1)
+    manifests = wait_for(
+        lambda: [n for n in list_s3_names(work) if n.endswith("/images/image_directory.json")],
+        timeout,
+        what="the scoring to store its images",
+    )
     images = manifests[0].removesuffix("image_directory.json")
     name = sorted(n for n in list_s3_names(work) if n.startswith(images) and n.endswith(".png"))[-1]
     where = parse_s3_uri(f"{work}/{name}")
@@ -83,11 +94,7 @@ def test_two_shards_over_the_pool_with_a_host_lost_are_the_one_process_table(sta
     )
     try:
         damaged = damage_a_stored_image(f"{s3_work}/sharded")
-        deadline = time.monotonic() + 300
-        while not (running := [r for r in shard_runs_of(stack, f"{s3_work}/sharded") if r.state.is_running()]):
-            assert sharded.poll() is None and time.monotonic() < deadline, shard_runs_of(stack, f"{s3_work}/sharded")
-            time.sleep(0.2)
-        lost = running[0]
+        lost = wait_for_a_running_shard(stack, sharded, f"{s3_work}/sharded")
         lose_host_of(lost)
         output, _ = sharded.communicate(timeout=600)
     finally:
@@ -214,10 +221,7 @@ def test_a_training_and_a_sharded_scoring_ride_out_a_server_stopped_for_20_s(
         stack, pipeline_command(*colour_image_dirs, "restart", tmp_path / "work", *training_flags), trainer
     )
     try:
-        deadline = time.monotonic() + 300
-        while not [r for r in shard_runs_of(stack, work) if r.state.is_running()]:
-            assert scoring.poll() is None and time.monotonic() < deadline, shard_runs_of(stack, work)
-            time.sleep(0.2)
+        wait_for_a_running_shard(stack, scoring, work)
         down = stack.restart_server(down_s=20)
         scored, _ = scoring.communicate(timeout=600)
         trained, _ = training.communicate(timeout=600)
@@ -241,17 +245,18 @@ def test_a_training_and_a_sharded_scoring_ride_out_a_server_stopped_for_20_s(
     }
     assert all(len(names) >= 4 for names in ran.values()), ran
     shards = [run.id for flow, run in runs if flow == "score-shard"]
-    deadline = time.monotonic() + 60
-    while True:
+    missing = {}
+
+    def all_recorded() -> bool:
         recorded = task_run_names(stack, runs)
-        missing = {id: names - recorded[id] for id, names in ran.items() if names - recorded[id]}
+        missing.clear()
+        missing.update({id: names - recorded[id] for id, names in ran.items() if names - recorded[id]})
         missing.update(
             {id: {"score_shard"} for id in shards if not any(n.startswith("score_shard") for n in recorded[id])}
         )
-        if not missing or time.monotonic() > deadline:
-            break
-        time.sleep(2)
-    assert not missing, f"task runs missing from the server's record: {missing}"
+        return not missing
+
+    wait_for(all_recorded, 60, interval=2, what=lambda: f"every task run in the server's record; missing: {missing}")
 
 
 def runs_since(stack, began: float) -> list[tuple[str, object]]:

@@ -5,7 +5,6 @@ real torchrun training; the best trial registered with the sweep's record."""
 import json
 import re
 import subprocess
-import time
 from pathlib import PurePosixPath
 
 import pytest
@@ -18,7 +17,7 @@ from tasks.storage.s3 import list_s3_names, read_s3_object
 from tasks.sweep.study import STUDY_FILE
 from tests import helpers
 from tests.flows.nodes_stack import HOSTS, host_env, nodes_stack
-from tests.helpers import flow_run_log, heartbeats_of, lose_host_of, training_processes
+from tests.helpers import flow_run_log, heartbeats_of, lose_host_of, training_processes, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -27,6 +26,10 @@ pytestmark = pytest.mark.integration
 def stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database):
     with nodes_stack(tmp_path_factory, prefect_home, s3_endpoint, postgres_database("sweep")) as running:
         yield running
+
+
+def states(runs) -> list[tuple]:
+    return [(r.name, r.state) for r in runs]
 
 
 def trial_runs(stack, output_under):
@@ -103,11 +106,19 @@ def test_a_sweep_on_s3_killed_and_resumed_on_another_host_trains_two_at_a_time_p
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+    def two_trials_running() -> bool:
+        runs = trial_runs(stack, f"{s3_work}/runs")
+        assert first.poll() is None, states(runs)
+        return len(runs) == 2 and all(r.state.is_running() for r in runs)
+
     try:
-        deadline = time.monotonic() + 600
-        while not (len(runs := trial_runs(stack, f"{s3_work}/runs")) == 2 and all(r.state.is_running() for r in runs)):
-            assert first.poll() is None and time.monotonic() < deadline, [(r.name, r.state) for r in runs]
-            time.sleep(1)
+        wait_for(
+            two_trials_running,
+            600,
+            interval=1,
+            what=lambda: f"two trials running: {states(trial_runs(stack, f'{s3_work}/runs'))}",
+        )
     finally:
         first.kill()  # SIGKILL: no cleanup of any kind
         first.wait()
@@ -121,17 +132,22 @@ def test_a_sweep_on_s3_killed_and_resumed_on_another_host_trains_two_at_a_time_p
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+    def second_trial_stored_an_epoch():
+        runs = trial_runs(stack, run_dir)
+        assert resumed.poll() is None, states(runs)
+        stored = runs[1].state.is_running() and (epochs_stored(f"{run_dir}/trials/trial-001/model") or 0) >= 1
+        return runs[1] if stored else None
+
     try:
         # The second trial's host is lost once the trial has stored an epoch: its flow run's process and the
         # training it started stop at once; the worker, as a pool's other host would, reports the run Crashed.
-        deadline = time.monotonic() + 600
-        while not (
-            (runs := trial_runs(stack, run_dir))[1].state.is_running()
-            and (epochs_stored(f"{run_dir}/trials/trial-001/model") or 0) >= 1
-        ):
-            assert resumed.poll() is None and time.monotonic() < deadline, [(r.name, r.state) for r in runs]
-            time.sleep(0.5)
-        lost = runs[1]
+        lost = wait_for(
+            second_trial_stored_an_epoch,
+            600,
+            interval=0.5,
+            what=lambda: f"an epoch of the second trial: {states(trial_runs(stack, run_dir))}",
+        )
         lose_host_of(lost)
         output, _ = resumed.communicate(timeout=900)
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -29,7 +28,7 @@ from tasks.registry import PromotionPolicy, resolve
 from tasks.registry.card import model_card_key
 from tasks.registry.manage import model_versions, show_version
 from tasks.registry.prefect_tasks import settle_promotion
-from tests.helpers import card_versions, register_colours
+from tests.helpers import card_versions, register_colours, wait_for
 
 NAME = "colours-approval"  # its own model card: other tests count the versions of theirs
 FLOW_NAME = "register-with-approval"
@@ -55,15 +54,14 @@ def register_with_approval(trained_model, colour_image_dirs, evaluation):
 def paused_run(timeout: float = 60):
     """The flow run waiting for approval, once it has paused (its form saved)."""
     waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
-    deadline = time.monotonic() + timeout
+    named = FlowFilter(name=FlowFilterName(any_=[FLOW_NAME]))
     with get_client(sync_client=True) as client:
-        while not (
-            runs := client.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW_NAME])), flow_run_filter=waiting
-            )
-        ):
-            assert time.monotonic() < deadline, "the flow run never paused"
-            time.sleep(0.5)
+        runs = wait_for(
+            lambda: client.read_flow_runs(flow_filter=named, flow_run_filter=waiting),
+            timeout,
+            interval=0.5,
+            what="the flow run to pause",
+        )
     return runs[0]
 
 

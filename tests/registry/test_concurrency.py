@@ -2,13 +2,13 @@
 through a proxy that fails a fifth of the requests, each promoting itself if it beats the champion; and a
 registration killed in the middle of an upload."""
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from tasks.registry import (
 )
 from tasks.storage.local_files import sha256_file
 from tests.faulty_proxy import FaultyProxy
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -129,9 +130,8 @@ def test_eight_processes_registering_at_once_get_eight_versions_on_disk(distinct
     processes = [
         start_registration(registry, model, worker, go, promote=promote) for worker, model in enumerate(distinct_models)
     ]
-    deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob("go.ready-*"))) < WORKERS and time.monotonic() < deadline:
-        time.sleep(0.05)
+    with contextlib.suppress(AssertionError):  # all started, or 120 s passed: they go
+        wait_for(lambda: len(list(tmp_path.glob("go.ready-*"))) >= WORKERS, 120, interval=0.05, what="all ready")
     go.touch()
     outcomes = [process.communicate(timeout=120) for process in processes]
     assert all(p.returncode == 0 for p in processes), [err for _, err in outcomes]

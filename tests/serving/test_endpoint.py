@@ -33,7 +33,7 @@ from deployments.local import PROJECT_ROOT, free_port
 from tasks.contracts.model_directory import WEIGHTS_FILE, ModelDirectory
 from tasks.predict.classifier import Classifier
 from tasks.registry import set_alias
-from tests.helpers import COLOURS, NAME, register_test_model, write_class_folders, write_phone_photos
+from tests.helpers import COLOURS, NAME, register_test_model, wait_for, write_class_folders, write_phone_photos
 
 pytestmark = pytest.mark.integration
 MAX_QUEUE, MAX_BATCH = 24, 8
@@ -59,16 +59,23 @@ class Served:
         command += ["--host", host, "--port", str(self.port)]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + STARTS_WITHIN_S
-        while time.monotonic() < deadline and self.process.poll() is None:
+
+        def ready() -> str | None:
+            if self.process.poll() is not None:
+                return "ended"
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=5, verify=self.verify).status_code == 200:
-                    return
+                answered = httpx.get(f"{self.url}/readyz", timeout=5, verify=self.verify).status_code == 200
             except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"the server did not get ready: {self.log.read_text()}")
+                answered = False
+            return "ready" if answered else None
+
+        try:
+            got = wait_for(ready, STARTS_WITHIN_S, interval=0.2, what="the server to get ready")
+        except AssertionError:
+            got = "timed out"
+        if got != "ready":
+            self.stop()
+            raise AssertionError(f"the server did not get ready: {self.log.read_text()}")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -84,10 +91,7 @@ class Served:
         }
 
     def wait_for(self, what, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not what():
-            assert time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.1)
+        wait_for(what, timeout, what=lambda: f"the server; its log:\n{self.log.read_text()}")
 
 
 @pytest.fixture(scope="module")

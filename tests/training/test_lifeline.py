@@ -23,7 +23,7 @@ from tasks.errors import (
 )
 from tasks.launch.torchrun_launcher import WatchLimits, build_torchrun_command, launch_training, worker_environment
 from tasks.training.lifeline import HangWatch, TrainingHang, read_heartbeats
-from tests.helpers import alive, processes_of, write_class_folders
+from tests.helpers import alive, processes_of, wait_for, write_class_folders
 
 pytestmark = pytest.mark.integration
 
@@ -31,15 +31,15 @@ pytestmark = pytest.mark.integration
 LONG = dict(epochs=200, patience=200, batch_size=4, processes_per_node=2, device="cpu")
 
 
-def wait_for(condition, timeout: float = 120, what: str = "condition", outcome: dict | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def while_training(outcome: dict, condition):
+    """``condition`` for ``wait_for``, which stops at once with the outcome once the training (in a thread) ended."""
+
+    def check():
         if value := condition():
             return value
-        if outcome:
-            raise AssertionError(f"training ended while waiting for {what}: {outcome}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+        assert not outcome, f"training ended while waiting: {outcome}"
+
+    return check
 
 
 def training_heartbeats(output: Path, ranks: int = 2) -> dict[int, dict]:
@@ -94,7 +94,7 @@ def test_workers_die_with_the_flow_process_killed_by_sigkill(tmp_path, colour_im
 def test_workers_die_when_torchrun_process_group_is_killed(tmp_path, colour_image_dirs, resnet_spec):
     output = tmp_path / "model"
     thread, outcome = launch_in_thread(colour_image_dirs, resnet_spec, output, TrainingParams(**LONG))
-    beats = wait_for(lambda: training_heartbeats(output), what="both ranks training", outcome=outcome)
+    beats = wait_for(while_training(outcome, lambda: training_heartbeats(output)), what="both ranks training")
     workers = [b["pid"] for b in beats.values()]
     torchrun = next(pid for pid in processes_of(output) if pid not in workers and os.getpgid(pid) == pid)
     os.killpg(torchrun, signal.SIGKILL)
@@ -139,7 +139,7 @@ def test_a_stopped_rank_is_named_and_every_process_stopped(tmp_path, colour_imag
     output = tmp_path / "model"
     params = TrainingParams(**LONG, hang_timeout_s=6)
     thread, outcome = launch_in_thread(colour_image_dirs, resnet_spec, output, params)
-    beats = wait_for(lambda: training_heartbeats(output), what="both ranks training", outcome=outcome)
+    beats = wait_for(while_training(outcome, lambda: training_heartbeats(output)), what="both ranks training")
     spawned = processes_of(output)
     os.kill(beats[1]["pid"], signal.SIGSTOP)
     stopped_at = time.monotonic()
