@@ -70,6 +70,7 @@ from tests.helpers import (
     progress_artifacts,
     s3_settings,
     training_processes,
+    wait_for,
     worker_pids,
 )
 
@@ -231,14 +232,16 @@ def wait_for_deployment(stack, name, timeout=120):
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    deadline = time.monotonic() + timeout
+    def read(client):
+        try:
+            return client.read_deployment_by_name(name)
+        except ObjectNotFound:
+            return None
+
     with temporary_settings_for(stack), get_client(sync_client=True) as client:
-        while True:
-            try:
-                return client.read_deployment_by_name(name)
-            except ObjectNotFound:
-                assert time.monotonic() < deadline, f"{name} never appeared:\n{stack.log_text()[-3000:]}"
-                time.sleep(1)
+        return wait_for(
+            lambda: read(client), timeout, interval=1, what=lambda: f"{name} to appear:\n{stack.log_text()[-3000:]}"
+        )
 
 
 def temporary_settings_for(stack):
@@ -248,26 +251,35 @@ def temporary_settings_for(stack):
     return temporary_settings({PREFECT_API_URL: stack.api_url, PREFECT_API_AUTH_STRING: stack.auth})
 
 
-def wait_for(stack, flow_run_ids, timeout=400):
-    async def poll():
-        from prefect.client.orchestration import PrefectClient
+def wait_for_runs(stack, flow_run_ids, timeout=400) -> list:
+    """The flow runs, once every one has ended (their states and the stack's log in the error after ``timeout`` s)."""
+    from prefect.client.orchestration import SyncPrefectClient
 
-        async with PrefectClient(stack.api_url, auth_string=stack.auth) as client:
-            deadline = time.monotonic() + timeout
-            while True:
-                runs = [await client.read_flow_run(i) for i in flow_run_ids]
-                if all(r.state.is_final() for r in runs) or time.monotonic() > deadline:
-                    return runs
-                await asyncio.sleep(1)
+    seen = []
 
-    return asyncio.run(poll())
+    def ended():
+        seen[:] = [client.read_flow_run(i) for i in flow_run_ids]
+        return list(seen) if all(r.state.is_final() for r in seen) else None
+
+    with SyncPrefectClient(stack.api_url, auth_string=stack.auth) as client:
+        return wait_for(
+            ended,
+            timeout,
+            interval=1,
+            what=lambda: f"runs to end: {[(r.name, r.state) for r in seen]}\n{stack.log_text()[-3000:]}",
+        )
 
 
 class FinishedRun(NamedTuple):
-    run: object  # the flow run, as the server has it at its end
+    """What the one deployment run did, recorded as it happened; each test below asserts one part of it, so that
+    one failure fails the test of that behaviour alone."""
+
+    run: object  # the flow run, as the server has it once --watch ended
     registry: str
     runs: Path  # the work dir
     watched: str  # what --watch printed
+    watch_exit: int  # --watch's exit status (killed when the run outlived RUN_TIMEOUT or the approval failed)
+    approval: str | BaseException  # the id of the run whose form the UI answered, or what went wrong there
     shown: list[str]  # the command lines that showed a secret while it ran
     saw_the_workers: bool  # whether `ps` showed the workers meanwhile (it looked at the right processes)
     training: dict  # the training parameters given
@@ -342,14 +354,14 @@ def answer_the_approval_form_in_the_ui(stack, watching: Future, registry: str, p
         driver.save_screenshot(str(SHOTS / "approval-form.png"))
         click_text(driver, "Submit")
         # The answer reached the server once the run leaves Paused (the page, as a person sees it, if it never does).
-        deadline = time.monotonic() + 60
+
+        def the_page() -> str:
+            driver.save_screenshot(str(SHOTS / "approval-submitted.png"))
+            page = driver.find_element("tag name", "body").text
+            return f"the run to leave Paused after Submit; the page shows:\n{page[:2000]}"
+
         with SyncPrefectClient(stack.api_url, auth_string=stack.auth) as client:
-            while client.read_flow_run(run_id).state.is_paused():
-                if time.monotonic() > deadline:
-                    driver.save_screenshot(str(SHOTS / "approval-submitted.png"))
-                    page = driver.find_element("tag name", "body").text
-                    raise AssertionError(f"the run is still paused 60 s after Submit; the page shows:\n{page[:2000]}")
-                time.sleep(1)
+            wait_for(lambda: not client.read_flow_run(run_id).state.is_paused(), 60, interval=1, what=the_page)
     finally:
         driver.quit()
     return run_id
@@ -373,9 +385,11 @@ def finished_run(stack, digits_subset, weights_mirror, tmp_path_factory) -> Fini
     (which finds the secret in its file, as docs/operations.md shows) and picked up by a worker. torchrun without
     restarts fails when a worker is killed after the first epoch; the train task's retry resumes from the
     checkpoint. The promotion waits for a person's approval, given in the UI's form (headless Chromium). `ps` is
-    looked at every second while it runs."""
+    looked at every second while it runs. Run once for the module and recorded, not asserted: the tests below
+    each check one part of the record."""
     import torch
     import torchvision
+    from prefect.client.orchestration import SyncPrefectClient
 
     from tasks.storage.s3 import s3_client
 
@@ -425,93 +439,167 @@ def finished_run(stack, digits_subset, weights_mirror, tmp_path_factory) -> Fini
         stderr=subprocess.STDOUT,
         text=True,
     )
-    shown, saw_the_workers, killed, deadline = [], False, [], time.monotonic() + RUN_TIMEOUT
+    shown, saw_the_workers, killed = [], [], []
     with ThreadPoolExecutor(2) as pool:
         ended = pool.submit(watching.wait)
         approving = pool.submit(answer_the_approval_form_in_the_ui, stack, ended, registry, tmp_path / "chromium")
-        # The server, the workers, the flow run and torchrun's processes, looked at every second while they run.
-        while watching.poll() is None and time.monotonic() < deadline:
-            if approving.done() and approving.exception():
-                break
+
+        def look() -> bool:
+            """The server, the workers, the flow run and torchrun's processes, looked at while they run: True once
+            --watch ended or the approval failed."""
             ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-            shown += [line for line in ps.splitlines() if any(secret in line for secret in stack.secrets.values())]
-            saw_the_workers = saw_the_workers or f"--name {WORKERS[0]}" in ps
-            killed = killed or kill_a_worker_after_the_first_epoch(tmp_path / "runs")
-            time.sleep(1)
+            shown.extend(line for line in ps.splitlines() if any(secret in line for secret in stack.secrets.values()))
+            saw_the_workers.append(f"--name {WORKERS[0]}" in ps)
+            killed.extend([] if killed else kill_a_worker_after_the_first_epoch(tmp_path / "runs"))
+            return watching.poll() is not None or (approving.done() and approving.exception() is not None)
+
+        try:
+            wait_for(look, RUN_TIMEOUT, interval=1, what="the run's --watch to end")
+        except AssertionError:  # recorded: --watch is killed, its exit status says so
+            pass
         if watching.poll() is None:
             watching.kill()
         watched, _ = watching.communicate(timeout=60)
-        assert watching.returncode == 0, watched[-3000:] + stack.log_text()[-3000:]
-        approved = approving.result()
-    flow_run_id = next(line.split()[-1] for line in watched.splitlines() if "UUID:" in line)
-    assert approved == flow_run_id
-    (run,) = wait_for(stack, [flow_run_id])
-    return FinishedRun(run, registry, tmp_path / "runs", watched, shown, saw_the_workers, training, sha256, killed)
+    approval = approving.exception() or approving.result()
+    flow_run_id = next((line.split()[-1] for line in watched.splitlines() if "UUID:" in line), None)
+    if flow_run_id is None:
+        pytest.fail(f"`prefect deployment run --watch` created no run:\n{watched[-3000:]}{stack.log_text()[-3000:]}")
+    with SyncPrefectClient(stack.api_url, auth_string=stack.auth) as client:
+        run = client.read_flow_run(flow_run_id)
+    return FinishedRun(
+        run,
+        registry,
+        tmp_path / "runs",
+        watched,
+        watching.returncode,
+        approval,
+        shown,
+        any(saw_the_workers),
+        training,
+        sha256,
+        killed,
+    )
 
 
-def test_a_deployment_run_on_the_gpu_pool_trains_and_registers(stack, finished_run):
-    run, registry, watched = finished_run.run, finished_run.registry, finished_run.watched
-    deployment, artifact_keys = asyncio.run(read_deployment_and_artifacts(stack, run))
-    assert run.state.is_completed(), stack.log_text()[-3000:]
+@pytest.fixture(scope="module")
+def registration(finished_run):
+    """The finished run's version as the registry records it."""
+    return read_registration(finished_run.registry, MODEL, 1)
+
+
+@pytest.fixture(scope="module")
+def registered_model(finished_run, tmp_path_factory):
+    """The finished run's version fetched from the registry on S3, as a scoring host would."""
+    return fetch_model(finished_run.registry, f"{MODEL}/1", tmp_path_factory.mktemp("fetched"))
+
+
+@pytest.fixture(scope="module")
+def run_record(stack, finished_run) -> tuple[list, list]:
+    """The finished run's artifacts and task runs, as the server holds them."""
+    return run_artifacts_and_task_runs(stack, finished_run.run.id)
+
+
+def test_the_watched_deployment_run_completes_on_one_worker_of_the_gpu_pool(stack, finished_run):
+    run = finished_run.run
+    assert finished_run.watch_exit == 0, finished_run.watched[-3000:] + stack.log_text()[-3000:]
+    assert run.state.is_completed(), (run.state, stack.log_text()[-3000:])
+    deployment, _ = asyncio.run(read_deployment_and_artifacts(stack, run))
     assert deployment.work_pool_name == "gpu" and not deployment.schedules[0].active
-    assert STAGE_ARTIFACTS <= artifact_keys
-    assert list_versions(registry, MODEL) == [1]
-    registration = read_registration(registry, MODEL, 1)
-    assert registration.flow_run_id == str(run.id)
-    assert registration.params["training"] == TrainingParams(**finished_run.training).model_dump()
     assert len(worker_that_ran(stack, run)) == 1, "one worker ran it"
 
-    # What a person sees: the run's state says what came of it in one line, and so does the end of `--watch`.
-    figures = registration.metrics
+
+def test_the_run_publishes_every_stage_artifact(stack, finished_run):
+    _, artifact_keys = asyncio.run(read_deployment_and_artifacts(stack, finished_run.run))
+    assert STAGE_ARTIFACTS <= artifact_keys, STAGE_ARTIFACTS - artifact_keys
+
+
+def test_the_run_registers_one_version_recording_its_run_and_training_parameters(finished_run, registration):
+    assert list_versions(finished_run.registry, MODEL) == [1]
+    assert registration.flow_run_id == str(finished_run.run.id)
+    assert registration.params["training"] == TrainingParams(**finished_run.training).model_dump()
+
+
+def test_the_state_and_the_end_of_watch_say_what_came_of_the_run_in_one_line(finished_run, registration):
+    """What a person sees: the run's state says what came of it in one line, and so does the end of `--watch`."""
+    run, registry, figures = finished_run.run, finished_run.registry, registration.metrics
     assert run.state.message == (
         f"Registered {MODEL} version 1 in {registry}/{MODEL}/1: top-1 {figures['best_top1']:.4g}, "
         f"F1 (macro) {figures['f1_macro']:.4g} on 100 validation images"
     )
-    assert f"Finished in state Completed({run.state.message!r})" in watched
-    assert watched.rstrip().endswith("Flow run finished successfully in 'Completed'.")
-    # Sensible, not lucky: ten classes from 300 images in four epochs, far above chance (0.1).
+    assert f"Finished in state Completed({run.state.message!r})" in finished_run.watched
+    assert finished_run.watched.rstrip().endswith("Flow run finished successfully in 'Completed'.")
+
+
+def test_the_model_learns_the_digits_far_above_chance(registration):
+    """Sensible, not lucky: ten classes from 300 images in four epochs, far above chance (0.1)."""
+    figures = registration.metrics
     assert figures["accuracy"] >= 0.7 and figures["best_top1"] == pytest.approx(figures["accuracy"])
+    assert figures["f1_weighted"] > 0
 
 
-def test_one_folder_split_from_fetched_weights_is_promoted_once_approved_in_the_ui(
-    stack, finished_run, weights_mirror, tmp_path
-):
-    """The split, the fetched weights and the approval, as the registry, the run folder and the model card hold
-    them; the registered model loads and scores the run's validation images as the run did."""
-    run, registry, sha256 = finished_run.run, finished_run.registry, finished_run.sha256
-    registration = read_registration(registry, MODEL, 1)
-    assert "model.onnx" in registration.files and registration.metrics["f1_weighted"] > 0
-    # The record says the version awaited approval; the answer and the promotion are the version's status.
+def test_the_onnx_export_is_registered_beside_the_weights(finished_run, registration):
+    from tasks.storage.s3 import list_s3_names
+
+    assert "model.onnx" in registration.files
+    assert f"{MODEL}/1/model.onnx" in list_s3_names(finished_run.registry)
+
+
+def test_the_promotion_waits_for_the_approval_given_in_the_ui_form(finished_run, registration, run_record):
+    """The record says the version awaited approval; the answer and the promotion are the version's status, and
+    the model card's latest version (published again once the approval is answered) names them."""
+    if isinstance(finished_run.approval, BaseException):
+        raise finished_run.approval
+    assert finished_run.approval == str(finished_run.run.id)
+    registry = finished_run.registry
     assert registration.promotion.awaiting_approval and registration.promotion.metric == "f1_macro"
     approval = show_version(registry, f"{MODEL}/1").approval
     assert (approval.decision, approval.reviewer, approval.comment) == ("approved", "ada", "looks right")
     assert resolve(registry, f"{MODEL}@production").version == 1
+    assert "approved by ada" in latest_card(run_record) and "“looks right”" in latest_card(run_record)
 
-    # The split: a quarter of each class's 40 images validate, and each side's manifest says where it came from.
+
+def latest_card(run_record) -> str:
+    """The model card's latest version: it is published at registration and again once the approval is answered."""
+    artifacts, _ = run_record
+    return max((a for a in artifacts if a.key == f"model-card-{MODEL}"), key=lambda a: a.created).data
+
+
+def test_one_folder_is_split_a_quarter_of_each_class_for_validation_recording_where_from(finished_run, registration):
+    """A quarter of each class's 40 images validate, and each side's manifest says where it came from."""
     validation = ImageDirectory(finished_run.run_dir / "data" / "validation")
     assert registration.datasets["validation"].images == len(validation) == registration.metrics["images"] == 100
     assert registration.datasets["train"].images == 300
     assert validation.manifest.split.side == "second" and validation.manifest.split.fraction == pytest.approx(0.75)
     assert registration.datasets["validation"].split == validation.manifest.split
 
-    # The weights were fetched once (not again by the retry), checked, and recorded by name and hash; the model was
-    # trained from them.
+
+def test_the_pretrained_weights_are_fetched_once_checked_and_recorded(
+    finished_run, weights_mirror, registration, registered_model
+):
+    """Fetched once (not again by the retry), checked, and recorded by name and hash; the model was trained from
+    them, with the transformation given."""
+    sha256, model = finished_run.sha256, registered_model
     assert weights_mirror.requests == [WEIGHTS]
-    model = fetch_model(registry, f"{MODEL}@production", tmp_path / "cache")
     assert model.spec.pretrained and model.spec.weights.sha256 == sha256
     assert registration.params["pretrained_weights"]["sha256"] == sha256
     assert model.spec.transformations.random_rotation == RandomRotation()
     assert model.classes == [str(d) for d in range(10)]
-    rescored = score_images(model, validation)
+
+
+def test_the_registered_model_scores_the_validation_images_as_the_run_did(finished_run, registration, registered_model):
+    validation = ImageDirectory(finished_run.run_dir / "data" / "validation")
+    rescored = score_images(registered_model, validation)
     assert (rescored["Scored Labels"] == rescored["label"]).mean() == pytest.approx(registration.metrics["accuracy"])
 
-    artifacts, _ = run_artifacts_and_task_runs(stack, run.id)
-    # The card's latest version: it is published at registration and again once the approval is answered.
-    card = max((a for a in artifacts if a.key == f"model-card-{MODEL}"), key=lambda a: a.created).data
-    assert sha256[:12] in card and "random rotation" in card
+
+def test_the_model_card_names_the_weights_the_transformation_and_the_split(finished_run, run_record):
+    card = latest_card(run_record)
+    assert finished_run.sha256[:12] in card and "random rotation" in card
     assert "75% of" in card and "split with seed 1" in card
-    assert "approved by ada" in card and "“looks right”" in card
-    # Every picture or page a person opens says its figure in one line beside it.
+
+
+def test_every_page_the_run_publishes_says_its_figure_in_one_line(run_record):
+    artifacts, _ = run_record
     undescribed = [a.key for a in artifacts if a.type == "markdown" and not (a.description or "").strip()]
     assert not undescribed and all("\n" not in a.description for a in artifacts if a.type == "markdown")
 
@@ -522,27 +610,32 @@ def run_artifacts_and_task_runs(stack, flow_run_id) -> tuple[list, list]:
 
 
 def test_a_killed_torchrun_worker_fails_the_first_attempt_and_the_retry_resumes_from_its_checkpoint(
-    stack, finished_run
+    finished_run, run_record
 ):
-    """The train task's retry resumed from the first attempt's checkpoint and trained the rest, on one progress bar,
-    drawing the curves as it went; keep="results" (the default) left the run's results and took the model files."""
-    run, registry = finished_run.run, finished_run.registry
+    """The train task's retry resumed from the first attempt's checkpoint and trained the rest."""
     assert finished_run.killed, "training finished before a worker could be killed"
-    run_dir = finished_run.run_dir
-    model_folder = run_dir / "model"
+    model_folder = finished_run.run_dir / "model"
     assert [e.epoch for e in read_metrics(model_folder).epochs] == [1, 2, 3, 4]
     assert "resuming from" in (model_folder / "logs" / "driver_log_0.txt").read_text()
-    artifacts, task_runs = run_artifacts_and_task_runs(stack, run.id)
+    _, task_runs = run_record
     train_run = next(t for t in task_runs if t.name.startswith("train"))
     assert train_run.run_count == 2 and train_run.state.is_completed()
     assert {t.state.type.value for t in task_runs} == {"COMPLETED"}
-    # The retry carries on the first attempt's progress bar instead of leaving it stuck part-way.
+
+
+def test_the_retry_carries_on_the_first_attempts_progress_bar(stack, run_record):
+    """One progress bar for both attempts, at its end, instead of one left stuck part-way."""
+    _, task_runs = run_record
+    train_run = next(t for t in task_runs if t.name.startswith("train"))
     with temporary_settings_for(stack):
         progress = asyncio.run(progress_artifacts(train_run.id))
     assert [(p.data, p.description) for p in progress] == [(100.0, "4 of 4 epochs")]
 
-    # Live curves: a version of training-curves each time a launcher's poll saw a new epoch, then the final one
-    # (the retry's launcher draws again from the epoch it resumed after).
+
+def test_the_training_curves_are_drawn_while_training_goes_on(run_record):
+    """Live curves: a version of training-curves each time a launcher's poll saw a new epoch, then the final one
+    (the retry's launcher draws again from the epoch it resumed after)."""
+    artifacts, _ = run_record
     curves = sorted((a for a in artifacts if a.key == "training-curves"), key=lambda a: a.created)
     epochs_seen = [int(m[1]) for a in curves[:-1] if (m := re.match(r"so far: (\d) of 4 epochs", a.description))]
     assert len(epochs_seen) == len(curves) - 1 >= 2, [a.description for a in curves]
@@ -550,13 +643,17 @@ def test_a_killed_torchrun_worker_fails_the_first_attempt_and_the_retry_resumes_
     assert all("data:image/png;base64," in a.data for a in curves)
     assert curves[-1].description.startswith("best top-1 ")
 
-    # keep="results": the run keeps its data, metrics, logs, scores and pictures; the model files and the
-    # checkpoints go, the registry holding the model (which scores as the run did: the test above).
+
+def test_the_run_folder_keeps_the_results_and_leaves_the_model_files_to_the_registry(finished_run):
+    """keep="results" (the default): the run keeps its data, metrics, logs, scores and pictures; the model files and
+    the checkpoints go, the registry holding the model (which scores as the run did: the test above)."""
+    run_dir = finished_run.run_dir
+    model_folder = run_dir / "model"
     assert not any((model_folder / name).exists() for name in ("checkpoints", "model.pt", "model.onnx"))
     assert json.loads((model_folder / "registered.json").read_text()) == {
         "name": MODEL,
         "version": 1,
-        "location": f"{registry}/{MODEL}/1",
+        "location": f"{finished_run.registry}/{MODEL}/1",
     }
     assert (run_dir / "run.json").is_file() and (run_dir / "scores.csv").is_file()
     assert (model_folder / "metrics.json").is_file() and (model_folder / "training_curves.png").stat().st_size > 0
@@ -581,30 +678,43 @@ async def everything_the_run_left(stack, run_id) -> str:
     return "\n".join(texts)
 
 
-def test_the_run_leaves_no_secret_anywhere(stack, finished_run):
-    """The API's password, the planted S3 key and database password, and PostgreSQL's own password appear in no
-    process's arguments while the run ran, and nowhere in its Prefect logs, parameters, artifacts, registration
-    record, run folder or the stack's own logs."""
+def test_no_process_shows_a_secret_in_its_arguments_while_the_run_runs(finished_run):
+    """The API's password, the planted S3 key and database password, and PostgreSQL's own password, looked for
+    in every process's arguments each second the run ran (the workers among them)."""
+    assert finished_run.saw_the_workers and not finished_run.shown, finished_run.shown
+
+
+def the_registrys_records(stack, finished_run) -> str:
     from tasks.storage.s3 import list_s3_names, read_s3_object
 
-    run, registry = finished_run.run, finished_run.registry
-    assert finished_run.saw_the_workers and not finished_run.shown, finished_run.shown
-    names = list_s3_names(registry)
+    names = list_s3_names(finished_run.registry)
     assert f"{MODEL}/1/registration.json" in names, names
-    records = [read_s3_object(f"{registry}/{name}") for name in names if not name.endswith((".pt", ".onnx"))]
-    files = [
-        p for p in finished_run.runs.rglob("*") if p.is_file() and p.suffix in {".json", ".csv", ".txt", ".md", ".log"}
+    records = [
+        read_s3_object(f"{finished_run.registry}/{name}") for name in names if not name.endswith((".pt", ".onnx"))
     ]
-    places = {
-        "the run in Prefect": asyncio.run(everything_the_run_left(stack, run.id)),
-        "the registry": "\n".join(r.decode(errors="replace") for r in records),
-        "the run folder": "\n".join(p.read_text(errors="replace") for p in files),
-        "the stack's logs": stack.log_text(),
-    }
-    found = [
-        (what, where) for what, secret in stack.secrets.items() for where, text in places.items() if secret in text
-    ]
-    assert not found, found
+    return "\n".join(r.decode(errors="replace") for r in records)
+
+
+def the_run_folders_files(stack, finished_run) -> str:
+    suffixes = {".json", ".csv", ".txt", ".md", ".log"}
+    files = [p for p in finished_run.runs.rglob("*") if p.is_file() and p.suffix in suffixes]
+    return "\n".join(p.read_text(errors="replace") for p in files)
+
+
+PLACES = {
+    "the run in Prefect": lambda stack, finished_run: asyncio.run(everything_the_run_left(stack, finished_run.run.id)),
+    "the registry": the_registrys_records,
+    "the run folder": the_run_folders_files,
+    "the stack's logs": lambda stack, finished_run: stack.log_text(),
+}
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_the_run_leaves_no_secret_in(stack, finished_run, place):
+    """None of the secrets above in the run's Prefect logs, parameters and artifacts, its registration record, its
+    run folder or the stack's own logs."""
+    text = PLACES[place](stack, finished_run)
+    assert not [what for what, secret in stack.secrets.items() if secret in text]
 
 
 def test_each_worker_takes_one_run_at_a_time_and_no_database_error_is_logged(stack):
@@ -623,7 +733,7 @@ def test_each_worker_takes_one_run_at_a_time_and_no_database_error_is_logged(sta
     with temporary_settings_for(stack):  # the probe's calls take the URL from it, and the auth string with it
         deploy_probe(stack, pool="gpu")
     ids = queue_runs_at_once(stack, [{"index": i, "hold_seconds": 20} for i in range(2)], name=DEPLOYMENT)
-    runs = wait_for(stack, ids)
+    runs = wait_for_runs(stack, ids)
     workers_errors, server_errors = (errors(logs) - count for logs, count in before.items())
     assert all(r.state.is_completed() for r in runs), stack.log_text()[-3000:]
     assert sorted(w for r in runs for w in worker_that_ran(stack, r)) == list(WORKERS)
@@ -676,7 +786,7 @@ def test_make_serve_runs_beside_make_deploy_on_one_server(stack, finished_run, t
     }
     wait_for_deployment(stack, "score-pipeline/score-images-served")
     flow_run_id = run_deployment(stack, parameters, name="score-pipeline/score-images-served")
-    (run,) = wait_for(stack, [flow_run_id], timeout=200)
+    (run,) = wait_for_runs(stack, [flow_run_id], timeout=200)
     assert run.state.is_completed(), stack.log_text()[-3000:]
     assert str(run.id) in (stack.logs / "serve.log").read_text() and not worker_that_ran(stack, run)
     assert run.state.message.startswith("Scored 100 images with ") and "accuracy" in run.state.message
@@ -784,10 +894,12 @@ def test_a_schedule_switched_on_makes_runs_and_stays_on_through_a_redeploy(stack
         client.update_deployment_schedule(deployment.id, deployment.schedules[0].id, active=True)
         only_this = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
         waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])))
-        deadline = time.monotonic() + 60
-        while not (scheduled := client.read_flow_runs(deployment_filter=only_this, flow_run_filter=waiting)):
-            assert time.monotonic() < deadline, "nothing scheduled in a minute:\n" + stack.log_text()[-3000:]
-            time.sleep(1)
+        scheduled = wait_for(
+            lambda: client.read_flow_runs(deployment_filter=only_this, flow_run_filter=waiting),
+            60,
+            interval=1,
+            what=lambda: "a scheduled run:\n" + stack.log_text()[-3000:],
+        )
         starts = [r.expected_start_time.astimezone(timezone.utc) for r in scheduled]
         assert {(t.weekday(), t.hour, t.minute) for t in starts} == {(0, 3, 0)}, "Mondays at 03:00 UTC"
 
@@ -1088,18 +1200,28 @@ def test_a_training_whose_host_is_lost_is_set_crashed_and_resumed_on_another_hos
         variables["env"] = {**variables.get("env", {}), HEARTBEAT_SETTING: str(TEST_HEARTBEAT)}
         client.update_deployment(deployment.id, DeploymentUpdate(job_variables=variables))
         run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
-    deadline = time.monotonic() + 300
-    while not client_for_state(stack, run.id).is_running() or not worker_that_ran(stack, run):
-        assert time.monotonic() < deadline, stack.log_text()[-3000:]
-        time.sleep(1)
+    started = time.monotonic()
+    wait_for(
+        lambda: client_for_state(stack, run.id).is_running() and worker_that_ran(stack, run),
+        300,
+        interval=1,
+        what=lambda: f"the run to start on a worker:\n{stack.log_text()[-3000:]}",
+    )
     # The worker that took it is host A; the other one, idle on the pool, is host B (a second GPU host).
     (host_a,) = worker_that_ran(stack, run)
     (host_b,) = [name for name in WORKERS if name != host_a]
     # Lost after its first epoch, as in the issue: a checkpoint stored on S3, the run beating.
-    while not (stored_epochs(s3_bucket) >= 1 and heartbeats_of(stack.api_url, run.id, stack.auth)):
-        assert time.monotonic() < deadline, stack.log_text()[-3000:]
+
+    def stored_and_beating() -> bool:
         assert stack.workers[host_a].poll() is None, stack.log_text()[-3000:]
-        time.sleep(1)
+        return stored_epochs(s3_bucket) >= 1 and heartbeats_of(stack.api_url, run.id, stack.auth)
+
+    wait_for(  # the same 300 s as the start
+        stored_and_beating,
+        300 - (time.monotonic() - started),
+        interval=1,
+        what=lambda: f"a checkpoint on S3 and a heartbeat:\n{stack.log_text()[-3000:]}",
+    )
 
     # The host is lost: its worker's process tree and the training it started (torchrun's workers run in sessions
     # of their own) stop at once, stopped first so that none sees another die.
@@ -1112,9 +1234,12 @@ def test_a_training_whose_host_is_lost_is_set_crashed_and_resumed_on_another_hos
 
     # Crashed once no heartbeat came for TEST_WITHIN after the last one: at most that long after the loss, plus
     # the server's evaluation pace (5 s) and margin.
-    while (state := client_for_state(stack, run.id)).is_running():
-        assert time.monotonic() - lost < TEST_WITHIN.total_seconds() + 30, stack.log_text()[-3000:]
-        time.sleep(1)
+    state = wait_for(
+        lambda: None if (now := client_for_state(stack, run.id)).is_running() else now,
+        TEST_WITHIN.total_seconds() + 30,
+        interval=1,
+        what=lambda: f"the lost run to leave Running:\n{stack.log_text()[-3000:]}",
+    )
     seconds = time.monotonic() - lost
     print(f"lost host -> {state.name} in {seconds:.0f} s (heartbeat {TEST_HEARTBEAT} s, within {TEST_WITHIN})")
     assert state.is_crashed() and state.message.startswith("No heartbeat for 60 s"), state
@@ -1125,18 +1250,17 @@ def test_a_training_whose_host_is_lost_is_set_crashed_and_resumed_on_another_hos
 
     # The webhook added to the automation was called with the run's name.
     receiver = automation[2]
-    deadline = time.monotonic() + 30
-    while not receiver.bodies:
-        assert time.monotonic() < deadline, stack.log_text()[-3000:]
-        time.sleep(1)
+    wait_for(lambda: receiver.bodies, 30, interval=1, what=lambda: f"the webhook:\n{stack.log_text()[-3000:]}")
     assert receiver.bodies == [f'{{"text": "{run.name} lost its host: set Crashed"}}']
 
     # The training is run again, on host B (A is gone), with the lost run's parameters, and finishes.
-    deadline = time.monotonic() + 420
-    while not (again := [r for r in lost_host_runs(stack) if r.id != run.id]) or not again[0].state.is_final():
-        assert time.monotonic() < deadline, stack.log_text()[-3000:]
+
+    def rerun_ended() -> list | None:
         assert stack.workers[host_b].poll() is None, stack.log_text()[-3000:]
-        time.sleep(2)
+        again = [r for r in lost_host_runs(stack) if r.id != run.id]
+        return again if again and again[0].state.is_final() else None
+
+    again = wait_for(rerun_ended, 420, interval=2, what=lambda: f"the re-run to end:\n{stack.log_text()[-3000:]}")
     print(f"lost host -> re-run {again[0].state.name} in {time.monotonic() - lost:.0f} s")
     (rerun,) = again
     assert rerun.state.is_completed(), (rerun.state, stack.log_text()[-3000:])
