@@ -171,18 +171,45 @@ def flow_run_name(state: Any) -> str:
         return str(run_id)
 
 
+def checks(flow: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Marks a function that checks ``flow``'s arguments before any work. Its parameters are keyword-only and each is
+    one of the flow's, with the same annotation: anything else (a flow parameter renamed or retyped, the check
+    not following) is a TypeError when the module is imported, never a KeyError in a user's run. The flow calls
+    it with its arguments by keyword; ``run_flow`` with those the check names."""
+    flow_parameters = inspect.signature(getattr(flow, "fn", flow)).parameters
+
+    def mark(check: Callable[..., None]) -> Callable[..., None]:
+        wrong = [
+            f"{name}: {parameter.annotation}"
+            for name, parameter in inspect.signature(check).parameters.items()
+            if parameter.kind is not inspect.Parameter.KEYWORD_ONLY
+            or name not in flow_parameters
+            or parameter.annotation != flow_parameters[name].annotation
+        ]
+        if wrong:
+            raise TypeError(
+                f"{check.__qualname__} checks {', '.join(wrong)}: not keyword-only parameters of "
+                f"{getattr(flow, 'name', flow.__name__)}, which takes "
+                f"{', '.join(f'{n}: {p.annotation}' for n, p in flow_parameters.items())}"
+            )
+        return check
+
+    return mark
+
+
 def run_flow(
     flow: Any,
     argv: list[str] | None,
     *,
     prog: str,
-    check: Callable[[dict[str, Any]], None],
+    check: Callable[..., None],
     log_name: str,
     **flags: Any,
 ) -> Any:
     """Parse ``argv`` into ``flow``'s arguments (``flags``: FlowFlags' options), ``check`` them before any work
-    (every parameter by name, defaults included), and run the flow with its log in
-    ``<work_dir>/logs/<log_name>-<time>-<pid>.log``; a user's mistake at either step is one line and exit 2."""
+    (a function marked with ``checks(flow)``: given the arguments it names, defaults included), and run the flow
+    with its log in ``<work_dir>/logs/<log_name>-<time>-<pid>.log``; a user's mistake at either step is one line
+    and exit 2."""
     from flows.flags import FlowFlags, summary
 
     parser = CommandParser(prog=prog, description=summary(flow))
@@ -193,7 +220,7 @@ def run_flow(
         given = flow_flags.arguments(args)
         arguments = flow_flags.with_defaults(given)
         check_prefect_api()
-        check(arguments)
+        check(**{name: arguments[name] for name in inspect.signature(check).parameters})
     except INPUT_ERRORS as error:
         fail(error, args.debug)
     return run_command(flow, given, log_file=log_file_for(arguments["work_dir"], log_name), debug=args.debug)

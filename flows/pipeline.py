@@ -22,6 +22,7 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
+from flows.cli import checks
 from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
@@ -145,7 +146,17 @@ def train_pipeline(
         keep: What the run folder keeps once the version is registered: results (data, metrics, logs, scores, pictures; the registry holds the model, the checkpoints and the staged pretrained weights go) or all.
         replaces_run: Set by the automation that runs a crashed training again: the lost run's id; this run takes over its folder and resumes from its checkpoint.
     """
-    check_inputs(locals())  # before any work; locals() here: the flow's arguments, by name
+    check_inputs(  # before any work
+        train_data=train_data,
+        validation_data=validation_data,
+        validation_fraction=validation_fraction,
+        near_duplicate_distance=near_duplicate_distance,
+        model=model,
+        training=training,
+        model_name=model_name,
+        registry=registry,
+        promotion=promotion,
+    )
     # A run replacing a lost one says so first, and works in the lost training's folder (tasks/launch/lost_runs.py).
     takeover = take_over_lost_run(replaces_run, work_dir) if replaces_run else None
     spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
@@ -265,20 +276,31 @@ def evaluate_and_register(
     return registered, evaluation, size
 
 
-def check_inputs(arguments: dict[str, Any]) -> None:
+@checks(train_pipeline)
+def check_inputs(
+    *,
+    train_data: str | None,
+    validation_data: str | None,
+    validation_fraction: float | None,
+    near_duplicate_distance: int,
+    model: ModelSpec,
+    training: TrainingParams,
+    model_name: str | None,
+    registry: str,
+    promotion: PromotionPolicy,
+) -> None:
     """What can be checked before any work (tasks/data/preflight.py, tasks/registry/preflight.py): the data paths and
-    their classes, the size the network takes, the names; ``arguments`` are the flow's, by name (the flow's and the command line's alike)."""
-    model, training = arguments["model"], arguments["training"]
-    check_distance(arguments["near_duplicate_distance"])
+    their classes, the size the network takes, the names (the flow's and the command line's alike)."""
+    check_distance(near_duplicate_distance)
     check_training_inputs(
-        arguments["train_data"],
-        arguments["validation_data"],
-        arguments["validation_fraction"],
+        train_data,
+        validation_data,
+        validation_fraction,
         model.architecture,
         training.image_size,
         model.weights_path,
     )
-    check_registration_inputs(arguments["registry"], arguments["model_name"], arguments["promotion"].promote_to)
+    check_registration_inputs(registry, model_name, promotion.promote_to)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m flows.pipeline") -> int:

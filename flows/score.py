@@ -14,6 +14,7 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from flows import run_folder
+from flows.cli import checks
 from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.scores_table import BATCH_SIZE, Runtime
 from tasks.convert.prefect_tasks import convert
@@ -120,10 +121,13 @@ def compare_models(left: str, right: str, registry: str = "registry") -> list[di
     return compare(left, right, registry)
 
 
-def check_arguments(arguments: dict) -> None:
+@checks(score_pipeline)
+def check_arguments(
+    *, images: str, model: str, registry: str, shards: int, max_failed_images: int, shard_timeout_s: float
+) -> None:
     """The command line's checks, before a server is started: the sharding, the images, the model."""
-    check_sharding(arguments["shards"], arguments["max_failed_images"], arguments["shard_timeout_s"])
-    check_scoring_inputs(arguments["images"], arguments["model"], arguments["registry"])
+    check_sharding(shards, max_failed_images, shard_timeout_s)
+    check_scoring_inputs(images, model, registry)
 
 
 def check_scoring_inputs(images: str, model: str, registry: str) -> None:

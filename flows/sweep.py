@@ -13,13 +13,13 @@ the running ones.
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
 from flows import run_folder
+from flows.cli import checks
 from flows.pipeline import PipelineResult, check_inputs, evaluate_and_register, prepare_data
 from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.model_directory import ModelSpec
@@ -76,7 +76,19 @@ def sweep_pipeline(
         keep: What the run folder keeps once the best version is registered: results (every trial's figures, curves and logs; the model files, checkpoints and staged pretrained weights go, the registry holds the best), or all.
         resume: The run folder of a sweep that stopped part way (its process killed, its host lost): its finished trials are kept, its running ones watched again, and only the trials still missing are trained.
     """
-    check_sweep_inputs(locals())
+    check_sweep_inputs(  # before any work
+        train_data=train_data,
+        validation_data=validation_data,
+        validation_fraction=validation_fraction,
+        near_duplicate_distance=near_duplicate_distance,
+        model=model,
+        training=training,
+        search_space=search_space,
+        model_name=model_name,
+        registry=registry,
+        promotion=promotion,
+        resume=resume,
+    )
     spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
     # A retried sweep finds its study and trials again (the folder is named after the flow run); a new run can
     # take over a stopped one's.
@@ -151,11 +163,35 @@ def sweep_pipeline(
     return Completed(message=f"best of {sweep.trials} trials: trial {best.number}; {result.headline()}", data=result)
 
 
-def check_sweep_inputs(arguments: dict[str, Any]) -> None:
+@checks(sweep_pipeline)
+def check_sweep_inputs(
+    *,
+    train_data: str | None,
+    validation_data: str | None,
+    validation_fraction: float | None,
+    near_duplicate_distance: int,
+    model: ModelSpec,
+    training: TrainingParams,
+    search_space: SearchSpace,
+    model_name: str | None,
+    registry: str,
+    promotion: PromotionPolicy,
+    resume: str | None,
+) -> None:
     """train_pipeline's checks, the search space's (one line naming the field), and a sweep to resume."""
-    check_search_space(arguments["search_space"])
-    check_inputs(arguments)
-    if (resume := arguments["resume"]) is not None and not study_stored(resume):
+    check_search_space(search_space)
+    check_inputs(
+        train_data=train_data,
+        validation_data=validation_data,
+        validation_fraction=validation_fraction,
+        near_duplicate_distance=near_duplicate_distance,
+        model=model,
+        training=training,
+        model_name=model_name,
+        registry=registry,
+        promotion=promotion,
+    )
+    if resume is not None and not study_stored(resume):
         raise PipelineInputError(
             f"resume {resume!r} is not a sweep's run folder: it holds no sweep/{STUDY_FILE}; give the folder a "
             "sweep printed when it started (under its work_dir, named sweep-…)"

@@ -79,6 +79,7 @@ def test_a_missing_training_folder_is_one_line_before_any_run(mistakes):
         ),
         (["--trials", "2", "--parallel", "3"], "parallel 3 is more than trials 2"),
         (["--metric", "f1"], "argument --metric: invalid choice: 'f1'"),
+        (["--resume", "runs/nowhere"], "resume 'runs/nowhere' is not a sweep's run folder: it holds no sweep/"),
     ],
 )
 def test_a_sweep_that_cannot_run_is_one_line_before_any_trial(mistakes, flags, expected, monkeypatch):
@@ -260,3 +261,56 @@ def test_the_console_drops_what_is_told_in_one_line_and_keeps_our_own_failures()
     assert not shown("flows.temporary_server", "Starting temporary server on http://127.0.0.1:8123")
     assert shown("prefect.flow_runs", failed.format("KeyError")), "our bug: its lines stay"
     assert shown("prefect.task_runs", "[rank 0] INFO epoch 1 of 1")
+
+
+def a_flow():
+    """A flow of two parameters, as the checks below are written against."""
+    from prefect import flow
+
+    @flow(name="two-parameters")
+    def two_parameters(train_data: str | None = None, epochs: int = 5) -> None:
+        pass
+
+    return two_parameters
+
+
+def test_a_check_of_a_flows_arguments_takes_them_by_name_and_type():
+    from flows.cli import checks
+    from tasks.errors import PipelineInputError
+
+    @checks(a_flow())
+    def check(*, epochs: int) -> None:
+        if epochs > 100:
+            raise PipelineInputError(f"epochs {epochs} is more than 100")
+
+    check(epochs=5)
+    with pytest.raises(PipelineInputError, match="^epochs 500 is more than 100$"):
+        check(epochs=500)
+
+
+def renamed(*, training_data: str | None) -> None:  # the flow's train_data, renamed there
+    pass
+
+
+def retyped(*, epochs: float) -> None:  # the flow's int
+    pass
+
+
+def positional(epochs: int) -> None:  # a call by position would outlive a rename
+    pass
+
+
+@pytest.mark.parametrize(
+    ("check", "wrong"),
+    [(renamed, "training_data: str | None"), (retyped, "epochs: float"), (positional, "epochs: int")],
+)
+def test_a_check_that_does_not_match_its_flows_parameters_fails_when_defined(check, wrong):
+    """A flow parameter renamed or retyped and the check not following fails at import, not in a user's run."""
+    from flows.cli import checks
+
+    with pytest.raises(TypeError) as refused:
+        checks(a_flow())(check)
+    assert str(refused.value) == (
+        f"{check.__name__} checks {wrong}: not keyword-only parameters of two-parameters, which takes "
+        "train_data: str | None, epochs: int"
+    )

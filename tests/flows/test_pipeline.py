@@ -11,7 +11,7 @@ from flows.pipeline import PipelineResult, train_pipeline
 from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.registry_layout import Approval, Promotion, Registration
-from tasks.errors import InvalidDatasetError
+from tasks.errors import InvalidDatasetError, PipelineInputError
 from tasks.evaluation.evaluate import Evaluation
 from tests.helpers import write_class_folders
 
@@ -99,3 +99,18 @@ def test_conversion_limits_reach_the_convert_stage(prefect_server, tmp_path):
             work_dir=str(tmp_path / "runs"),
         )
     assert not list((tmp_path / "runs").glob("*/model"))
+
+
+def test_a_mistake_given_from_python_is_the_command_lines_one_line_error_before_any_work(prefect_server, tmp_path):
+    """The flow checks its own arguments, by name, as the command line does (tests/flows/test_cli.py)."""
+    (tmp_path / "train").mkdir()
+    with pytest.raises(PipelineInputError) as told:
+        train_pipeline(
+            train_data=str(tmp_path / "train"),
+            validation_data=str(tmp_path / "nope"),
+            registry=str(tmp_path / "registry"),
+            work_dir=str(tmp_path / "runs"),
+        )
+    said = str(told.value)
+    assert said.startswith(f"the validation data '{tmp_path / 'nope'}' does not exist") and "\n" not in said
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "registry").exists(), "nothing written"
