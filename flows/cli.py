@@ -172,26 +172,15 @@ def flow_run_name(state: Any) -> str:
 
 
 def checks(flow: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Marks a function that checks ``flow``'s arguments before any work. Its parameters are keyword-only and each is
-    one of the flow's, with the same annotation: anything else (a flow parameter renamed or retyped, the check
-    not following) is a TypeError when the module is imported, never a KeyError in a user's run. The flow calls
-    it with its arguments by keyword; ``run_flow`` with those the check names."""
-    flow_parameters = inspect.signature(getattr(flow, "fn", flow)).parameters
+    """Marks a check of ``flow``'s arguments: its parameters keyword-only, each the flow's with its annotation, else a
+    TypeError at import (not a KeyError in a user's run). ``run_flow`` gives it the arguments it names."""
+    takes = [f"{name}: {parameter.annotation}" for name, parameter in inspect.signature(flow.fn).parameters.items()]
 
     def mark(check: Callable[..., None]) -> Callable[..., None]:
-        wrong = [
-            f"{name}: {parameter.annotation}"
-            for name, parameter in inspect.signature(check).parameters.items()
-            if parameter.kind is not inspect.Parameter.KEYWORD_ONLY
-            or name not in flow_parameters
-            or parameter.annotation != flow_parameters[name].annotation
-        ]
-        if wrong:
-            raise TypeError(
-                f"{check.__qualname__} checks {', '.join(wrong)}: not keyword-only parameters of "
-                f"{getattr(flow, 'name', flow.__name__)}, which takes "
-                f"{', '.join(f'{n}: {p.annotation}' for n, p in flow_parameters.items())}"
-            )
+        named = [(f"{p.name}: {p.annotation}", p.kind) for p in inspect.signature(check).parameters.values()]
+        if wrong := [text for text, kind in named if kind != inspect.Parameter.KEYWORD_ONLY or text not in takes]:
+            told = f"not keyword-only parameters of {flow.name}, which takes {', '.join(takes)}"
+            raise TypeError(f"{check.__qualname__} checks {', '.join(wrong)}: {told}")
         return check
 
     return mark
@@ -206,10 +195,9 @@ def run_flow(
     log_name: str,
     **flags: Any,
 ) -> Any:
-    """Parse ``argv`` into ``flow``'s arguments (``flags``: FlowFlags' options), ``check`` them before any work
-    (a function marked with ``checks(flow)``: given the arguments it names, defaults included), and run the flow
-    with its log in ``<work_dir>/logs/<log_name>-<time>-<pid>.log``; a user's mistake at either step is one line
-    and exit 2."""
+    """Parse ``argv`` into ``flow``'s arguments (``flags``: FlowFlags' options), ``check`` (``checks(flow)``) those
+    it names before any work, and run the flow with its log in ``<work_dir>/logs/<log_name>-<time>-<pid>.log``;
+    a user's mistake at either step is one line and exit 2."""
     from flows.flags import FlowFlags, summary
 
     parser = CommandParser(prog=prog, description=summary(flow))
