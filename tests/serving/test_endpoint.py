@@ -474,8 +474,8 @@ def test_sigterm_turns_readiness_off_then_answers_what_is_in_flight_and_exits(se
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             headers = {"Content-Type": "image/png"}
             slow = asyncio.create_task(client.post("/v1/predict", content=slow_body(), headers=headers))
-            while server.metrics().get(in_flight) != 1:
-                await asyncio.sleep(0.05)
+            # In a thread: the loop goes on sending the slow request meanwhile.
+            await asyncio.to_thread(server.wait_for, lambda: server.metrics().get(in_flight) == 1)
             server.process.send_signal(signal.SIGTERM)
             ready = (await client.get("/readyz")).status_code
             late = [await client.post("/v1/predict", content=data, headers=headers) for _ in range(3)]
