@@ -31,8 +31,7 @@ from tasks.data.prefect_tasks import resolve_sources, split, validate_labels
 from tasks.data.preflight import check_training_inputs
 from tasks.evaluation.evaluate import Evaluation
 from tasks.evaluation.prefect_tasks import evaluate, export_and_check_onnx, score, show_misclassified
-from tasks.launch.lost_runs import take_over_lost_run
-from tasks.launch.prefect_tasks import train
+from tasks.launch.prefect_tasks import take_over_lost_run, train
 from tasks.model.prefect_tasks import resolve_pretrained_weights, untrained_model_directory
 from tasks.model.untrained import with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE, check_distance

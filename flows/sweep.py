@@ -25,7 +25,7 @@ from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingParams
 from tasks.errors import PipelineInputError, SweepFailedError
-from tasks.launch.lost_runs import take_over_stopped_run
+from tasks.fanout.reruns import take_over_stopped_run
 from tasks.model.untrained import with_pretrained_default
 from tasks.near_duplicates import DEFAULT_DISTANCE
 from tasks.registry import PromotionPolicy
@@ -115,8 +115,7 @@ def sweep_pipeline(
     if (stopped := study.begin_attempt(flow_run.get_id())) is not None:
         take_over_stopped_run(stopped, "sweep")  # the stopped attempt's run set Crashed, the two linked
 
-    from tasks.sweep.prefect_tasks import TrialBuilder, publish_study
-    from tasks.sweep.trials import publish_pictures, run_trials
+    from tasks.sweep.prefect_tasks import TrialBuilder, publish_pictures, publish_study, run_trials
 
     # The sweep's own work queue, named after its run folder: a resumed or retried sweep finds the same one.
     run_trials(
