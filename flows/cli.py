@@ -105,7 +105,7 @@ def run_command(flow: Any, arguments: dict[str, Any], *, log_file: Path, debug: 
     mistake is one line and exit 2, a run that failed one line naming the run and exit 1."""
     import prefect  # noqa: F401  (sets up Prefect's logging, whose console handler gets the filter)
 
-    from tasks.console import console_filter
+    from flows.console import console_filter
 
     log_file.parent.mkdir(parents=True, exist_ok=True)
     to_file = logging.FileHandler(log_file, encoding="utf-8")
@@ -144,7 +144,7 @@ def on_a_lasting_server() -> contextlib.AbstractContextManager:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from tasks.outages import RIDE_OUT_SERVER_RESTART, RUN_HEARTBEAT_S, heartbeat_tag
-    from tasks.outages.events import events_wait_for_the_server
+    from tasks.outages.prefect_events import events_wait_for_the_server
 
     if not PREFECT_API_URL.value():  # a temporary server: it stops with the command
         return contextlib.nullcontext()
@@ -295,7 +295,7 @@ def fail(error: BaseException, debug: bool) -> typing.NoReturn:
 COMMANDS = {
     "train": ("flows.pipeline", "train a classifier on folders of images and register it"),
     "score": ("flows.score", "score images with a registered model (evaluated when labeled)"),
-    "registry": ("tasks.registry.__main__", "list, show, alias, tag, fetch … registered models"),
+    "registry": ("flows.registry", "list, show, alias, tag, fetch … registered models"),
     "runs": ("flows.runs", "list the run folders, prune the old ones"),
     "predict": ("flows.predict", "label a few photos with a trained model, at once (no server)"),
     "sweep": ("flows.sweep", "sweep hyperparameters over the gpu pool and register the best trial"),
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(
         prog="image-classifier",
         description="Folders of images in, trained and registered classifiers out. Each command also runs as "
-        "python -m flows.pipeline (train), flows.score (score), tasks.registry (registry), flows.runs (runs) or "
+        "python -m flows.pipeline (train), flows.score (score), flows.registry (registry), flows.runs (runs) or "
         "flows.predict (predict), tasks.serving (serve).",
         hint="--help lists the commands",
     )

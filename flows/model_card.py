@@ -5,13 +5,10 @@ outside is deprecated), so this small flow run does it; the card itself is tasks
 
 from __future__ import annotations
 
-import contextlib
-import logging
-
 from prefect import flow
 from prefect.settings import get_current_settings
 
-from tasks.console import console_filter
+from flows.console import quiet_console
 from tasks.registry.prefect_tasks import publish_model_card
 
 
@@ -19,12 +16,6 @@ from tasks.registry.prefect_tasks import publish_model_card
 def update_model_card(registry: str, name: str) -> str:
     """Publish the card of model ``name`` in ``registry`` again; returns its artifact key."""
     return publish_model_card(registry, name)
-
-
-def quiet_console(level: int = logging.WARNING) -> contextlib.AbstractContextManager[None]:
-    """Only records of ``level`` and above on the console: for a small bookkeeping flow run that a command makes
-    on the side."""
-    return console_filter(lambda record: record.levelno >= level)
 
 
 def update_model_card_if_connected(registry: str, name: str) -> str:

@@ -318,18 +318,18 @@ def main_in_process(main, argv: list[str]) -> subprocess.CompletedProcess:
 
 
 def registry_cli(registry, *args, env=None, in_process=None) -> subprocess.CompletedProcess:
-    """``python -m tasks.registry --registry <registry> <args>``: in this process (``main_in_process``) unless ``env``
+    """``python -m flows.registry --registry <registry> <args>``: in this process (``main_in_process``) unless ``env``
     is given or ``in_process`` is False."""
     command = ["--registry", str(registry), *args]
     if in_process is False or (in_process is None and env):
         return subprocess.run(
-            [sys.executable, "-m", "tasks.registry", *command],
+            [sys.executable, "-m", "flows.registry", *command],
             capture_output=True,
             text=True,
             env={**os.environ, **(env or {})},
             timeout=120,
         )
-    from tasks.registry.__main__ import main
+    from flows.registry import main
 
     return main_in_process(main, command)
 

@@ -27,10 +27,7 @@ EXCEPTIONS: dict[str, str] = {
     "only when Prefect is already loaded: it never brings Prefect into a process (the training worker)",
 }
 # Modules that break the rule for now, each with its reason; an allowance no module needs any more fails the test.
-ALLOWED: dict[str, str] = {
-    "tasks.console": "console_filter (Prefect's console handler) moves to flows/cli.py, its user, with "
-    "flows/model_card.py's quiet_console (issue 55, item 3)",
-}
+ALLOWED: dict[str, str] = {}
 
 
 def prefect_place(module: str, path: Path) -> bool:

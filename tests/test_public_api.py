@@ -35,3 +35,16 @@ def test_an_old_import_names_its_new_place():
     from tasks import convert  # a package still imports as one
 
     assert convert.__name__ == "tasks.convert"
+
+
+def test_the_old_registry_command_says_where_it_moved_in_one_line():
+    from deployments.local import PROJECT_ROOT
+
+    moved = subprocess.run(
+        [sys.executable, "-m", "tasks.registry", "list"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=False
+    )
+    assert moved.returncode == 2 and moved.stdout == ""
+    assert moved.stderr == (
+        "python -m tasks.registry: moved; the registry's command line is `image-classifier registry …` "
+        "(or `python -m flows.registry …`), with the same arguments\n"
+    )

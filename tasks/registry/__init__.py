@@ -9,7 +9,7 @@
     manage.py        what people do to a registry: list models, show, tag, archive, delete, search
     fetch.py         a version as a local ModelDirectory, its files checked (integrity.py: sha256, memoised)
     card.py          the pages in markdown: model card, registered version, promotion verdict, reviewer's view
-    __main__.py      ``python -m tasks.registry``, for now: the command line is flows/registry.py
+    __main__.py      ``python -m tasks.registry`` says in one line that the command line moved to flows/registry.py
     prefect_tasks.py the Prefect tasks: register, resolve_model, the approval pause and decide_on_promotion,
                      publishing the model card
 
