@@ -28,7 +28,7 @@ from tasks.contracts.scores_table import BATCH_SIZE, Runtime
 from tasks.errors import ShardFailedError
 from tasks.evaluation.prefect_tasks import PREVIEW_ROWS, Scored, publish_scores
 from tasks.fanout.decisions import RerunRule, Verdict
-from tasks.fanout.engine import Child, FanOut
+from tasks.fanout.engine import Child, FanOut, last_message
 from tasks.retrying import stage_task
 from tasks.score_shards.parts import (
     DEFAULT_TIMEOUT_S,
@@ -130,7 +130,8 @@ def run_shards(
                 if verdict is Verdict.COMPLETED:
                     summary = read_summary(parts[child.key])
                     if summary is None:
-                        raise shard_failed(shard, child.run, f"completed but wrote no {parts[child.key]}", child.said)
+                        said = last_message(fan.client, child.run)
+                        raise shard_failed(shard, child.run, f"completed but wrote no {parts[child.key]}", said)
                     summaries[child.key] = summary
                     progress.states[child.key] = "done"
                     fan.settle(child)
