@@ -112,8 +112,9 @@ def run_trials(
     deployment: str = TRIAL_DEPLOYMENT,
 ) -> None:
     """Train the study's trials through ``deployment``, ``parallel`` at a time (the work queue ``queue``'s limit),
-    until ``trials`` are settled; ``make_trial`` gives a trial's folders and parameters; ``on_change`` runs whenever
-    a trial's run changes state or a trial is settled. The sweep asks for a trial when one ends (a sampler learns
+    until ``trials`` are settled; ``make_trial`` gives a trial's folders and parameters; ``on_change`` (the live
+    ``sweep`` artifact, the study stored: a task run each) runs whenever the study changes: a trial started, run
+    again or settled, not at every state its run passes through. The sweep asks for a trial when one ends (a sampler learns
     from the results) and looks at the running ones every ``poll_seconds`` (their epochs reach the pruner)."""
     log, settings = get_run_logger().log, study.settings
     trials: dict[int, TrialRun] = {}
@@ -124,7 +125,6 @@ def run_trials(
         queue=queue,
         limit=settings.parallel,
         cancel_message="cancelled with its sweep",
-        on_change=lambda children: on_change(),
         poll_seconds=poll_seconds,
     )
     with fan:
@@ -162,8 +162,11 @@ def run_trials(
 
         def step(looked: list[Child]) -> bool:
             for child in looked:
+                rerun = child.decision.verdict is Verdict.RERUN
                 if _look(fan, study, child, trials[child.key], log):
                     fan.settle(child)
+                    on_change()
+                elif rerun:  # the study names the trial's new flow run
                     on_change()
             fill()
             return not fan.unsettled
