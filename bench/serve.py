@@ -1,10 +1,12 @@
 """Online serving side by side, in one run: the project's endpoint (``python -m tasks.serving``: dynamic batching, a
 bounded queue, a registry alias followed) against the server a user would write (FastAPI, one forward pass per
 request) and against LitServe with the same batch settings, under a closed-loop load of real JPEG photos at
-concurrency 1, 8, 32 and 64; then one round at concurrency 32 on ours with the registry alias moved half-way
-through. Prints one table and issue 54's goals; writes ``bench/results/<date>-serve-<host>.json``. Asserts nothing.
+concurrency 1, 8, 32 and 64, and ours again recording every answer; then one round at concurrency 32 on ours with
+the registry alias moved half-way through. First the ceiling (bench/inference.py): what one process does at best
+with the same model and photos, a batch decoded then run in turn, at its best thread setting. Prints one table and
+issues 54's and 62's goals; writes ``bench/results/<date>-serve-<host>.json``. Asserts nothing.
 
-    python -m bench.serve                                      # 3 servers x 4 levels, 20 s each, the swap: ~9 min
+    python -m bench.serve                                      # 4 servers x 4 levels, 20 s each, the swap: ~12 min
     python -m bench.serve --seconds 10 --concurrency 1 32      # shorter
     python -m bench.serve --only ours plain --no-swap
 
@@ -17,10 +19,11 @@ group) when the level ends, on an error and on Ctrl-C:
             --max-wait-ms W --max-queue Q --poll-s 0.5``, ``POST /v1/predict?top_k=10`` (every class, as the
             others answer); batch sizes and forward-pass seconds from its ``/metrics`` histograms (the difference
             between the window's two ends).
+  recording ours with ``--record <temporary> --record-segment-s 5``: every answer recorded (docs/monitoring.md).
   plain     ``python -m bench.serve --plain-server MODEL_DIR --port P``: ``plain_app`` below, FastAPI + uvicorn, a
-            ``def`` endpoint (Starlette runs it in its thread pool, 40 threads) that reads the raw body, decodes it
-            with PIL, applies the model's eval transform and runs the model on a batch of one under
-            ``torch.inference_mode``; ``POST /predict``. Batch size 1 by construction.
+            ``def`` endpoint (Starlette runs it in its thread pool, 40 threads) that reads the raw body and hands it
+            to the one loaded model (``tasks.inference.LoadedModel``: decode, then a forward pass of a batch of
+            one); ``POST /predict``. Batch size 1 by construction.
   litserve  ``python -m bench.serve --litserve-server MODEL_DIR --port P``: ``LitClassifier`` below, LitServe's
             LitAPI with ``max_batch_size=B``, ``batch_timeout=W`` (its own decode_request, batch, predict, unbatch,
             encode_response), ``LitServer(accelerator="cpu", workers_per_device=1)``: one inference worker process
@@ -29,15 +32,16 @@ group) when the level ends, on an error and on Ctrl-C:
 The model: ResNet-18 at 224 px with random weights (``bench.score.random_model_directory``: throughput does not
 depend on what a network learned), 10 classes. Ours serves it from a temporary local registry holding two
 versions (different random weights) with ``production`` on version 1; plain and LitServe load version 1's
-folder. All three decode and transform alike (``tasks.vision``: EXIF orientation, RGB, the eval transform) and
-answer the label and every class's probability.
+folder. All three hold the same loaded model (``tasks.inference``: EXIF orientation, RGB, the eval transform, the
+network traced on the CPU, one softmax), so what differs is the serving around it; each answers the label and every
+class's probability.
 
 The images: scikit-learn's two sample photographs (640 x 427) and six crops of them, as JPEG bytes at quality 90;
 each request's body is one of them (``Content-Type: image/jpeg``), each client task cycling through them.
 
 The load: ``C`` asyncio tasks in this process on one httpx client, each sending its next request as soon as its
 previous answer came (closed loop); in each turn some seconds unmeasured (``--warmup`` in a server's first turn, 1 s
-in the others) then its share of ``--seconds`` measured; a request counts when its answer arrives inside a
+in the others, and never before the server's first answer) then its share of ``--seconds`` measured; a request counts when its answer arrives inside a
 measured window. Throughput is 200 answers per second; latency percentiles are
 over the 200 answers; errors are every other answer (status, or a connection error). On a small machine the load
 generator shares the CPUs with the server: the same for all three.
@@ -95,32 +99,24 @@ from PIL import Image
 
 from bench.harness import PROJECT_ROOT, Figure, aligned, table
 from tasks.contracts.model_directory import ModelDirectory
-from tasks.predict.classifier import Classifier
-from tasks.vision.images import upright_rgb
-from tasks.vision.transforms import ImageTransform
+from tasks.inference.loaded import LoadedModel
 
 try:
     import litserve
 except ImportError:  # the bench extra (pip install -e '.[bench]'); without it LitServe is left out of the run
     litserve = None
 
-SERVERS = ("ours", "plain", "litserve")
+SERVERS = ("ours", "recording", "plain", "litserve")
 MODEL_NAME = "bench-resnet18"
 RESULTS = Path(__file__).resolve().parent / "results"
 JPEG = {"Content-Type": "image/jpeg"}
 RawBody = Annotated[bytes, Body(media_type="image/jpeg")]  # FastAPI hands a non-JSON body over as its bytes
 
 
-# --- what the plain server and LitServe share: the project's decode and transform, the answer --------------------
+# --- what the plain server and LitServe share: the one loaded model (tasks.inference), the answer -----------------
 
 
-def decode_pixels(body: bytes, transform: ImageTransform) -> torch.Tensor:
-    """An encoded image's uint8 pixels (C, H, W) as scoring decodes a file: EXIF orientation, RGB, eval transform."""
-    with Image.open(io.BytesIO(body)) as image:
-        return transform.decode(upright_rgb(image))
-
-
-def answer(classes: Sequence[str], probabilities: torch.Tensor) -> dict:
+def answer(classes: Sequence[str], probabilities: np.ndarray) -> dict:
     values = probabilities.tolist()
     return {"label": classes[int(np.argmax(values))], "probabilities": dict(zip(classes, values))}
 
@@ -128,27 +124,24 @@ def answer(classes: Sequence[str], probabilities: torch.Tensor) -> dict:
 # --- (b) the plain server: what a user writes -----------------------------------------------------------------------
 
 plain_app = FastAPI(title="plain: one forward pass per request")
-plain_model: dict[str, Classifier] = {}
+plain_model: dict[str, LoadedModel] = {}
 
 
 @plain_app.get("/readyz")
 def plain_ready() -> dict:
-    return {"ready": "classifier" in plain_model}
+    return {"ready": "model" in plain_model}
 
 
 @plain_app.post("/predict")
 def plain_predict(body: RawBody) -> dict:
-    classifier = plain_model["classifier"]
-    pixels = decode_pixels(body, classifier.transform)
-    with torch.inference_mode():
-        logits = classifier.model(classifier.transform.normalize(pixels[None]))
-        return answer(classifier.classes, torch.softmax(logits, dim=1)[0])
+    model = plain_model["model"]
+    return answer(model.classes, model.probabilities([model.decode(body)])[0])
 
 
 def run_plain_server(model_dir: str, port: int) -> None:
     import uvicorn
 
-    plain_model["classifier"] = Classifier(ModelDirectory(model_dir))
+    plain_model["model"] = LoadedModel(ModelDirectory(model_dir))
     print(f"plain server: torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True)
     uvicorn.run(plain_app, host="127.0.0.1", port=port, log_level="warning")
 
@@ -166,28 +159,27 @@ class LitClassifier(litserve.LitAPI if litserve else object):
         self.model_dir, self.batch_log = model_dir, batch_log
 
     def setup(self, device: str) -> None:
-        self.classifier = Classifier(ModelDirectory(self.model_dir), device)
+        self.model = LoadedModel(ModelDirectory(self.model_dir), device=device)
         self.sizes = open(self.batch_log, "a", buffering=1)  # noqa: SIM115 (open for the worker's life)
         print(f"litserve worker: torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True)
 
     def decode_request(self, request: RawBody) -> torch.Tensor:
-        return decode_pixels(request, self.classifier.transform)
+        return self.model.decode(request)
 
-    def batch(self, inputs: list[torch.Tensor]) -> torch.Tensor:
-        return torch.stack(inputs)
+    def batch(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return inputs
 
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
+    def predict(self, x: list[torch.Tensor]) -> np.ndarray:
         started, clock = time.time(), time.perf_counter()
-        with torch.inference_mode():
-            probabilities = torch.softmax(self.classifier.model(self.classifier.transform.normalize(x)), dim=1)
+        probabilities = self.model.probabilities(x)
         self.sizes.write(f"{started:.6f} {len(x)} {time.perf_counter() - clock:.6f}\n")
         return probabilities
 
-    def unbatch(self, output: torch.Tensor) -> list[torch.Tensor]:
+    def unbatch(self, output: np.ndarray) -> list[np.ndarray]:
         return list(output)
 
-    def encode_response(self, output: torch.Tensor) -> dict:
-        return answer(self.classifier.classes, output)
+    def encode_response(self, output: np.ndarray) -> dict:
+        return answer(self.model.classes, output)
 
 
 def run_litserve_server(model_dir: str, port: int, batch_log: str, max_batch_size: int, max_wait_ms: float) -> None:
@@ -328,11 +320,13 @@ class Settings:
 def make_server(kind: str, settings: Settings, tag: str) -> Server:
     port, log = free_port(), settings.scratch / f"{kind}-{tag}.log"
     python = sys.executable
-    if kind == "ours":
+    if kind in ("ours", "recording"):
         argv = [python, "-m", "tasks.serving", f"{MODEL_NAME}@production", "--registry", str(settings.registry)]
         argv += ["--host", "127.0.0.1", "--port", str(port), "--max-batch-size", str(settings.max_batch_size)]
         argv += ["--max-wait-ms", str(settings.max_wait_ms), "--max-queue", str(settings.max_queue)]
         argv += ["--poll-s", str(settings.poll_s)]
+        if kind == "recording":  # every answer recorded (predictions, properties, embeddings), no image bytes
+            argv += ["--record", str(settings.scratch / f"records-{tag}"), "--record-segment-s", "5"]
         return Server(kind, argv, port, "/v1/predict?top_k=10", "/readyz", log)  # every class, as the others
     if kind == "plain":
         argv = [python, "-m", "bench.serve", "--plain-server", str(settings.model_dir), "--port", str(port)]
@@ -416,18 +410,26 @@ async def closed_loop(
     seconds: float,
     hooks: dict[str, tuple[float, Callable[[httpx.AsyncClient], Awaitable[Any]]]] | None = None,
 ) -> Round:
-    """``concurrency`` tasks, each posting its next image as soon as its previous answer came, for ``warmup`` +
-    ``seconds``; ``hooks``: name -> (seconds after the window opens, a coroutine run then with the client)."""
+    """``concurrency`` tasks, each posting its next image as soon as its previous answer came; the measured window of
+    ``seconds`` opens once ``warmup`` s have passed and the server has answered once (a loaded host's first answer
+    may take longer than the warm-up); ``hooks``: name -> (seconds after the window opens, a coroutine run then with
+    the client)."""
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
     answers: list[Answer] = []
     done: dict[str, tuple[float, Any]] = {}
+    answered, opened = asyncio.Event(), asyncio.Event()
+    window: list[float] = []
     async with httpx.AsyncClient(limits=limits, timeout=120) as client:
-        start = time.time() + warmup
-        end = start + seconds
+
+        async def open_window() -> None:
+            await asyncio.sleep(warmup)
+            await answered.wait()
+            window.extend([time.time(), time.time() + seconds])
+            opened.set()
 
         async def user(index: int) -> None:
             i = index
-            while time.time() < end:
+            while not window or time.time() < window[1]:
                 body = images[i % len(images)]
                 i += 1
                 sent, clock = time.time(), time.perf_counter()
@@ -437,15 +439,17 @@ async def closed_loop(
                 except httpx.HTTPError:
                     status, version = 0, None
                 answers.append(Answer(sent, (time.perf_counter() - clock) * 1000, status, version))
+                answered.set()
 
         async def hook(name: str, after: float, run: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> None:
-            await asyncio.sleep(max(0.0, start + after - time.time()))
+            await opened.wait()
+            await asyncio.sleep(max(0.0, window[0] + after - time.time()))
             done[name] = (time.time(), await run(client))
 
-        tasks = [user(i) for i in range(concurrency)]
+        tasks = [open_window(), *(user(i) for i in range(concurrency))]
         tasks += [hook(name, after, run) for name, (after, run) in (hooks or {}).items()]
         await asyncio.gather(*tasks)
-    return Round(answers, (start, end), done)
+    return Round(answers, (window[0], window[1]), done)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -597,7 +601,7 @@ def levels_at(concurrency: int, kinds: Sequence[str], settings: Settings, images
         for turn in range(settings.slices):
             for kind, server in servers.items():
                 hooks = {"cpu before": (0.0, cpu_now(server)), "cpu after": (each, cpu_now(server))}
-                if kind == "ours":
+                if kind in ("ours", "recording"):
                     hooks["before"] = (0.0, lambda client, url=server.url: scrape_batches(client, url))
                     hooks["after"] = (each, lambda client, url=server.url: scrape_batches(client, url))
                 url = server.url + server.predict_path
@@ -626,7 +630,7 @@ def pooled(
     figures = summary([a for r in turns for a in r.measured()], seconds)
     used = [cpu_used(r.hooks["cpu before"][1], r.hooks["cpu after"][1]) for r in turns]
     cpu = {k: sum(u[k] for u in used) for k in used[0]}
-    if kind == "ours":
+    if kind in ("ours", "recording"):
         batches = merged([histogram_between(r.hooks["before"][1], r.hooks["after"][1]) for r in turns])
     elif kind == "litserve":
         batches = merged([logged_batches(server.batch_log, r.window) for r in turns])
@@ -783,45 +787,39 @@ def swap_text(swap: dict) -> str:
     )
 
 
-def goals(levels: list[dict], swap: dict | None, at: int = 32) -> list[Figure]:
-    """Issue 54's goals, where this run measured what they compare."""
+def goals(levels: list[dict], swap: dict | None, ceiling: float | None, at: int = 32) -> list[Figure]:
+    """Issues 54's and 62's goals, where this run measured what they compare: ours against plain at ``at``; against
+    LitServe at 8, 32 and 64 (throughput and p99); ours at ``at`` against the ceiling (one image a request); the
+    recording's cost at ``at``; no error through the swap."""
     by = {(r["server"], r["concurrency"]): r for r in levels}
-    ours, plain, lit = by.get(("ours", at)), by.get(("plain", at)), by.get(("litserve", at))
     figures = []
-    if ours and plain:
+
+    def compare(what: str, ours: dict | None, other: dict | None, target: str, goal: float, p99: bool = False) -> None:
+        key = "p99_ms" if p99 else "requests_per_s"
+        if ours and other and ours[key] is not None and other[key] is not None:
+            unit = "ms" if p99 else "requests/s"
+            figures.append(Figure(what, ours[key], other[key], unit, target, goal, higher_is_better=not p99))
+
+    compare(f"throughput at C={at}, ours vs plain", by.get(("ours", at)), by.get(("plain", at)), ">= 2x", 2.0)
+    compare(f"p99 at C={at}, ours vs plain", by.get(("ours", at)), by.get(("plain", at)), "<= 1x", 1.0, p99=True)
+    for level in (8, 32, 64):
+        ours, lit = by.get(("ours", level)), by.get(("litserve", level))
+        compare(f"throughput at C={level}, ours vs LitServe", ours, lit, ">= 1x (no worse)", 1.0)
+        compare(f"p99 at C={level}, ours vs LitServe", ours, lit, "<= 1x (no worse)", 1.0, p99=True)
+    ours = by.get(("ours", at))
+    if ours and ceiling:
         figures.append(
             Figure(
-                f"throughput at C={at}, ours vs plain",
+                f"throughput at C={at}, ours vs the ceiling",
                 ours["requests_per_s"],
-                plain["requests_per_s"],
-                "requests/s",
-                ">= 2x",
-                2.0,
+                ceiling,
+                "images/s",
+                ">= 95% of the ceiling",
+                0.95,
+                notes="the ceiling: a batch of the same photos decoded then run in turn in one process, best threads",
             )
         )
-        if ours["p99_ms"] is not None and plain["p99_ms"] is not None:
-            figures.append(
-                Figure(
-                    f"p99 at C={at}, ours vs plain",
-                    ours["p99_ms"],
-                    plain["p99_ms"],
-                    "ms",
-                    "<= 1x (no worse)",
-                    1.0,
-                    higher_is_better=False,
-                )
-            )
-    if ours and lit:
-        figures.append(
-            Figure(
-                f"throughput at C={at}, ours vs LitServe",
-                ours["requests_per_s"],
-                lit["requests_per_s"],
-                "requests/s",
-                ">= 1x (no worse)",
-                1.0,
-            )
-        )
+    compare(f"throughput at C={at}, recording vs not", by.get(("recording", at)), ours, ">= 95%", 0.95)
     if swap:
         figures.append(
             Figure(
@@ -837,15 +835,31 @@ def goals(levels: list[dict], swap: dict | None, at: int = 32) -> list[Figure]:
     return figures
 
 
+def ceiling_of(model_dir: Path, images: Sequence[bytes], batch_size: int, seconds: float) -> tuple[float, int]:
+    """What one process does at best with the served model and these photos (bench.inference.ceiling)."""
+    from bench.inference import ceiling
+    from tasks.inference.loaded import LoadedModel
+
+    batch = [images[i % len(images)] for i in range(batch_size)]
+    return ceiling(LoadedModel(ModelDirectory(model_dir)), batch, seconds)
+
+
 def measure(
     args: argparse.Namespace, kinds: list[str], images: Sequence[bytes]
-) -> tuple[list[dict], dict | None, dict]:
-    """Every level of every server, then the swap round; (levels, swap, the tail of each server's log)."""
+) -> tuple[list[dict], dict | None, dict, float | None]:
+    """The ceiling, every level of every server, then the swap round; (levels, swap, the tail of each server's log,
+    the ceiling in images/s)."""
     levels: list[dict] = []
     swap = None
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as scratch:
         scratch = Path(scratch)
         registry, model_dir = prepare_registry(scratch)
+        top = None
+        if "ours" in kinds:  # what ours is measured against
+            top, threads = ceiling_of(model_dir, images, args.max_batch_size, seconds=5.0)
+            print(
+                f"  the ceiling: {top:.1f} images/s (batch {args.max_batch_size}, {threads} torch threads)", flush=True
+            )
         settings = Settings(
             args.seconds, args.slices, args.warmup, args.max_batch_size, args.max_wait_ms, args.max_queue, args.poll_s,
             scratch, registry, model_dir,
@@ -867,7 +881,7 @@ def measure(
                 print(f"the last server's log ({logs[-1].name}):\n{logs[-1].read_text(errors='replace')[-4000:]}")
             raise
         server_logs = {log.name: log.read_text(errors="replace")[-2000:] for log in sorted(scratch.glob("*.log"))}
-    return levels, swap, server_logs
+    return levels, swap, server_logs, top
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -927,10 +941,10 @@ def main(argv: list[str] | None = None) -> None:
     # A SIGTERM ends the run as Ctrl-C does: the finally blocks stop every server started.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        levels, swap, server_logs = measure(args, kinds, images)
+        levels, swap, server_logs, top = measure(args, kinds, images)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    figures = goals(levels, swap)
+    figures = goals(levels, swap, top)
     print()
     print(levels_table(levels))
     if swap:
@@ -960,6 +974,7 @@ def main(argv: list[str] | None = None) -> None:
             "model": "resnet18 @224 px, random weights, 10 classes",
             "peak_rss": "VmHWM summed over the server's process group, a fresh set of servers per level",
         },
+        "ceiling_images_per_s": top,
         "levels": levels,
         "swap": swap,
         "load_average": {"start": load_before, "end": os.getloadavg()},  # the machine's, others' work included

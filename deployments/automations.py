@@ -16,6 +16,10 @@ The second automation runs the crashed run's deployment again with the crashed r
 ``replaces_run`` set to its id: the new run takes over the lost run's folder and resumes from its checkpoint
 (tasks/launch/lost_runs.py), and stops at once, saying why, once a training has been run again ``MAX_RERUNS`` times.
 
+Two more run the training deployment on the project's own events (tasks/monitoring/events.py), each at most once an
+interval and never on an event a training run emitted: a drift (the monitor's), with the deployment's parameters;
+a labelled batch announced, with ``labelled_data`` the folder the event names.
+
 ``make deploy`` (deployments/deploy.py) creates them, or updates them in place: one automation of each name,
 whose other actions (a notification someone added in the UI) and on/off switch a re-deploy keeps.
 """
@@ -30,6 +34,8 @@ from prefect.events.actions import Action, ChangeFlowRunState, RunDeployment
 from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
 
+from tasks.monitoring.events import DRIFT_EVENT, EMITTED_BY, LABELLED_EVENT, TRAINING_FLOW
+
 HEARTBEAT_SETTING = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
 ZOMBIE_AUTOMATION = "Crash runs whose host was lost (no heartbeat)"
 MISSED_HEARTBEATS = 3  # a heartbeat late by one or two intervals (a busy server) is not a lost host
@@ -43,6 +49,17 @@ RERUN_PARAMETERS = {
     },
 }
 FINAL_EVENTS = {f"prefect.flow-run.{state}" for state in ("Completed", "Failed", "Cancelled", "Crashed")}
+RETRAIN_AUTOMATION = "Retrain when the served model drifts"
+RETRAIN_INTERVAL = timedelta(hours=24)  # make deploy's default: at most one retraining a day however many events
+LABELLED_AUTOMATION = "Retrain when a labelled batch is announced"
+# The retraining's parameters (the server renders them when it fires): a warm start from the version that drifted
+# (the drift event's resource names it, name/3) or from the production version of the model a labelled batch is
+# for; and the labelled batch's folder, as its event names it.
+DRIFT_PARAMETERS = {"warm_start": {"__prefect_kind": "jinja", "template": "{{ event.resource.name }}"}}
+LABELLED_PARAMETERS = {
+    "labelled_data": {"__prefect_kind": "jinja", "template": "{{ event.payload.labelled_data }}"},
+    "warm_start": {"__prefect_kind": "jinja", "template": "{{ event.resource.name }}@production"},
+}
 
 
 def heartbeat_seconds(config: dict) -> int:
@@ -119,6 +136,52 @@ def rerun_automation(deployment_ids: list[str]) -> Automation:
     )
 
 
+def retrain_on(
+    event: str, name: str, deployment_id: str, every: timedelta, description: str, parameters: dict | None = None
+) -> Automation:
+    """Runs the training deployment ``deployment_id`` on ``event`` about a model, at most once ``every``: a reactive
+    trigger fires on its first event, then ignores the others until its window ends (Prefect's own bucketing). An
+    event whose emitting flow is the training pipeline's is never matched: a training run cannot start itself."""
+    return Automation(
+        name=name,
+        description=f"{description}, at most once every {every.total_seconds() / 3600:g} h; its version goes "
+        "through the champion/challenger evaluation and approval before the alias moves. Made by `make deploy` "
+        "(deployments/automations.py).",
+        trigger=EventTrigger(
+            match=ResourceSpecification(
+                {"prefect.resource.id": "image-classifier.model.*", EMITTED_BY: f"!{TRAINING_FLOW}"}
+            ),
+            expect={event},
+            posture=Posture.Reactive,
+            threshold=1,
+            within=every,
+        ),
+        actions=[RunDeployment(source="selected", deployment_id=deployment_id, parameters=parameters or {})],
+    )
+
+
+def retrain_automation(deployment_id: str, every: timedelta = RETRAIN_INTERVAL) -> Automation:
+    """Runs the training deployment, with its own parameters, when a model drifts (the monitor's event), starting
+    from the weights of the version that drifted (``warm_start``)."""
+    description = (
+        f"A drift event ({DRIFT_EVENT}, emitted by the monitor) runs the training deployment, starting from the "
+        "drifted version's weights"
+    )
+    return retrain_on(DRIFT_EVENT, RETRAIN_AUTOMATION, deployment_id, every, description, DRIFT_PARAMETERS)
+
+
+def labelled_automation(deployment_id: str, every: timedelta = RETRAIN_INTERVAL) -> Automation:
+    """Runs the training deployment with the labelled batch an event announces (its payload's ``labelled_data``:
+    a folder the training hosts read) added to its training images, starting from the weights of the model's
+    production version. A training run that added a batch announces it too, but as the training pipeline: that
+    event never starts another training."""
+    description = (
+        f"A labelled batch announced ({LABELLED_EVENT}, its payload's labelled_data a folder) runs the training "
+        "deployment with it, starting from the production version's weights"
+    )
+    return retrain_on(LABELLED_EVENT, LABELLED_AUTOMATION, deployment_id, every, description, LABELLED_PARAMETERS)
+
+
 def ensure_automation(wanted: Automation, own: type[Action]) -> Automation:
     """Creates ``wanted`` on the server (PREFECT_API_URL), or updates the one of its name: its trigger and its
     ``own`` action replaced, the other actions added to it (a notification) and whether it is enabled kept."""
@@ -140,3 +203,11 @@ def ensure_zombie_automation(tag: str, within: timedelta) -> Automation:
 
 def ensure_rerun_automation(deployment_ids: list[str]) -> Automation:
     return ensure_automation(rerun_automation(deployment_ids), RunDeployment)
+
+
+def ensure_retrain_automation(deployment_id: str, every: timedelta = RETRAIN_INTERVAL) -> Automation:
+    return ensure_automation(retrain_automation(deployment_id, every), RunDeployment)
+
+
+def ensure_labelled_automation(deployment_id: str, every: timedelta = RETRAIN_INTERVAL) -> Automation:
+    return ensure_automation(labelled_automation(deployment_id, every), RunDeployment)

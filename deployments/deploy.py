@@ -7,8 +7,10 @@ deploy` replaces a deployment's schedules with the file's, so every re-deploy wo
 schedule someone switched on in the UI (the file ships it paused). This reads each schedule's state from the
 server first (a schedule is known by its cron and time zone: a slug would do, but the UI then shows the slug
 instead of "At 03:00 AM, only on Monday") and deploys a copy of the file that carries it; a schedule the
-server does not have yet starts as the file says. Then it creates or updates the automation that sets a run
-Crashed when its heartbeats stop (deployments/automations.py).
+server does not have yet starts as the file says. Then it creates or updates the automations
+(deployments/automations.py): a run whose heartbeats stop is set Crashed, a crashed training run is run again, a
+drift event (the monitor deployment's) runs the training deployment, and so does a labelled batch announced (with
+the batch), each at most once every --retrain-every-h hours.
 """
 
 from __future__ import annotations
@@ -26,10 +28,15 @@ import yaml
 from prefect.flows import load_flow_from_entrypoint
 
 from deployments.automations import (
+    LABELLED_AUTOMATION,
     MISSED_HEARTBEATS,
     RERUN_AUTOMATION,
+    RETRAIN_AUTOMATION,
+    RETRAIN_INTERVAL,
     ZOMBIE_AUTOMATION,
+    ensure_labelled_automation,
     ensure_rerun_automation,
+    ensure_retrain_automation,
     ensure_zombie_automation,
     heartbeat_seconds,
 )
@@ -124,7 +131,7 @@ def ensure_work_pools(pools: list[str]) -> list[str]:
     return created
 
 
-def deploy(path: Path = DEPLOYMENT_FILE) -> int:
+def deploy(path: Path = DEPLOYMENT_FILE, retrain_every: timedelta = RETRAIN_INTERVAL) -> int:
     """Creates the file's missing work pools, runs ``prefect deploy --all`` on the kept copy of ``path``; returns
     its exit status."""
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -151,13 +158,20 @@ def deploy(path: Path = DEPLOYMENT_FILE) -> int:
         return result.returncode
     ids = deployment_ids(names)
     ensure_zombie_automation(heartbeat_tag(beat), timedelta(seconds=MISSED_HEARTBEATS * beat))
-    ensure_rerun_automation([id for id, rerun in zip(ids, rerun_by_automation(config)) if rerun])
+    training = [id for id, rerun in zip(ids, rerun_by_automation(config)) if rerun]
+    ensure_rerun_automation(training)
+    ensure_retrain_automation(training[0], retrain_every)
+    ensure_labelled_automation(training[0], retrain_every)
     print(next_steps(config, names))
     print(
         f"Automation {ZOMBIE_AUTOMATION!r}: a run of these deployments beats every {beat} s and is set Crashed "
         f"after {MISSED_HEARTBEATS * beat} s without a heartbeat (its host, worker or process was lost).\n"
         f"Automation {RERUN_AUTOMATION!r}: a crashed training run is run again (at most {MAX_RERUNS} times), "
-        "resuming from its checkpoint when its work_dir is on S3 or a shared folder."
+        "resuming from its checkpoint when its work_dir is on S3 or a shared folder.\n"
+        f"Automation {RETRAIN_AUTOMATION!r}: a drift event runs {names[ids.index(training[0])]} at most once every "
+        f"{retrain_every.total_seconds() / 3600:g} h.\n"
+        f"Automation {LABELLED_AUTOMATION!r}: a labelled batch announced runs it with the batch, at most once every "
+        f"{retrain_every.total_seconds() / 3600:g} h."
     )
     return 0
 
@@ -196,8 +210,21 @@ def main(argv: list[str] | None = None) -> int:
     """``--help`` says what it does; no PREFECT_API_URL, or no server answering there, is one line and exit 2."""
     from flows.cli import server_command
 
-    server_command("python -m deployments.deploy", __doc__, argv)
-    return deploy()
+    args = server_command("python -m deployments.deploy", __doc__, argv, retrain_flags)
+    if args.retrain_every_h <= 0:
+        print(f"error: --retrain-every-h {args.retrain_every_h:g}: give more than 0 hours", file=sys.stderr)
+        return 2
+    return deploy(retrain_every=timedelta(hours=args.retrain_every_h))
+
+
+def retrain_flags(parser) -> None:
+    parser.add_argument(
+        "--retrain-every-h",
+        type=float,
+        default=RETRAIN_INTERVAL.total_seconds() / 3600,
+        help="a drift, or a labelled batch announced, starts at most one training run in this many hours "
+        "(default %(default)g)",
+    )
 
 
 if __name__ == "__main__":

@@ -106,6 +106,7 @@ def run_command(flow: Any, arguments: dict[str, Any], *, log_file: Path, debug: 
     import prefect  # noqa: F401  (sets up Prefect's logging, whose console handler gets the filter)
 
     from flows.console import console_filter
+    from flows.signals import STOPPED, stopped_by, told_in_one_line
 
     log_file.parent.mkdir(parents=True, exist_ok=True)
     to_file = logging.FileHandler(log_file, encoding="utf-8")
@@ -114,14 +115,16 @@ def run_command(flow: Any, arguments: dict[str, Any], *, log_file: Path, debug: 
     root.addHandler(to_file)
     state = None
     # The filter stays on while the failure itself is logged below (the file gets its traceback, the console not).
-    with contextlib.nullcontext() if debug else console_filter(HideFailuresToldInOneLine()):
+    with contextlib.nullcontext() if debug else console_filter(HideFailuresToldInOneLine()), told_in_one_line(debug):
         try:
             temporary_server.start(log_file)
             with on_a_lasting_server():
                 state = flow(**arguments, return_state=True)
             return state.result()
-        except TOLD_IN_ONE_LINE as error:
-            if isinstance(error, RunFailedError) and state is not None:
+        except (*TOLD_IN_ONE_LINE, *STOPPED) as error:
+            if isinstance(error, STOPPED):
+                line, status = stopped_by(error)
+            elif isinstance(error, RunFailedError) and state is not None:
                 line, status = f"run {flow_run_name(state)} failed: {str(error).strip().splitlines()[0]}", 1
             else:
                 line, status = describe(error), 2
@@ -300,6 +303,8 @@ COMMANDS = {
     "predict": ("flows.predict", "label a few photos with a trained model, at once (no server)"),
     "sweep": ("flows.sweep", "sweep hyperparameters over the gpu pool and register the best trial"),
     "serve": ("tasks.serving.__main__", "answer HTTP requests with a registered model, batched, following its alias"),
+    "monitor": ("flows.monitor", "measure the served model's drift: its recorded answers against its reference"),
+    "label-queue": ("tasks.monitoring.label_queue", "export the recorded images the model was least sure of, to label"),
 }
 
 

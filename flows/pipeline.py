@@ -9,6 +9,7 @@ gallery of misclassified images) -> register [-> a person approves the promotion
     python -m flows.pipeline --promote-to production --export-onnx   # champion/challenger; model.onnx too
     python -m flows.pipeline --promote-to production --promotion-metric log_loss --min-improvement 0.01
     python -m flows.pipeline --promote-to production --approval   # a person approves the move in the UI
+    python -m flows.pipeline --labelled-data to-label   # a sorted labelling queue joins the training images
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ from tasks.contracts.model_directory import ModelSpec
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
 from tasks.convert.prefect_tasks import convert
 from tasks.data.prefect_tasks import resolve_sources, split, validate_labels
-from tasks.data.preflight import check_training_inputs
+from tasks.data.preflight import check_training_inputs, folder_classes
 from tasks.evaluation.evaluate import Evaluation
 from tasks.evaluation.prefect_tasks import evaluate, export_and_check_onnx, score, show_misclassified
 from tasks.launch.prefect_tasks import take_over_lost_run, train
 from tasks.model.prefect_tasks import resolve_pretrained_weights, untrained_model_directory
 from tasks.model.untrained import with_pretrained_default
+from tasks.model.warm_start import check_warm_start
+from tasks.monitoring.labelled import check_labelled_folder
+from tasks.monitoring.prefect_tasks import add_labelled_images, keep_reference
 from tasks.near_duplicates import DEFAULT_DISTANCE, check_distance
 from tasks.registry import PromotionPolicy, Registration
 from tasks.registry.prefect_tasks import register, settle_promotion
@@ -114,6 +118,8 @@ def train_pipeline(
     validation_data: str | None = None,
     validation_fraction: float | None = None,
     near_duplicate_distance: int = DEFAULT_DISTANCE,
+    labelled_data: str | None = None,
+    warm_start: str | None = None,
     model: ModelSpec = ModelSpec(),
     training: TrainingParams = TrainingParams(),
     conversion: ConversionLimits = ConversionLimits(),
@@ -132,6 +138,8 @@ def train_pipeline(
         validation_data: Validation images with the same classes; empty: split off train_data by validation_fraction.
         validation_fraction: Share of each class's images split off train_data for validation (e.g. 0.2), identical images on one side; with no data given, the digits' share.
         near_duplicate_distance: Images whose 64-bit perceptual hashes differ in at most this many bits (a resized or re-compressed copy, the shots of a burst) stay on one side of the split, and are reported when in both train_data and validation_data; -1: identical files only.
+        labelled_data: A labelling queue a person sorted (label-queue --out: each image moved into its right class folder), added to the training images only: an image already in train or validation (same sha256) is skipped and counted, one under two classes refused.
+        warm_start: Start from a registered version's weights, its head included (name/3 or name@production, in the registry below), instead of ImageNet's or random ones: a served model retrained on a labelled batch keeps what it knew. The version must have this run's architecture and classes.
         model: The torchvision architecture (Azure's DenseNet / ResNet modules, EfficientNet, ConvNeXt, ViT...) and its options; pretrained
             empty: ImageNet weights for your own images, none for the bundled digits.
         training: Training parameters; defaults are Azure's "Train PyTorch Model" component's.
@@ -150,6 +158,8 @@ def train_pipeline(
         validation_data=validation_data,
         validation_fraction=validation_fraction,
         near_duplicate_distance=near_duplicate_distance,
+        labelled_data=labelled_data,
+        warm_start=warm_start,
         model=model,
         training=training,
         model_name=model_name,
@@ -158,7 +168,7 @@ def train_pipeline(
     )
     # A run replacing a lost one says so first, and works in the lost training's folder (tasks/launch/lost_runs.py).
     takeover = take_over_lost_run(replaces_run, work_dir) if replaces_run else None
-    spec = with_pretrained_default(model, own_data=bool(train_data or validation_data))
+    spec = with_pretrained_default(model, own_data=bool(train_data or validation_data), warm_start=bool(warm_start))
     resolve_pretrained_weights(spec)  # in the cache (or the one offline error) before any conversion work
     run_dir = takeover.run_dir if takeover else run_folder(work_dir)  # a retried run finds its checkpoints again
     local_run = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
@@ -171,8 +181,11 @@ def train_pipeline(
         work_dir,
         local_run,
         training.random_seed,
+        labelled_data=labelled_data,
+        model_name=model_name,
+        architecture=spec.architecture,
     )
-    spec_dir = untrained_model_directory(str(local_run / "model_spec"), spec)
+    spec_dir = untrained_model_directory(str(local_run / "model_spec"), spec, warm_start, registry, train_dir)
     # Where every training node reads them: the same folders, or their copies stored in the S3 run folder.
     folders = TrainingFolders(
         train_dir=store(train_dir, join(run_dir, "data", "train")),
@@ -209,9 +222,14 @@ def prepare_data(
     work_dir: str,
     local_run: Path,
     seed: int,
+    *,
+    labelled_data: str | None = None,
+    model_name: str | None = None,
+    architecture: str = "",
 ) -> tuple[str, str]:
-    """Convert the images (and split one set, near-duplicates on one side) into ``local_run``/data, and validate
-    the labels: the training and validation ImageDirectories, once per run (a sweep's trials all read them)."""
+    """Convert the images (and split one set, near-duplicates on one side) into ``local_run``/data, add a labelled
+    batch's new images to the training side, and validate the labels: the training and validation
+    ImageDirectories, once per run (a sweep's trials all read them)."""
     train_source, validation_source = resolve_sources(
         train_data, validation_data, str(local_folder(work_dir)), validation_fraction
     )
@@ -229,6 +247,17 @@ def prepare_data(
         train_dir = convert(train_source, str(local_run / "data" / "train"), "train", limits=conversion)
         validation_dir = convert(
             validation_source, str(local_run / "data" / "validation"), "validation", limits=conversion
+        )
+    if labelled_data:
+        labelled_dir = convert(labelled_data, str(local_run / "data" / "labelled"), "labelled", limits=conversion)
+        train_dir = add_labelled_images(
+            train_dir,
+            validation_dir,
+            labelled_dir,
+            str(local_run / "data" / "train-labelled"),
+            labelled_data,
+            model_name,
+            architecture,
         )
     validate_labels(train_dir, validation_dir, near_duplicate_distance=near_duplicate_distance)
     return train_dir, validation_dir
@@ -258,6 +287,7 @@ def evaluate_and_register(
     scores = score(model_dir, validation_dir, join(run_dir, "scores.csv")).table
     evaluation = evaluate(scores, str(local_run / "confusion_matrix.png"))
     show_misclassified(scores, validation_dir)
+    keep_reference(model_dir, validation_dir)  # registered with the version: what drift is measured against
     registered = register(
         registry,
         model_name,
@@ -287,9 +317,12 @@ def check_inputs(
     model_name: str | None,
     registry: str,
     promotion: PromotionPolicy,
+    labelled_data: str | None = None,
+    warm_start: str | None = None,
 ) -> None:
-    """What can be checked before any work (tasks/data/preflight.py, tasks/registry/preflight.py): the data paths and
-    their classes, the size the network takes, the names (the flow's and the command line's alike)."""
+    """What can be checked before any work (tasks/data/preflight.py, tasks/monitoring/labelled.py,
+    tasks/registry/preflight.py): the data paths and their classes, a labelled batch's, the size the network takes,
+    the names (the flow's and the command line's alike)."""
     check_distance(near_duplicate_distance)
     check_training_inputs(
         train_data,
@@ -299,7 +332,11 @@ def check_inputs(
         training.image_size,
         model.weights_path,
     )
+    if labelled_data:
+        check_labelled_folder(labelled_data, folder_classes(train_data) if train_data else None)
     check_registration_inputs(registry, model_name, promotion.promote_to)
+    if warm_start:
+        check_warm_start(warm_start, registry, model.pretrained)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m flows.pipeline") -> int:
@@ -318,7 +355,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m flows.pipeline") 
         log_name="pipeline",
         # replaces_run is the lost-host automation's; a model's weights record is the model stage's.
         skip=("replaces_run",),
-        skip_fields={"model": ("weights",)},
+        skip_fields={"model": ("weights", "started_from")},
     )
     print(result.summary())
     return 0  # an exit status: console scripts call sys.exit(main())

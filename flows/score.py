@@ -16,9 +16,10 @@ from pydantic import BaseModel
 from flows import run_folder
 from flows.cli import checks
 from tasks.contracts.conversion_limits import ConversionLimits
-from tasks.contracts.scores_table import BATCH_SIZE, Runtime
+from tasks.contracts.scores_table import BATCH_SIZE, Precision, Runtime
 from tasks.convert.prefect_tasks import convert
 from tasks.data.preflight import check_source
+from tasks.errors import PipelineInputError
 from tasks.evaluation.evaluate import Evaluation
 from tasks.evaluation.prefect_tasks import compare, evaluate, score
 from tasks.registry.prefect_tasks import resolve_model
@@ -55,6 +56,8 @@ def score_pipeline(
     shard_pool: ShardPool = "gpu",
     max_failed_images: int = 0,
     shard_timeout_s: float = DEFAULT_TIMEOUT_S,
+    precision: Precision = "fp32",
+    calibration: str | None = None,
 ) -> ScoreResult:
     """Score images with a trained model into a table of Azure's columns; evaluate it when the images are labeled.
 
@@ -76,9 +79,18 @@ def score_pipeline(
         shard_pool: The work pool the shards run on: gpu, or default (CPU hosts).
         max_failed_images: With shards: how many images may fail to read or decode and stay as rows with an 'error' column and no scores; one more fails the run, naming them.
         shard_timeout_s: With shards: a shard running longer than this is cancelled and run again (at most twice).
+        precision: fp32; bf16 (autocast, on a GPU); int8 (ONNX Runtime on the CPU, quantized once and kept beside the model; one warning and fp32 on a CPU where it does not pay). Scoring in shards is fp32.
+        calibration: With int8, the first time for this model: its validation ImageDirectory, which quantization is calibrated on.
     """
-    check_sharding(shards, max_failed_images, shard_timeout_s)
-    check_scoring_inputs(images, model, registry)
+    check_arguments(
+        images=images,
+        model=model,
+        registry=registry,
+        shards=shards,
+        max_failed_images=max_failed_images,
+        shard_timeout_s=shard_timeout_s,
+        precision=precision,
+    )
     run_dir = run_folder(work_dir, prefix="score-")
     here = local_folder(run_dir)  # this host's files: run_dir itself, or its copy in the cache when on S3
     model_dir = resolve_model(model, registry, str(local_folder(work_dir).resolve() / "models"))  # before converting
@@ -103,7 +115,7 @@ def score_pipeline(
             timeout_s=shard_timeout_s,
         )
     else:
-        scored = score(model_dir, image_dir, output, runtime, batch_size, top_k)
+        scored = score(model_dir, image_dir, output, runtime, batch_size, top_k, precision, calibration)
     evaluation = evaluate(scored.table, str(here / "confusion_matrix.png")) if scored.labeled else None
     result = ScoreResult(model_dir=model_dir, scores=scored.table, images=scored.images, evaluation=evaluation)
     return Completed(message=result.headline(), data=result)  # callers get the ScoreResult, the UI the message
@@ -123,10 +135,19 @@ def compare_models(left: str, right: str, registry: str = "registry") -> list[di
 
 @checks(score_pipeline)
 def check_arguments(
-    *, images: str, model: str, registry: str, shards: int, max_failed_images: int, shard_timeout_s: float
+    *,
+    images: str,
+    model: str,
+    registry: str,
+    shards: int,
+    max_failed_images: int,
+    shard_timeout_s: float,
+    precision: Precision,
 ) -> None:
     """The command line's checks, before a server is started: the sharding, the images, the model."""
     check_sharding(shards, max_failed_images, shard_timeout_s)
+    if shards > 1 and precision != "fp32":
+        raise PipelineInputError(f"precision {precision!r} scores in one process: give shards 1, or precision fp32")
     check_scoring_inputs(images, model, registry)
 
 

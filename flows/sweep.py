@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m flows.sweep") -> 
         prog=prog,
         check=check_sweep_inputs,
         log_name="sweep",
-        skip_fields={"model": ("weights",)},
+        skip_fields={"model": ("weights", "started_from")},
         whole=("search_space",),
     )
     print(result.summary())

@@ -11,8 +11,10 @@ PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS have passed, then a timeout bla
   connections at its address.
 - ``start``: the same server process (Prefect's own command, ``SubprocessASGIServer``) with its output appended to
   the command's log file, watched: one that exits is told at once with the last error it wrote; one whose port
-  another process took meanwhile is started again on another. Prefect keeps one such server per process, so each
-  of this process's clients then uses the one started here, and Prefect stops it when the process ends.
+  another process took meanwhile is started again on another. Unless the environment says otherwise, it sends no
+  usage reports and has 180 s to answer (SERVER_DEFAULTS: settings of this start, not this process's environment).
+  Prefect keeps one such server per process, so each of this process's clients then uses the one started here, and
+  Prefect stops it when the process ends.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasks.errors import TemporaryServerError
+
+if TYPE_CHECKING:
+    from prefect.server.api.server import SubprocessASGIServer
 
 STARTS = "Starting temporary server"
 PORT_ATTEMPTS = 3
@@ -38,6 +44,13 @@ CONNECT_TIMEOUT_S = 5.0
 ELSEWHERE = "or run a server that stays (`make server`, then export PREFECT_API_URL=http://127.0.0.1:4200/api)"
 # An exception's last line in a traceback: "sqlite3.OperationalError: unable to open database file".
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")
+
+# What the temporary server gets unless the environment says otherwise: no usage reports, and 180 s to start (Prefect's
+# 20 s is far less than its start can take on a loaded small machine: BENCHMARKS.md).
+SERVER_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+}
 
 logger = logging.getLogger("flows.temporary_server")
 logger.setLevel(logging.INFO)  # its "Starting …" line is for the log file (the console filters it out)
@@ -97,12 +110,21 @@ def unreachable(host: str, port: int, what: str) -> str | None:
 def start(log_file: Path) -> None:
     """Start Prefect's temporary server, its output appended to ``log_file``, unless PREFECT_API_URL names a server
     or it is running already; TemporaryServerError when it exits before answering or does not answer in time."""
+    from prefect import settings
     from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     server = SubprocessASGIServer()
     if PREFECT_API_URL.value() or server.running:
         return
+    # Settings, not os.environ: the server's process gets them through its environment, this one's stays as it is.
+    with temporary_settings({getattr(settings, k): v for k, v in SERVER_DEFAULTS.items() if k not in os.environ}):
+        _start(server, log_file)
+
+
+def _start(server: SubprocessASGIServer, log_file: Path) -> None:
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
     waited = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
     deadline = time.monotonic() + waited
     for _ in range(PORT_ATTEMPTS):

@@ -33,30 +33,32 @@ Flat leaves, shared by the packages and small enough to stay alone:
     allocator.py  glibc malloc kept from returning batch-sized blocks to the kernel
 """
 
-# The names ``from tasks import …`` gave before the stages moved into packages (2026-11, issue 42): each now raises an
-# ImportError that says where it is (the public ones: ``from flows import …``, flows/__init__.py).
+# The names ``from tasks import …`` gave before the stages moved into packages (2026-11, issue 42), each with the
+# public name that does its work now (``from flows import …``, flows/__init__.py): importing one raises an ImportError
+# that says so.
 _MOVED = {
-    "convert_to_image_directory": "flows",
-    "check_training_data": "flows",
-    "export_digits": "flows",
-    "launch_training": "flows",
-    "score_images": "flows",
-    "ImageDirectory": "flows",
-    "ModelDirectory": "flows",
-    "ModelSpec": "flows",
-    "TrainingParams": "flows",
-    "PipelineInputError": "flows",
-    "split_image_directory": "tasks.data.split",
-    "write_untrained_model_directory": "tasks.model.untrained",
-    "build_torchrun_command": "tasks.launch.torchrun_launcher",
-    "run_training": "tasks.launch.torchrun_launcher",
-    "evaluate_scores": "tasks.evaluation.evaluate",
-    "register_model": "tasks.registry",
-    "Normalisation": "tasks.contracts.image_directory",
-}
+    name: name
+    for name in (
+        "convert_to_image_directory",
+        "split_image_directory",
+        "check_training_data",
+        "export_digits",
+        "write_untrained_model_directory",
+        "launch_training",
+        "score_images",
+        "evaluate_scores",
+        "register_model",
+        "ImageDirectory",
+        "ModelDirectory",
+        "ModelSpec",
+        "TrainingParams",
+        "Normalisation",
+        "PipelineInputError",
+    )
+} | {"build_torchrun_command": "launch_training", "run_training": "launch_training"}  # launch_training builds and runs
 
 
 def __getattr__(name: str):
     if name in _MOVED:
-        raise ImportError(f"'from tasks import {name}' moved: use 'from {_MOVED[name]} import {name}'", name=name)
+        raise ImportError(f"'from tasks import {name}' moved: use 'from flows import {_MOVED[name]}'", name=name)
     raise AttributeError(f"module 'tasks' has no attribute {name!r}")

@@ -48,6 +48,11 @@ class PretrainedWeightsUnavailableError(PretrainedWeightsError):
     message names the three ways to provide the file."""
 
 
+class WarmStartMismatchError(PipelineInputError):
+    """A warm start from a registered version that does not fit the run: another architecture, or other classes
+    than the training data's (the head keeps one output per class, in order)."""
+
+
 class InvalidModelNameError(PipelineInputError):
     """A registry model name or reference is malformed."""
 
@@ -148,6 +153,20 @@ class ShardFailedError(RunFailedError, RuntimeError):
     message names the shard, its index rows, its last flow run and that run's last message."""
 
 
+class UnreadableImageError(PipelineInputError):
+    """An image that cannot be decoded, the same wherever it is (predict, scoring, the endpoint, training): missing,
+    empty, not an image Pillow reads, damaged or truncated, or more pixels than allowed (refused from its header, so
+    a decompression bomb is never decoded). ``part`` names the image as its caller did; ``status`` is the HTTP status
+    the endpoint answers it with (400, or 413 for too many pixels)."""
+
+    def __init__(self, part: str, reason: str = "", status: int = 400) -> None:
+        super().__init__(f"{part}: {reason}" if reason else part)  # one argument: a whole message, told again
+        self.part, self.reason, self.status = part, reason, status
+
+    def __reduce__(self):  # across a process boundary with its three arguments, not its message
+        return type(self), (self.part, self.reason, self.status)
+
+
 class InvalidTransformationsError(PipelineInputError):
     """The image transformations cannot run at the training size (e.g. a random crop larger than the padded image)."""
 
@@ -168,3 +187,8 @@ class AliasedVersionError(PipelineInputError):
 
 class InvalidQueryError(PipelineInputError):
     """A search condition or a tag is malformed."""
+
+
+# --- the monitoring stage's ------------------------------------------------------------------
+class LabelConflictError(InvalidDatasetError):
+    """A labelled batch holds one image (the same sha256) under two classes: which one is right only a person knows."""

@@ -382,7 +382,9 @@ LONGEST_FILES = (
     "tests/bench/test_bench.py",
     "tests/training/test_lifeline.py",
     "tests/flows/test_cli.py",
+    "tests/launch/test_interrupts.py",
     "tests/training/test_distributed.py",
+    "tests/test_public_api.py",
 )
 
 

@@ -63,6 +63,17 @@ image-classifier train --train-data data/digits/train --validation-fraction 0.2 
 image-classifier predict data/digits/validation/3/digit_0060.png data/digits/validation/3/digit_0190.png digits-resnet18""": Expect(
         output=(r"data/digits/validation/3/digit_0060\.png: \d  \(\d 0\.\d{3}, \d 0\.\d{3}, \d 0\.\d{3}\)\n",),
     ),
+    """. .venv/bin/activate
+image-classifier predict data/digits/validation/3/digit_0060.png digits-resnet18 --precision int8 --calibration data/digits/validation""": Expect(
+        output=(r"data/digits/validation/3/digit_0060\.png: \d  \(\d 0\.\d{3}, \d 0\.\d{3}, \d 0\.\d{3}\)\n",),
+        exists=("registry/digits-resnet18/2/model.int8.onnx",),
+    ),
+    # docs/monitoring.md
+    """. .venv/bin/activate
+image-classifier monitor --help
+image-classifier label-queue --help""": Expect(
+        output=(r"usage: image-classifier monitor .*--records RECORDS", r"usage: image-classifier label-queue ")
+    ),
     # docs/development.md
     """make lint
 make data
@@ -128,7 +139,7 @@ RUN.update(
         # README.md: against the endpoint the block before started
         """curl -H 'Content-Type: image/png' --data-binary @data/digits/validation/3/digit_0060.png http://127.0.0.1:8080/v1/predict""": Expect(
             output=(
-                r'^\{"model":\{"name":"digits-resnet18","version":1\},"predictions":\[\{"image":"body","label":"\d",',
+                r'^\{"model":\{"name":"digits-resnet18","version":1,"precision":"fp32"\},"predictions":\[\{"image":"body","label":"\d",',
             )
         ),
     }
@@ -172,6 +183,12 @@ image-classifier serve digits-resnet18@production --canary digits-resnet18/7 --c
     """. .venv/bin/activate
 image-classifier serve digits-resnet18@production --host 0.0.0.0 --ssl-certfile cert.pem --ssl-keyfile key.pem""": "long-"
     "running, and a certificate of your own; tests/serving/test_endpoint.py serves HTTPS off loopback with one",
+    # README.md
+    """. .venv/bin/activate
+image-classifier serve digits-resnet18@production --record records --record-images low-confidence
+image-classifier monitor digits-resnet18@production --records records --since 1h
+image-classifier label-queue digits-resnet18 --records records --out to-label --count 200""": "long-running (the "
+    "endpoint keeps answering) and an hour's records; tests/monitoring/ monitor and queue real records of real answers",
     # docs/development.md
     """make test-fast
 make test PYTEST_ARGS="-k convert -x"

@@ -1,7 +1,9 @@
-"""The Prefect rule (docs/development.md, "The Prefect rule"): Prefect is imported — at a module's top or inside a
-function — only in modules whose file name starts with ``prefect`` (each package's ``prefect_tasks.py``, and a
-``prefect_<part>.py`` beside it), in the fan-out engine (tasks/fanout/), in flows/ and in deployments/. Every other module of tasks/ imports without Prefect, and importing
-it brings in no Prefect, not even through the modules it imports.
+"""The Prefect rule (docs/development.md, "The Prefect rule"): Prefect — ``prefect`` and every package of its own
+(``prefect_aws``, ``prefect_docker``, …) — is imported, at a module's top or inside a function, only in modules whose
+file name starts with ``prefect`` (each package's ``prefect_tasks.py``, and a ``prefect_<part>.py`` beside it), in the
+fan-out engine's two Prefect modules (tasks/fanout/engine.py and reruns.py; its plain decisions.py is checked like
+any other), in flows/ and in deployments/. Every other module of tasks/ imports without Prefect, and importing it
+brings in no Prefect, not even through the modules it imports.
 
 Two checks: every import statement of tasks/ is read (the files parsed, as tests/test_layers.py does, those inside
 functions too); and one fresh Python, in which Prefect cannot be imported, imports every module of tasks/ outside
@@ -14,8 +16,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from tests.test_layers import ROOT, imported_names, module_files
 
@@ -30,10 +30,21 @@ EXCEPTIONS: dict[str, str] = {
 ALLOWED: dict[str, str] = {}
 
 
+# The fan-out engine submits and watches child flow runs: Prefect is what it is about.
+FANOUT_ENGINE = frozenset({"tasks.fanout.engine", "tasks.fanout.reruns"})
+
+
+def is_prefect(name: str) -> bool:
+    """``prefect`` itself or one of its own packages (``prefect_aws``), by a module's dotted name."""
+    top = name.partition(".")[0]
+    return top == "prefect" or top.startswith("prefect_")
+
+
 def prefect_place(module: str, path: Path) -> bool:
     """A module that may import Prefect: a ``prefect*`` file, the fan-out engine, flows/ and deployments/."""
-    parts = module.split(".")
-    return path.name.startswith("prefect") or parts[:2] == ["tasks", "fanout"] or parts[0] in ("flows", "deployments")
+    return (
+        path.name.startswith("prefect") or module in FANOUT_ENGINE or module.split(".")[0] in ("flows", "deployments")
+    )
 
 
 def plain_modules() -> dict[str, Path]:
@@ -47,7 +58,7 @@ def prefect_imports(module: str, path: Path, modules: dict[str, Path]) -> list[i
         node.lineno
         for node in ast.walk(ast.parse(path.read_text(), str(path)))
         if isinstance(node, ast.Import | ast.ImportFrom)
-        and any(name == "prefect" or name.startswith("prefect.") for name in imported_names(node, module, modules))
+        and any(is_prefect(name) for name in imported_names(node, module, modules))
     ]
 
 
@@ -62,7 +73,8 @@ reached, failed, importing = {}, {}, [None]
 
 class RefusePrefect:
     def find_spec(self, name, path=None, target=None):
-        if name != "prefect" and not name.startswith("prefect."):
+        top = name.partition(".")[0]
+        if top != "prefect" and not top.startswith("prefect_"):
             return None
         ours = [f"{f.filename[len(ROOT) + 1:]}:{f.lineno}" for f in traceback.extract_stack()[:-1]
                 if f.filename.startswith(ROOT + "/tasks/")]
@@ -93,7 +105,7 @@ def test_prefect_is_imported_only_in_its_places():
     offending = {m: lines for m, lines in found.items() if m not in EXCEPTIONS and m not in ALLOWED}
     stale = (set(EXCEPTIONS) | set(ALLOWED)) - set(found)
     assert not offending, (
-        "Prefect imported outside prefect*.py, tasks/fanout/, flows/ and deployments/ (move the code into the "
+        "Prefect imported outside prefect*.py, the fan-out engine, flows/ and deployments/ (move the code into the "
         "package's prefect_tasks.py or a prefect_<part>.py beside it):\n"
         + "\n".join(
             f"  {modules[m].relative_to(ROOT)}:{line}: {m} imports Prefect"
@@ -104,7 +116,6 @@ def test_prefect_is_imported_only_in_its_places():
     assert not stale, f"allowed to import Prefect but no longer does, remove them: {sorted(stale)}"
 
 
-@pytest.mark.integration  # a fresh Python: what importing each module brings in
 def test_no_plain_module_brings_prefect_in_when_imported():
     names = sorted(m for m in plain_modules() if m not in ALLOWED)
     result = subprocess.run(
@@ -130,6 +141,8 @@ def test_the_walk_sees_prefect_imported_inside_a_function_and_the_places_are_tol
     assert prefect_place("tasks.launch.prefect_tasks", ROOT / "tasks/launch/prefect_tasks.py")
     assert prefect_place("tasks.outages.prefect_events", ROOT / "tasks/outages/prefect_events.py")
     assert prefect_place("tasks.fanout.engine", ROOT / "tasks/fanout/engine.py")
+    assert not prefect_place("tasks.fanout.decisions", ROOT / "tasks/fanout/decisions.py")
+    assert is_prefect("prefect_aws.s3") and is_prefect("prefect") and not is_prefect("prefectural")
     assert not prefect_place("tasks.launch.multinode", ROOT / "tasks/launch/multinode.py")
     leaf = tmp_path / "leaf.py"
     leaf.write_text("import os\n\n\ndef logger():\n    from prefect.logging import get_run_logger\n")

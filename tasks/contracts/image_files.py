@@ -12,6 +12,14 @@ import hashlib
 import os
 import unicodedata
 
+try:  # HEIC/HEIF, the iPhone's format: Pillow reads it once pillow-heif has registered its opener
+    from pillow_heif import register_heif_opener
+
+    register_heif_opener()
+    HEIF_READER: str | None = None
+except ImportError:  # a host installed with --no-deps (the GPU hosts): HEIC files are quarantined, saying why
+    HEIF_READER = "HEIC/HEIF needs pillow-heif, which is not installed here: pip install pillow-heif"
+
 # Formats stored re-encoded as JPEG (quality 95, RGB): phones' formats that not every decode path reads (nvJPEG,
 # torchvision, onnx checks). HEIC/HEIF through pillow-heif, AVIF through Pillow itself.
 REENCODED_AS_JPEG = frozenset({"HEIF", "AVIF"})

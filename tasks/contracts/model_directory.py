@@ -36,6 +36,8 @@ from tasks.storage.local_files import write_text_atomic
 
 SPEC_FILE = "model_spec.json"
 STAGED_WEIGHTS_FILE = "pretrained_weights.pth"
+# A registered version's weights, head included, that a warm-started training loads (tasks/model/warm_start.py).
+WARM_START_FILE = "warm_start.pt"
 WEIGHTS_FILE = "model.pt"
 CLASSES_FILE = "classes.json"
 METRICS_FILE = "metrics.json"
@@ -49,10 +51,12 @@ SWEEP_PICTURES = {
     "sweep_optimisation_history.png": "optimisation history",
     "sweep_parallel_coordinate.png": "parallel coordinates",
 }
+# What the version saw on its validation set, the served model's drift is measured against (tasks/monitoring/reference.py).
+REFERENCE_FILES = ("reference.json", "reference.npz")
 # Files a registered version carries (logs and checkpoints stay with the training run), and OPTIONAL_FILES when
 # present.
 MODEL_FILES = (WEIGHTS_FILE, SPEC_FILE, CLASSES_FILE, METRICS_FILE, TRAINING_LOG_FILE)
-OPTIONAL_FILES = (ONNX_FILE, *SWEEP_PICTURES)
+OPTIONAL_FILES = (ONNX_FILE, *SWEEP_PICTURES, *REFERENCE_FILES)
 
 # Every name of the family table, grouped by family: a Literal, so the Prefect form offers them as a choice.
 Architecture = Literal[ARCHITECTURES]  # type: ignore[valid-type]
@@ -94,6 +98,11 @@ class ModelSpec(BaseModel):
     )
     weights: PretrainedWeights | None = Field(
         None, description="filled in by the model stage: the pretrained weights' file name, sha256 and source"
+    )
+    started_from: PretrainedWeights | None = Field(
+        None,
+        description="filled in by the model stage for a warm start: the registered version whose weights, head "
+        "included, training started from (its reference, the weights' sha256, the registry)",
     )
     memory_efficient: bool = Field(False, description="DenseNet only: checkpointed, slower, less memory")
     zero_init_residual: bool = Field(False, description="ResNet family only: zero-init the last BN of each block")

@@ -4,8 +4,8 @@ A CSV with one row per image: ``image`` (the user's own path of it), ``Scored La
 ``Scored Probabilities_<class>`` per class in the model's output order (Azure's column names), with ``top_k``
 scoring ``Top 1 Label``, ``Top 1 Probability`` ... after them, and ``label`` when the images were labeled.
 Written a chunk of rows at a time (``write_score_chunks``): scoring a million images never holds their table.
-Plain pandas: no torch, no Prefect. The two parameters of scoring that the flows take (``Runtime``,
-``BATCH_SIZE``) are here too, so that a flow's signature does not import torch.
+Plain pandas: no torch, no Prefect. The parameters of scoring that the flows take (``Runtime``,
+``Precision``, ``BATCH_SIZE``) are here too, so that a flow's signature does not import torch.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from tasks.storage.s3 import is_s3_uri, parse_s3_uri, read_bytes, s3_client, s3_
 
 # How a table is scored: by PyTorch or by onnxruntime on the exported model, this many images at a time.
 Runtime = Literal["torch", "onnx"]
+# fp32; bf16 autocast (a GPU's); int8: ONNX Runtime's static quantization on the CPU (tasks/inference/int8.py).
+Precision = Literal["fp32", "bf16", "int8"]
 BATCH_SIZE = 64
 
 SCORED_LABELS = "Scored Labels"

@@ -40,18 +40,11 @@ from tasks.contracts.image_directory import (
     QuarantinedFile,
     orientation_of,
 )
+from tasks.contracts.image_files import HEIF_READER
 from tasks.convert.output_folder import StoredJournal, WriteFailed, writing
 from tasks.convert.plan import SourceFile
 from tasks.near_duplicates import MIN_SIDE, perceptual_hash
 from tasks.storage.local_files import sha256_file
-
-try:  # HEIC/HEIF, the iPhone's format: Pillow reads it once pillow-heif has registered its opener
-    from pillow_heif import register_heif_opener
-
-    register_heif_opener()
-    HEIF_READER: str | None = None
-except ImportError:  # a host installed with --no-deps (the GPU hosts): HEIC files are quarantined, saying why
-    HEIF_READER = "HEIC/HEIF needs pillow-heif, which is not installed here: pip install pillow-heif"
 
 # Pillow holds RGB as 4 bytes a pixel; normalising adds the rotated and the converted copy.
 _BYTES_PER_PIXEL, _NORMALISING_BYTES_PER_PIXEL = 4, 12

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from tasks.contracts.image_directory import MANIFEST_NAME, ImageDirectory, Image
 from tasks.contracts.image_index import ImageIndex
 from tasks.errors import ClassTooSmallToSplitError, InvalidDatasetError, NotLabeledDatasetError, PipelineInputError
 from tasks.near_duplicates import DEFAULT_DISTANCE, check_distance, near_pairs
-from tasks.storage.local_files import staged_directory
+from tasks.storage.local_files import link_or_copy, staged_directory
 
 SIDES = ("first", "second")
 
@@ -162,14 +161,6 @@ def _check_locations(source: Path, outputs: tuple[Path, Path]) -> None:
             )
 
 
-def _link_or_copy(source: Path, destination: Path) -> None:
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(source, destination)
-    except OSError:  # another filesystem, or one without hard links
-        shutil.copyfile(source, destination)
-
-
 def _side_manifest(
     source: ImageDirectoryManifest, index: ImageIndex, record: SplitRecord, warnings: list[str]
 ) -> ImageDirectoryManifest:
@@ -231,7 +222,7 @@ def split_image_directory(
         for staging, rows, record in zip((first_staging, second_staging), sides, records):
             index = source.index.take(rows)
             for path in index.path:
-                _link_or_copy(source.root / path, staging / path)
+                link_or_copy(source.root / path, staging / path)
             ImageDirectory.write(staging, _side_manifest(manifest, index, record, warnings), index)
     return ImageDirectory(outputs[0]), ImageDirectory(outputs[1])
 

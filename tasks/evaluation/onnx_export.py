@@ -26,7 +26,9 @@ from torch import nn
 
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ONNX_FILE, ModelDirectory
-from tasks.errors import InvalidModelDirectoryError, OnnxMismatchError
+from tasks.errors import OnnxMismatchError
+from tasks.inference.networks import INPUT_NAME, OnnxNetwork
+from tasks.inference.networks import PROBABILITIES_NAME as OUTPUT_NAME
 from tasks.storage.local_files import atomic_write
 from tasks.vision.images import ImageFiles
 from tasks.vision.networks import load_trained_model
@@ -34,7 +36,6 @@ from tasks.vision.transforms import eval_transform
 
 ONNX_TOLERANCE = 1e-4
 OPSET = 17
-INPUT_NAME, OUTPUT_NAME = "images", "probabilities"
 CHECK_BATCH_SIZES = (1, 5)
 
 
@@ -92,18 +93,6 @@ def export_onnx(model_dir: ModelDirectory) -> ModelDirectory:
     return model_dir
 
 
-def onnx_session(model_dir: ModelDirectory):
-    import onnxruntime
-
-    path = model_dir.root / ONNX_FILE
-    if not path.is_file():
-        raise InvalidModelDirectoryError(
-            f"{model_dir.root} has no {ONNX_FILE}: score with runtime 'torch', or train with export_onnx=True "
-            "(tasks.evaluation.onnx_export.export_onnx for a ModelDirectory of your own)"
-        )
-    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-
-
 def sample_inputs(model_dir: ModelDirectory, images: ImageDirectory | None, count: int) -> torch.Tensor:
     """``count`` real images from ``images`` (repeated if fewer), or seeded noise when none are given."""
     spec = model_dir.spec
@@ -118,7 +107,7 @@ def check_onnx(
     model_dir: ModelDirectory, images: ImageDirectory | None = None, tolerance: float = ONNX_TOLERANCE
 ) -> float:
     """The largest absolute difference between ONNX and PyTorch probabilities; raises past ``tolerance``."""
-    session, network = onnx_session(model_dir), probability_model(model_dir)
+    session, network = OnnxNetwork.exported(model_dir).session, probability_model(model_dir)
     worst = 0.0
     for batch_size in CHECK_BATCH_SIZES:
         inputs = sample_inputs(model_dir, images, batch_size)

@@ -19,6 +19,7 @@ from tasks.contracts.model_directory import ONNX_FILE, ModelDirectory
 from tasks.contracts.scores_table import (
     BATCH_SIZE,
     LABEL_COLUMN,
+    Precision,
     Runtime,
     ScoresSummary,
     probability_column,
@@ -49,24 +50,28 @@ def score(
     runtime: Runtime = "torch",
     batch_size: int = BATCH_SIZE,
     top_k: int = 0,
+    precision: Precision = "fp32",
+    calibration: str | None = None,
 ) -> Scored:
     """Write the scores CSV (a path or s3:// URI) as the images are scored, with ``top_k`` best labels per image
-    when > 0; artifact ``scores``: a summary and the first rows."""
+    when > 0; artifact ``scores``: a summary, the runtime and precision it ran with, and the first rows."""
     from tasks.evaluation.score import score_chunks  # torch: only a run that scores loads it
 
     started = time.perf_counter()
     images = ImageDirectory(image_dir)
-    chunks = score_chunks(ModelDirectory(model_dir), images, batch_size=batch_size, runtime=runtime, top_k=top_k)
+    options = dict(batch_size=batch_size, runtime=runtime, top_k=top_k, precision=precision, calibration=calibration)
+    chunks = score_chunks(ModelDirectory(model_dir), images, **options)
     summary = write_score_chunks(chunks, output_csv, rows=len(images), preview_rows=PREVIEW_ROWS)
-    return publish_scores(summary, time.perf_counter() - started, runtime, output_csv)
+    return publish_scores(summary, time.perf_counter() - started, f"{runtime} {precision}", output_csv)
 
 
-def publish_scores(summary: ScoresSummary, seconds: float, runtime: Runtime, output_csv: str) -> Scored:
-    """Artifact ``scores``: how many images in how long, the summary and the first rows."""
+def publish_scores(summary: ScoresSummary, seconds: float, ran_with: str, output_csv: str) -> Scored:
+    """Artifact ``scores``: how many images in how long (``ran_with``: the runtime and precision), the summary and
+    the first rows."""
     create_table_artifact(
         key="scores",
         table=summary.head.round(4).to_dict(orient="records"),
-        description=f"{summary.rows} images scored with {runtime} in {seconds:.1f} s "
+        description=f"{summary.rows} images scored with {ran_with} in {seconds:.1f} s "
         f"({summary.rows / max(seconds, 1e-9):.0f} images/s); {summary.text()}. "
         f"First {min(PREVIEW_ROWS, summary.rows)} rows below; all in {output_csv}",
     )

@@ -4,7 +4,8 @@ Images run through the network in batches under ``torch.inference_mode()``, with
 onnxruntime on the directory's ``model.onnx``. On CUDA, threads read the next files into pinned memory, a thread
 decodes JPEGs on the GPU a batch or two ahead (on a stream of its own), and each batch's probabilities come back
 to pinned memory without waiting: the table is built from one batch while the next runs. Elsewhere a DataLoader
-decodes. ``precision="bf16"`` runs the network under bf16 autocast.
+decodes. The model is the one loaded model of ``tasks.inference``: ``precision="bf16"`` runs it under bf16 autocast,
+``"int8"`` quantized by ONNX Runtime on the CPU.
 Scoring sets this process's allocator to keep freed memory (tasks/allocator.py): each batch then reuses its
 blocks instead of page-faulting them in afresh.
 """
@@ -32,18 +33,18 @@ from tasks.contracts.scores_table import (
     IMAGE_COLUMN,
     LABEL_COLUMN,
     SCORED_LABELS,
+    Precision,
     Runtime,
     probability_column,
     top_k_columns,
 )
 from tasks.errors import InvalidDatasetError, PipelineInputError
+from tasks.inference.loaded import LoadedModel
+from tasks.inference.networks import most_probable, probabilities_of
 from tasks.vision.device_pipeline import DecodedAhead, DevicePipeline
 from tasks.vision.images import ImageFiles
-from tasks.vision.networks import load_trained_model, memory_format
 from tasks.vision.payloads import EncodedImageFiles, PackedPayloads, collate_payloads, threaded_batches
-from tasks.vision.transforms import eval_transform
 
-Precision = Literal["fp32", "bf16"]
 DecodeOn = Literal["cpu", "device"]
 
 
@@ -53,7 +54,8 @@ class ScoringOptions(TypedDict, total=False):
     batch_size: int  # images per forward pass (BATCH_SIZE)
     runtime: Runtime  # "torch" (the default) or "onnx" (onnxruntime on the exported model.onnx)
     top_k: int  # > 0: Top 1 ... Top k label and probability columns too (0)
-    precision: Precision  # torch: "fp32" (the default; TF32 convolutions on CUDA) or "bf16" autocast
+    precision: Precision  # "fp32" (the default; TF32 convolutions on CUDA), "bf16" autocast, or "int8" (CPU)
+    calibration: str  # int8 the first time: the model's validation ImageDirectory (tasks/inference/int8.py)
     decode_on: DecodeOn  # torch: "device" (the default on CUDA): threads read, the device decodes; "cpu" (elsewhere)
 
 
@@ -132,31 +134,19 @@ def ready(probabilities: np.ndarray) -> Probabilities:
     return lambda: probabilities
 
 
-def torch_predictor(
-    model_dir: ModelDirectory, precision: Precision
-) -> tuple[Callable[[torch.Tensor], Probabilities], torch.device]:
-    """(normalised batch on the device -> its probabilities when asked, the device). On CUDA the network's work
-    and the copy of its output to pinned host memory are queued and the call returns: asking for the
-    probabilities waits for that batch alone, so the host builds the table of one batch while the next runs."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_trained_model(model_dir, device).to(memory_format=memory_format(device))
-    # bf16 autocast is not the default: scoring is bound by reading and decoding, and the casts cost more than
-    # they save (BENCHMARKS.md).
-    bf16 = precision == "bf16"
-
-    def predict(images: torch.Tensor) -> Probabilities:
-        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            probabilities = torch.softmax(model(images).float(), dim=1)
-        if device.type != "cuda":
-            return ready(probabilities.numpy())
-        # Pinned blocks come from torch's caching host allocator: freed with the batch's array, reused by the next.
-        host = torch.empty(probabilities.shape, dtype=probabilities.dtype, pin_memory=True)
-        host.copy_(probabilities, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-        return lambda: (copied.synchronize(), host.numpy())[1]
-
-    return predict, device
+def host_probabilities(model: LoadedModel, batch: torch.Tensor) -> Probabilities:
+    """A normalised batch's probabilities when asked. On CUDA the network's work and the copy of its output to pinned
+    host memory are queued and the call returns: asking for the probabilities waits for that batch alone, so the host
+    builds the table of one batch while the next runs."""
+    probabilities = probabilities_of(model.network(batch))
+    if model.device.type != "cuda":
+        return ready(probabilities.numpy())
+    # Pinned blocks come from torch's caching host allocator: freed with the batch's array, reused by the next.
+    host = torch.empty(probabilities.shape, dtype=probabilities.dtype, pin_memory=True)
+    host.copy_(probabilities, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return lambda: (copied.synchronize(), host.numpy())[1]
 
 
 def pinned_payloads(items: list) -> tuple[PackedPayloads, torch.Tensor]:
@@ -166,11 +156,9 @@ def pinned_payloads(items: list) -> tuple[PackedPayloads, torch.Tensor]:
 
 
 def batches_and_predictor(
-    model_dir: ModelDirectory,
+    model: LoadedModel,
     images: ImageDirectory,
     batch_size: int,
-    runtime: Runtime,
-    precision: Precision,
     decode_on: DecodeOn | None = None,
     span: Span | None = None,
 ) -> tuple[Iterable, Callable[[object], Probabilities]]:
@@ -179,34 +167,19 @@ def batches_and_predictor(
     batches (tasks/vision/device_pipeline.py) ahead of the network; with "cpu" (the default elsewhere) a
     DataLoader decodes uint8 images here and each batch is normalised where the network runs. With a ``span``, its
     images only, and an image that fails to read or decode (on either path) is noted in it instead of failing."""
-    spec = model_dir.spec
-    transform = eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std)
+    spec, transform = model.model_dir.spec, model.transform
     samples = images.samples(span.start, span.stop) if span else images.samples()
-
-    def decoded_here() -> DataLoader:
-        files = ImageFiles(samples, transform, normalized=False)
-        return DataLoader(TolerantImageFiles(files, span) if span else files, batch_size=batch_size)
-
-    if runtime == "onnx":
-        from tasks.evaluation.onnx_export import INPUT_NAME, OUTPUT_NAME, onnx_session
-
-        session = onnx_session(model_dir)
-        return decoded_here(), lambda batch: ready(
-            session.run([OUTPUT_NAME], {INPUT_NAME: transform.normalize(batch[0]).numpy()})[0]
-        )
-    predict, device = torch_predictor(model_dir, precision)
-    layout = memory_format(device)
-    if decode_on == "device" or (decode_on is None and device.type == "cuda"):
-        pipeline = DevicePipeline(transform, spec.transformations, spec.image_size, device)
+    if model.runtime == "torch" and (decode_on == "device" or (decode_on is None and model.device.type == "cuda")):
+        pipeline = model.pipeline or DevicePipeline(transform, spec.transformations, spec.image_size, model.device)
         encoded = EncodedImageFiles(samples, transform)
         dataset = TolerantImageFiles(encoded, span) if span else encoded
-        collate = pinned_payloads if device.type == "cuda" else collate_payloads
+        collate = pinned_payloads if model.device.type == "cuda" else collate_payloads
         read = threaded_batches(dataset, batch_size, collate, threads=min(8, os.cpu_count() or 1))
         decoded = DecodedAhead(read, TolerantDecode(pipeline, span, batch_size) if span else pipeline)
-        return decoded, lambda batch: predict(
-            pipeline.finish(batch[0], training=False).contiguous(memory_format=layout)
-        )
-    return decoded_here(), lambda batch: predict(transform.normalize(batch[0].to(device, memory_format=layout)))
+        return decoded, lambda batch: host_probabilities(model, pipeline.finish(batch[0], training=False))
+    files = ImageFiles(samples, transform, normalized=False)
+    loader = DataLoader(TolerantImageFiles(files, span) if span else files, batch_size=batch_size)
+    return loader, lambda batch: host_probabilities(model, model.batch(batch[0]))
 
 
 def score_chunks(
@@ -219,12 +192,13 @@ def score_chunks(
     precision: Precision = "fp32",
     decode_on: DecodeOn | None = None,
     span: Span | None = None,
+    calibration: str | None = None,
 ) -> Iterator[pd.DataFrame]:
     """``score_images``' table ``chunk_rows`` rows at a time (by default about 4 million probabilities' worth,
     whatever the number of classes), in the images' order, at least one chunk (it names the columns): what
-    ``write_score_chunks`` writes as it comes. The arguments are checked at once. With a ``span``, only the
-    images from ``span.start`` to ``span.stop`` (index rows), and an image that cannot be read or decoded is
-    noted in ``span.failed`` with its row left without scores instead of failing the scoring."""
+    ``write_score_chunks`` writes as it comes. The arguments are checked and the model loaded at once. With a
+    ``span``, only the images from ``span.start`` to ``span.stop`` (index rows), and an image that cannot be read or
+    decoded is noted in ``span.failed`` with its row left without scores instead of failing the scoring."""
     if top_k < 0:
         raise PipelineInputError(f"top_k {top_k} is not allowed: use 0 (no top-k columns) or a number of labels >= 1")
     if images.labeled and not set(images.classes) <= set(model_dir.classes):
@@ -233,25 +207,27 @@ def score_chunks(
             f"{images.root} has classes {unknown} the model {model_dir.root} was not trained on "
             f"(it knows {model_dir.classes})"
         )
+    # bf16 autocast is not the default: scoring is bound by reading and decoding, and the casts cost more than they
+    # save (BENCHMARKS.md). int8 and ONNX Runtime run on the CPU whatever the host has.
+    device = "cuda" if torch.cuda.is_available() and precision != "int8" and runtime == "torch" else "cpu"
+    model = LoadedModel(model_dir, runtime=runtime, precision=precision, device=device, calibration=calibration)
     rows = chunk_rows or max(batch_size, min(8192, 2**22 // max(1, len(model_dir.classes))))
-    return _chunks(model_dir, images, batch_size, runtime, top_k, rows, precision, decode_on, span)
+    return _chunks(model, images, batch_size, top_k, rows, decode_on, span)
 
 
 def _chunks(
-    model_dir: ModelDirectory,
+    model: LoadedModel,
     images: ImageDirectory,
     batch_size: int,
-    runtime: Runtime,
     top_k: int,
     rows: int,
-    precision: Precision,
     decode_on: DecodeOn | None,
     given: Span | None,
 ) -> Iterator[pd.DataFrame]:
     keep_freed_memory()  # batch after batch of the same shapes: reuse the blocks instead of faulting them in
     # Without a span: every image, and one that cannot be decoded fails the scoring (nothing tolerated).
-    batches, predict = batches_and_predictor(model_dir, images, batch_size, runtime, precision, decode_on, given)
-    span = given or Span(0, len(images))
+    batches, predict = batches_and_predictor(model, images, batch_size, decode_on, given)
+    span, model_dir = given or Span(0, len(images)), model.model_dir
     pending, start = [], span.start
     for probabilities in _one_behind(batches, predict):
         span.first_at = span.first_at or time.time()
@@ -298,7 +274,7 @@ def _table(
     for column, name in enumerate(model_dir.classes):
         table[probability_column(name)] = probabilities[:, column]
     # Stable sort: of equal probabilities the class listed first ranks first, as argmax picks it.
-    ranked = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
+    ranked = most_probable(probabilities, top_k)
     for rank in range(ranked.shape[1]):
         label, probability = top_k_columns(rank + 1)
         table[label] = [model_dir.classes[i] for i in ranked[:, rank]]

@@ -6,8 +6,12 @@ how long it has been running, and how often it was run again already.
   fan-out's ``timeout_s``: run again by the engine, through the fan-out's own queue, with ``replaces_run`` naming
   it, at most ``max_reruns`` times; after that its budget is spent. A timed-out run is cancelled first.
 - Failed (its own retries spent) or Cancelled (by someone else): ended; its caller says what that means for the
-  fan-out (a shard fails the scoring, a trial is told failed, a node fails a fixed-size gang).
+  fan-out (a shard fails the scoring, a trial is told failed), or its completion rule does (a node fails a
+  fixed-size gang).
 - Anything else (Scheduled, Pending, Running within its time, Paused, Cancelling): waiting or running.
+
+And the rule for the whole fan-out (its completion rule, handed to the engine): by default done once every child
+is settled (``every_child_settled``); a gang's is its own (``Outcome``: done, or children to end as lost).
 
 Nothing here reads the server, so every decision has a unit test (tests/fanout/test_decisions.py). The
 automation "Run a training again when its run crashed (host lost)" (deployments/automations.py) re-runs only
@@ -64,7 +68,7 @@ class Decision:
 
     @property
     def settled(self) -> bool:
-        """The child will not run again: its caller settles it."""
+        """The child will not run again: the engine settles it (no longer looked at, nor cancelled on the way out)."""
         return self.verdict in (Verdict.COMPLETED, Verdict.SPENT, Verdict.FAILED, Verdict.CANCELLED)
 
 
@@ -91,3 +95,19 @@ def decide(state, running_for: float, reruns: int, rule: RerunRule) -> Decision:
         spent = f"{why}, and was run {times} again" if reruns else f"{why} (a run here is not run again)"
         return Decision(Verdict.SPENT, spent, timed_out)
     return Decision(Verdict.RERUN, why, timed_out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a fan-out's completion rule says after a look: whether the fan-out is done, and which children to end
+    Crashed first (key → the message), their host lost with their worker, which no one else is left to end."""
+
+    done: bool
+    lost: dict[int, str] = dataclasses.field(default_factory=dict)
+
+
+def every_child_settled(fan) -> Outcome:
+    """The default completion rule: done once no child is left to watch (``fan.unsettled``, children the caller
+    submitted on the last look included). A caller whose children's ends decide more (a gang: tasks/launch/
+    multinode.py's ``GangRule``) hands the engine its own rule; a rule raises to fail the fan-out."""
+    return Outcome(done=not fan.unsettled)

@@ -17,10 +17,11 @@ However the train task ends (done, failed, cancelled, interrupted), it cancels e
 returns or raises only once they have all ended, so no node trains alone. The server cancels them too if the
 parent flow run is cancelled (they are its subflows).
 
-This module is the plain half (no Prefect): the rendezvous, the node runs' parameters, when the nodes are done
-or failed, the messages. The Prefect half (the rendezvous Variable, ``find_rendezvous``, ``run_nodes``) is in
-``tasks/launch/prefect_nodes.py``; the node runs are submitted, watched and cancelled by the fan-out engine
-(tasks/fanout/engine.py).
+This module is the plain half (no Prefect): the rendezvous, the node runs' parameters, the gang's completion rule
+(``GangRule``: when the nodes are done or failed, which runs were lost with their host), the messages. The Prefect
+half (the rendezvous Variable, ``find_rendezvous``, ``run_nodes``) is in ``tasks/launch/prefect_nodes.py``; the
+node runs are submitted, watched, ended when lost and cancelled by the fan-out engine (tasks/fanout/engine.py),
+under the rule handed to it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -35,6 +37,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
+from tasks.errors import NodesNotJoinedError, TrainingNodeFailedError
+from tasks.fanout.decisions import Outcome
 
 NODE_DEPLOYMENT = "train-node/train-node"
 # An address other hosts reach this one at, when the one facing the Prefect server is not it (NAT, several networks).
@@ -150,3 +154,43 @@ def lost_nodes(states: Sequence, now: datetime.datetime | None = None) -> list[i
     if not completed or (now - min(completed)).total_seconds() <= ELASTIC_FINISH_GRACE_SECONDS:
         return []
     return [rank for rank, state in enumerate(states) if started(state) and not state.is_final()]
+
+
+def lost_node_message(rank: int, state) -> str:
+    return (
+        f"node {rank}: still {state.name} {ELASTIC_FINISH_GRACE_SECONDS:g} s after another node of its group "
+        "completed: its host was lost with its worker; ended by the train stage"
+    )
+
+
+@dataclasses.dataclass
+class GangRule:
+    """The gang's completion rule, handed to the fan-out engine (its ``policy``), asked after each look with the
+    fan-out (its ``children`` by rank, its ``pool`` and ``workers()``): done by ``nodes_outcome``, the elastic
+    group's lost runs (``lost_nodes``) named for the engine to end Crashed; a node whose end fails the training
+    raises TrainingNodeFailedError, and fewer than the nodes needed started once ``join_timeout_s`` has passed since
+    the first look raises NodesNotJoinedError."""
+
+    params: TrainingParams
+    joined_by: float | None = None  # time.monotonic() by which the nodes needed must have started
+
+    def __call__(self, fan) -> Outcome:
+        runs = [child.run for child in fan.children.values()]
+        states = [run.state for run in runs]
+        now = datetime.datetime.now(datetime.timezone.utc)
+        elastic = self.params.min_nodes < self.params.max_nodes
+        done, failed = nodes_outcome(states, elastic, now)
+        if failed is not None:
+            message = node_failed_message(failed, runs[failed].name, states[failed])
+            raise TrainingNodeFailedError(message, returncode=None, rank=None, log_tail=states[failed].message or "")
+        if done:
+            lost = lost_nodes(states, now) if elastic else []
+            return Outcome(done=True, lost={rank: lost_node_message(rank, states[rank]) for rank in lost})
+        if self.joined_by is None:
+            self.joined_by = time.monotonic() + self.params.join_timeout_s
+        if time.monotonic() >= self.joined_by and sum(started(state) for state in states) < self.params.min_nodes:
+            workers = fan.workers()
+            raise NodesNotJoinedError(
+                not_joined_message(states, self.params.min_nodes, fan.pool, workers, self.params.join_timeout_s, now)
+            )
+        return Outcome(done=False)

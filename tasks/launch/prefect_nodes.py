@@ -1,15 +1,13 @@
 """Multi-node training's Prefect side (tasks/launch/multinode.py is the plain half): a node's run
 (flows/train_node.py: ``find_rendezvous`` through a Prefect Variable, then ``train_node``; ``cancelled_with_its_gang``
 when its gang is being cancelled), and the train task's (``run_nodes``: one flow run of the node deployment per
-node through the fan-out engine, tasks/fanout/engine.py, watched until the gang is done or failed; the live
-``training-nodes`` artifact)."""
+node through the fan-out engine, tasks/fanout/engine.py, watched under the gang's completion rule,
+multinode.GangRule, until the gang is done or failed; the live ``training-nodes`` artifact)."""
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 
 from prefect import get_run_logger
@@ -20,27 +18,22 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymen
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL
-from prefect.states import Cancelled, Crashed, State
+from prefect.states import Cancelled, State
 from prefect.variables import Variable
 
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
-from tasks.errors import NodesNotJoinedError, TrainingFailedError, TrainingNodeFailedError
+from tasks.errors import TrainingFailedError
 from tasks.fanout.decisions import RerunRule
 from tasks.fanout.engine import Child, FanOut
 from tasks.launch.multinode import (
-    ELASTIC_FINISH_GRACE_SECONDS,
     NODE_ADDRESS_VARIABLE,
     NODE_DEPLOYMENT,
+    GangRule,
     Rendezvous,
     free_port,
-    lost_nodes,
-    node_failed_message,
     node_run_parameters,
-    nodes_outcome,
-    not_joined_message,
     reachable_address,
     rendezvous_key,
-    started,
 )
 from tasks.launch.torchrun_launcher import launch_training
 from tasks.launch.torchrun_output import watchable
@@ -135,47 +128,14 @@ def find_rendezvous(params: TrainingParams, node_rank: int, key: str) -> Rendezv
     return Rendezvous(endpoint=endpoint, id=rendezvous_id, is_host=is_host)
 
 
-def check_nodes(client, runs: Sequence, deployment: str, params: TrainingParams, joining: bool) -> bool:
-    """One look at the node runs: True once training is done (``nodes_outcome``); raises when a node's end fails
-    it, or when ``joining`` is over (``join_timeout_s`` passed) and fewer than the nodes needed have started."""
-    states = [run.state for run in runs]
-    done, failed = nodes_outcome(states, elastic=params.min_nodes < params.max_nodes)
-    if failed is not None:
-        run = runs[failed]
-        message = node_failed_message(failed, run.name, run.state)
-        raise TrainingNodeFailedError(message, returncode=None, rank=None, log_tail=run.state.message or "")
-    if done:
-        return True
-    if not joining and sum(started(state) for state in states) < params.min_nodes:
-        pool = client.read_deployment_by_name(deployment).work_pool_name
-        workers = client.read_workers_for_work_pool(pool)
-        now = datetime.datetime.now(datetime.timezone.utc)
-        raise NodesNotJoinedError(
-            not_joined_message(states, params.min_nodes, pool, workers, params.join_timeout_s, now)
-        )
-    return False
-
-
-def end_lost_nodes(client, runs: Sequence, log) -> None:
-    """Set the runs of hosts lost with their worker (``lost_nodes``) to Crashed through the API: no worker can,
-    and a Cancelling state would wait for one."""
-    for rank in lost_nodes([run.state for run in runs]):
-        message = (
-            f"node {rank}: still {runs[rank].state.name} {ELASTIC_FINISH_GRACE_SECONDS:g} s after another node of "
-            "its group completed: its host was lost with its worker; ended by the train stage"
-        )
-        client.set_flow_run_state(runs[rank].id, Crashed(message=message), force=True)
-        log(logging.WARNING, message)
-
-
 class NodesTable:
     """The live ``training-nodes`` artifact (a row per node: its flow run, state and re-runs) and a log line per
-    node whose state changed: the gang's hook on the fan-out engine."""
+    node whose state changed."""
 
     def __init__(self, log: Callable[[int, str], None]) -> None:
         self.log, self.seen = log, {}
 
-    def __call__(self, children: Sequence[Child]) -> None:
+    def follow(self, children: Sequence[Child]) -> None:
         for child in children:
             if child.run is not None and self.seen.get(child.key) != child.state_name:
                 self.seen[child.key] = child.state_name
@@ -200,11 +160,11 @@ def run_nodes(
     deployment: str = NODE_DEPLOYMENT,
 ) -> None:
     """Submit one node run per node through the fan-out engine, in a work queue of the gang's own with no limit
-    (every node must run at once), and watch them to the end; ``on_poll`` runs on every look, for progress. A node
-    run is never run again alone (its re-run budget is 0): the train task's retry runs the whole gang again. Raises
-    NodesNotJoinedError or TrainingNodeFailedError."""
-    log = get_run_logger().log
-    key = rendezvous_key()
+    (every node must run at once), and watch them until the gang's completion rule (``GangRule``) says training is
+    done; ``on_poll`` runs on every look, for progress. A node run is never run again alone (its re-run budget is
+    0): the train task's retry runs the whole gang again. Raises NodesNotJoinedError or TrainingNodeFailedError."""
+    log, key = get_run_logger().log, rendezvous_key()
+    table = NodesTable(log)
     fan = FanOut(
         deployment,
         label="node",
@@ -212,32 +172,21 @@ def run_nodes(
         queue=key,
         rule=RerunRule(max_reruns=0),
         cancel_message="cancelled with the other nodes of its training",
-        on_change=NodesTable(log),
+        policy=GangRule(params),
         poll_seconds=poll_seconds,
     )
     try:
         with fan:
-            try:
-                for rank, parameters in enumerate(node_run_parameters(folders, params, key)):
-                    child = fan.submit(rank, parameters)
-                    log(
-                        logging.INFO,
-                        f"node {rank}: flow run {child.run.name!r} ({child.flow_run_id}) submitted to {deployment}",
-                    )
-                joined_by = time.monotonic() + params.join_timeout_s
-
-                def step(looked: list[Child]) -> bool:
-                    for child in looked:
-                        if child.decision.settled:  # a final state: nothing more to read
-                            fan.settle(child)
-                    on_poll()
-                    runs = [child.run for child in fan.children.values()]
-                    return check_nodes(fan.client, runs, deployment, params, joining=time.monotonic() < joined_by)
-
-                fan.watch(step)
-            finally:
-                if params.min_nodes < params.max_nodes:
-                    runs = [fan.client.read_flow_run(child.flow_run_id) for child in fan.children.values()]
-                    end_lost_nodes(fan.client, runs, log)
+            for rank, parameters in enumerate(node_run_parameters(folders, params, key)):
+                child = fan.submit(rank, parameters)
+                log(
+                    logging.INFO,
+                    f"node {rank}: flow run {child.run.name!r} ({child.flow_run_id}) submitted to {deployment}",
+                )
+            table.follow(list(fan.children.values()))
+            for look in fan.looks():
+                if look.changed:
+                    table.follow(look.children)
+                on_poll()
     finally:
         Variable.unset(key)

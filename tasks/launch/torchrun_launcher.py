@@ -37,6 +37,7 @@ from tasks.errors import (
     TrainingHungError,
     TrainingTimeoutError,
 )
+from tasks.launch.interrupts import StopOnSignal
 from tasks.launch.torchrun_output import (
     LOG_TAIL_LINES,
     LineLevels,
@@ -56,6 +57,9 @@ from tasks.training.lifeline import (
 from tasks.work_dir.training_output import StagedTraining, stage_training
 
 WORKER_MODULE = "tasks.training.worker"
+# After Ctrl-C or SIGTERM, how long torchrun has to stop its ranks before they are killed: a person waits for it, and
+# every process is to be gone within 15 s however loaded the host (with 10 s a loaded 2-core CI host took longer).
+SIGNAL_GRACE_S = 5.0
 
 
 def build_torchrun_command(
@@ -183,7 +187,8 @@ def run_training(
 ) -> ModelDirectory:
     """Run the torchrun command to completion; stream its lines to ``log`` (level, line), new epochs to
     ``on_metrics``, and call ``on_poll`` on every look. A silent or stuck rank, or a run past its time, stops
-    every process and raises."""
+    every process and raises; so does SIGINT or SIGTERM, whatever the main thread is doing, raised again as the
+    handler there before would have it (KeyboardInterrupt for Ctrl-C)."""
     output_dir = Path(output_dir)
     log_dir = output_dir / LOGS_DIR
     if limits.claim_output:
@@ -214,35 +219,37 @@ def run_training(
     started = time.monotonic()
     new_epochs = NewEpochs(lambda: read_metrics(output_dir), on_metrics)
     try:
-        while True:
-            finished = process.poll() is not None
-            on_poll()
-            new_epochs.poll()
-            if finished:
-                break
-            try:
-                watch.check(read_heartbeats(log_dir))
-            except TrainingHang as hang:
-                stop_training(process, log_dir)
-                raise TrainingHungError(
-                    f"training hung: {hang}; every training process was stopped",
-                    returncode=process.returncode,
-                    rank=hang.ranks[0],
-                    log_tail=log_tail(driver_log_path(output_dir, hang.ranks[0])),
-                ) from None
-            if limits.timeout_s is not None and time.monotonic() - started > limits.timeout_s:
-                stop_training(process, log_dir)
-                raise TrainingTimeoutError(
-                    f"training ran past its limit of {limits.timeout_s / 60:g} minutes (timeout_minutes) after "
-                    f"{max(new_epochs.seen, 0)} epochs; every training process was stopped, a retry resumes from the checkpoint",
-                    returncode=process.returncode,
-                    rank=None,
-                    log_tail="\n".join(list(output)[-LOG_TAIL_LINES:]),
-                )
-            try:
-                process.wait(timeout=poll_seconds)
-            except subprocess.TimeoutExpired:
-                pass
+        # Ctrl-C or SIGTERM: every process stopped at once, raised again on leaving (tasks/launch/interrupts.py).
+        with StopOnSignal(lambda: stop_training(process, log_dir, SIGNAL_GRACE_S)) as signalled:
+            while not signalled.received:
+                finished = process.poll() is not None
+                on_poll()
+                new_epochs.poll()
+                if finished:
+                    break
+                try:
+                    watch.check(read_heartbeats(log_dir))
+                except TrainingHang as hang:
+                    stop_training(process, log_dir)
+                    raise TrainingHungError(
+                        f"training hung: {hang}; every training process was stopped",
+                        returncode=process.returncode,
+                        rank=hang.ranks[0],
+                        log_tail=log_tail(driver_log_path(output_dir, hang.ranks[0])),
+                    ) from None
+                if limits.timeout_s is not None and time.monotonic() - started > limits.timeout_s:
+                    stop_training(process, log_dir)
+                    raise TrainingTimeoutError(
+                        f"training ran past its limit of {limits.timeout_s / 60:g} minutes (timeout_minutes) after "
+                        f"{max(new_epochs.seen, 0)} epochs; every training process was stopped, a retry resumes from the checkpoint",
+                        returncode=process.returncode,
+                        rank=None,
+                        log_tail="\n".join(list(output)[-LOG_TAIL_LINES:]),
+                    )
+                try:
+                    process.wait(timeout=poll_seconds)
+                except subprocess.TimeoutExpired:
+                    pass
     finally:
         if process.poll() is None:
             # Cancelled or interrupted: take torchrun and all its workers down with us.

@@ -20,7 +20,7 @@ from tasks.contracts.model_directory import (
     TrainingMetrics,
     driver_log_path,
 )
-from tasks.errors import PipelineInputError, TrainingDivergedError, TrainingFailedError
+from tasks.errors import PipelineInputError, TrainingDivergedError, TrainingFailedError, UnreadableImageError
 from tasks.training.lifeline import read_failure
 
 LOG_TAIL_LINES = 40
@@ -110,7 +110,9 @@ def input_error_of(failure: dict | None) -> type[PipelineInputError] | None:
         if failure and failure.get("module") == tasks.errors.__name__
         else None
     )
-    if isinstance(found, type) and issubclass(found, PipelineInputError) and not issubclass(found, TrainingFailedError):
+    # An image unreadable in training was read whole at conversion: damaged since, a runtime failure (retried).
+    runtime = (TrainingFailedError, UnreadableImageError)
+    if isinstance(found, type) and issubclass(found, PipelineInputError) and not issubclass(found, runtime):
         return found
     return None
 

@@ -117,6 +117,7 @@ def _details(view: VersionView, pictures: dict[str, bytes]) -> list[str]:
         "datasets (content hash)": "; ".join(_dataset(role, d) for role, d in r.datasets.items()),
         "transformations": _transformations(r.params.get("model")),
         "pretrained weights": _weights(r.params.get("pretrained_weights")),
+        "warm start from": _weights(r.params.get("started_from")),
         "sweep": _sweep(r.params.get("sweep")),
         "tags": ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())),
         "approval": _approval(view.approval),

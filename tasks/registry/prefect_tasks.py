@@ -131,7 +131,11 @@ def register(
         trained,
         metrics=metrics,
         # The trained spec's record of its starting weights, so the model card shows them.
-        params={**params, "pretrained_weights": trained.spec.weights and trained.spec.weights.model_dump()},
+        params={
+            **params,
+            "pretrained_weights": trained.spec.weights and trained.spec.weights.model_dump(),
+            "started_from": trained.spec.started_from and trained.spec.started_from.model_dump(),
+        },
         datasets=lineages,
         flow_run_id=flow_run.get_id(),
         task_run_id=task_run.get_id(),

@@ -3,8 +3,8 @@ and the scoring's fan-out through the work pool: each range of the index is one 
 deployment (flows/score_shard.py; pool ``gpu``, or ``default`` through ``score-shard-default``), submitted through
 the scoring's own work queue; the pool's workers take them, one per host at a time as their limits say.
 
-The shard runs go through the fan-out engine (tasks/fanout/engine.py), which looks at them every few seconds. A
-completed shard's part is read back (its summary); a crashed one (its host or worker lost: the lost-host
+The shard runs go through the fan-out engine (tasks/fanout/engine.py), which looks at them every few seconds and
+hands each look to ``run_shards``' loop. A completed shard's part is read back (its summary); a crashed one (its host or worker lost: the lost-host
 automation or the worker sets it Crashed) and one that ran past ``timeout_s`` (cancelled through the API) are run
 again by the engine through the same queue, at most ``MAX_RERUNS`` times, writing their part anew; one that
 failed (its own retries spent), or whose re-runs are spent, fails the scoring. Shards whose part is
@@ -28,7 +28,7 @@ from tasks.contracts.scores_table import BATCH_SIZE, Runtime
 from tasks.errors import ShardFailedError
 from tasks.evaluation.prefect_tasks import PREVIEW_ROWS, Scored, publish_scores
 from tasks.fanout.decisions import RerunRule, Verdict
-from tasks.fanout.engine import Child, FanOut, last_message
+from tasks.fanout.engine import Child, FanOut
 from tasks.retrying import stage_task
 from tasks.score_shards.parts import (
     DEFAULT_TIMEOUT_S,
@@ -56,9 +56,9 @@ class Progress:
         self.states: dict[int, str] = {r.shard: "done before" for r in ranges if r.shard in summaries}
 
     def follow(self, children: Sequence[Child]) -> None:
-        """The engine's hook: each shard's run state as the last look found it (a re-run's included)."""
+        """Each shard's run state as the last look found it (a re-run's included), but for the parts read back."""
         for child in children:
-            if not child.settled:
+            if child.key not in self.summaries:
                 self.states[child.key] = (
                     "run again" if child.reruns and child.state_name == "Scheduled" else child.state_name.lower()
                 )
@@ -115,33 +115,31 @@ def run_shards(
         queue=queue,
         rule=RerunRule(timeout_s=timeout_s),
         cancel_message="cancelled with its scoring",
-        on_change=progress.follow,
         poll_seconds=poll_seconds,
     )
     with fan:
         for shard in (r for r in ranges if r.shard not in summaries):
             fan.submit(shard.shard, {**arguments, "shard": shard.model_dump()})
         log(logging.INFO, f"{len(fan.children)} shards submitted to work queue {queue!r} of pool {fan.pool!r}")
-        progress.publish()
-
-        def step(looked: list[Child]) -> bool:
-            for child in looked:
-                verdict, shard = child.decision.verdict, ranged[child.key]
-                if verdict is Verdict.COMPLETED:
-                    summary = read_summary(parts[child.key])
-                    if summary is None:
-                        said = last_message(fan.client, child.run)
-                        raise shard_failed(shard, child.run, f"completed but wrote no {parts[child.key]}", said)
-                    summaries[child.key] = summary
-                    progress.states[child.key] = "done"
-                    fan.settle(child)
-                    progress.publish()
-                elif child.decision.settled:  # failed, cancelled by someone, or its re-runs spent
-                    raise shard_failed(shard, child.run, child.decision.why, child.said)
-            return not fan.unsettled
-
-        fan.watch(step)
+        progress.follow(list(fan.children.values()))
+        for look in fan.looks():
+            for child in look.ended:
+                if child.decision.verdict is Verdict.COMPLETED and (summary := read_summary(parts[child.key])):
+                    summaries[child.key], progress.states[child.key] = summary, "done"
+            if look.changed:
+                progress.follow(look.children)
+            for child in look.ended:
+                if child.key not in summaries:  # failed, cancelled by someone, its re-runs spent, or no part
+                    raise ended_without_part(fan, child, ranged[child.key], parts[child.key])
     return [summaries[r.shard] for r in ranges]
+
+
+def ended_without_part(fan: FanOut, child: Child, shard: ShardRange, part: str) -> ShardFailedError:
+    """The error for a shard settled without its part: its run failed, was cancelled or ran out of re-runs, or
+    completed but wrote no ``part``."""
+    if child.decision.verdict is Verdict.COMPLETED:
+        return shard_failed(shard, child.run, f"completed but wrote no {part}", fan.last_message(child))
+    return shard_failed(shard, child.run, child.decision.why, child.said)
 
 
 def shard_failed(shard: ShardRange, run, what: str, message: str) -> ShardFailedError:
@@ -199,7 +197,7 @@ def merge_scores(
     if failed:
         logger.warning(f"{len(failed)} images have no scores (the table's 'error' column says why)")
     summary = combined_summary(summaries, parts[0], PREVIEW_ROWS)
-    return publish_scores(summary, time.time() - started, runtime, output_csv)
+    return publish_scores(summary, time.time() - started, f"{runtime} fp32", output_csv)
 
 
 def score_in_shards(

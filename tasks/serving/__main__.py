@@ -4,6 +4,7 @@
     image-classifier serve digits-resnet18/3 --max-batch-size 32 --max-wait-ms 5
     image-classifier serve runs/<run>/model --port 9000                # a ModelDirectory
     image-classifier serve digits-resnet18@production --canary digits-resnet18/4 --canary-percent 10
+    image-classifier serve digits-resnet18@production --record records --record-images low-confidence
     curl -H 'Content-Type: image/jpeg' --data-binary @photo.jpg http://127.0.0.1:8080/v1/predict
 
 MODEL is a registry reference (``name``, ``name/3``, ``name@production``; ``--registry``, a folder or s3://…) or a
@@ -23,11 +24,11 @@ import os
 import secrets
 import socket
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from tasks.console import CommandParser
-from tasks.serving.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, ServeSettings
+from tasks.serving.settings import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, ServeSettings
 from tasks.storage.secrets import SecretFileError, config_dir, create_secret, is_loopback, read_secret
 
 TOKEN_VARIABLE = "IMAGE_CLASSIFIER_SERVE_TOKEN"
@@ -47,13 +48,28 @@ def parse(argv: list[str] | None, prog: str) -> tuple[ServeSettings, Path | None
     parser.add_argument(
         "--runtime", choices=["torch", "onnx"], default="torch", help="torch, or onnxruntime on model.onnx"
     )
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "int8"],
+        default="fp32",
+        help="fp32; bf16 (a GPU's autocast); int8 (ONNX Runtime's quantized model on the CPU, made once)",
+    )
+    parser.add_argument("--calibration", metavar="DIR", help="int8 the first time: the validation images")
     parser.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu, cuda, cuda:1 …")
     parser.add_argument("--max-batch-size", type=int, default=16, help="images per forward pass (16)")
     parser.add_argument(
         "--max-wait-ms", type=float, default=10.0, help="the longest a batch waits for requests still arriving (10 ms)"
     )
-    parser.add_argument("--max-queue", type=int, default=128, help="images admitted at once; past it 503 (128)")
+    parser.add_argument(
+        "--max-queue", type=int, default=128, help="images admitted at once; full: 503, more in one request: 413 (128)"
+    )
     parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20, help="largest body (20)")
+    parser.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help=f"a body not received within this is answered 408 ({DEFAULT_BODY_TIMEOUT_S:g} s)",
+    )
     parser.add_argument("--max-image-pixels", type=int, default=ServeSettings.max_image_pixels, help="(50,000,000)")
     parser.add_argument("--poll-s", type=float, default=5.0, help="how often a followed alias is read (5 s)")
     parser.add_argument(
@@ -69,6 +85,27 @@ def parse(argv: list[str] | None, prog: str) -> tuple[ServeSettings, Path | None
     )
     parser.add_argument("--ssl-certfile", metavar="PEM", help="TLS: the certificate (chain), with --ssl-keyfile")
     parser.add_argument("--ssl-keyfile", metavar="PEM", help="TLS: the certificate's private key")
+    parser.add_argument(
+        "--record",
+        metavar="DIR",
+        help="record what is answered into DIR or s3://… (off by default; docs/monitoring.md)",
+    )
+    parser.add_argument("--record-sample", type=float, default=1.0, help="share of answered images recorded (1.0)")
+    parser.add_argument(
+        "--record-images",
+        choices=["none", "low-confidence", "all"],
+        default="none",
+        help="whose bytes are kept with their record (none: predictions and image properties only)",
+    )
+    parser.add_argument(
+        "--record-max-gb", type=float, help="a local record folder's bound: the oldest segments go first"
+    )
+    parser.add_argument(
+        "--record-segment-s",
+        type=float,
+        default=60.0,
+        help="records are published once the oldest waiting is this old, or 1,000 wait (60 s)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     for flag, value, least in (
@@ -81,8 +118,8 @@ def parse(argv: list[str] | None, prog: str) -> tuple[ServeSettings, Path | None
     ):
         if value < least:
             parser.error(f"{flag} {value}: give {least} or more")
-    if args.max_body_mb <= 0 or args.poll_s <= 0:
-        parser.error("--max-body-mb and --poll-s must be more than 0")
+    if args.max_body_mb <= 0 or args.poll_s <= 0 or args.body_timeout_s <= 0:
+        parser.error("--max-body-mb, --body-timeout-s and --poll-s must be more than 0")
     if not 0 < args.canary_percent < 100:
         parser.error(f"--canary-percent {args.canary_percent}: give a share between 0 and 100")
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
@@ -92,28 +129,36 @@ def parse(argv: list[str] | None, prog: str) -> tuple[ServeSettings, Path | None
             parser.error(f"{flag} {path}: no such file")
     if not 0 < args.port < 65536:
         parser.error(f"--port {args.port}: give 1 to 65535")
-    settings = ServeSettings(
-        model=args.model,
-        registry=args.registry,
-        host=args.host,
-        port=args.port,
-        runtime=args.runtime,
-        device=args.device,
-        max_batch_size=args.max_batch_size,
-        max_wait_ms=args.max_wait_ms,
-        max_queue=args.max_queue,
-        max_body_bytes=int(args.max_body_mb * 2**20),
-        max_image_pixels=args.max_image_pixels,
-        poll_s=args.poll_s,
-        canary=args.canary,
-        canary_percent=args.canary_percent if args.canary else 0.0,
-        drain_s=args.drain_s,
-        decode_threads=args.decode_threads,
-        ssl_certfile=args.ssl_certfile,
-        ssl_keyfile=args.ssl_keyfile,
-    )
+    if not 0 < args.record_sample <= 1:
+        parser.error(f"--record-sample {args.record_sample}: give a share above 0, at most 1")
+    if args.record_max_gb is not None and args.record_max_gb <= 0:
+        parser.error(f"--record-max-gb {args.record_max_gb}: give more than 0")
+    if args.record_segment_s <= 0:
+        parser.error(f"--record-segment-s {args.record_segment_s}: give more than 0")
+    if args.record and not args.record.startswith("s3://"):
+        problem = unwritable(Path(args.record))
+        if problem:
+            parser.error(f"--record {args.record}: {problem}")
+    converted = {
+        "max_body_bytes": int(args.max_body_mb * 2**20),
+        "canary_percent": args.canary_percent if args.canary else 0.0,
+        "record_max_bytes": int(args.record_max_gb * 2**30) if args.record_max_gb else None,
+    }
+    named = ({f.name for f in fields(ServeSettings)} & vars(args).keys()) - converted.keys()  # flag = setting
+    settings = ServeSettings(**{name: getattr(args, name) for name in named}, **converted)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return settings, args.token_file
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why records cannot be written into ``folder`` (None: they can); it is made when missing."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"cannot be made: {error.strerror}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "is not writable by this user"
+    return None
 
 
 def bearer_token(settings: ServeSettings, token_file: Path | None) -> str | None:

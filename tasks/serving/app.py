@@ -2,9 +2,9 @@
 Inference Protocol's ``/v2/...``. docs/serving.md describes each; FastAPI's own page is ``/docs``.
 
 Every error is JSON ``{"error": "...", "part": "..."}`` (``part`` when one image of the request is to blame) with
-its status: 400 an unreadable image or request, 401 no or a wrong bearer token, 404 an unknown model, 413 a body
-or an image too large, 415 a content type that is not an image or multipart, 503 not ready or the queue full (with
-``Retry-After``), 500 a forward pass that raised (its batch only). A client never sees a traceback; the log has it.
+its status, FastAPI's own included (an unknown path, a wrong method, a bad query parameter): docs/serving.md's
+table. A client never sees a traceback; the log has it. Requests are counted by a fixed set of endpoint names,
+never by a path a client chose.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 
-from tasks.predict.classifier import Prediction
 from tasks.serving import oip
-from tasks.serving.answering import RETRY_AFTER_S, VERSION_HEADER, Answering, Refused
+from tasks.serving.answering import RETRY, VERSION_HEADER, Answering, Refused
 from tasks.serving.endpoint import Endpoint, Served
 from tasks.serving.metrics import ServeMetrics
 
@@ -33,6 +34,13 @@ logger = logging.getLogger("tasks.serving")
 # description (it says nothing about the model).
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/docs", "/openapi.json"})
 UNCOUNTED_PATHS = OPEN_PATHS | {"/metrics"}  # not requests in flight for SIGTERM's drain
+UNAUTHORIZED = "unauthorized"  # the endpoint a refused request is counted under, whatever path it asked for
+
+
+def _shown(text: str, most: int = 80) -> str:
+    """A client's text quoted in an error: one line (newlines escaped), and short."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= most else f"{quoted[: most - 1]}…"
 
 
 def _package_version() -> str:
@@ -63,6 +71,8 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
         lifespan=lifespan,
     )
 
+    unauthorized = metrics.requests.labels(UNAUTHORIZED, "401", "") if settings.token is not None else None
+
     def authorized(request: Request) -> bool:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), settings.token.encode())
@@ -71,8 +81,8 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
     async def token_and_drain(request: Request, call_next):  # noqa: ANN202
         """The bearer token checked (when one is set), and the request counted in flight for SIGTERM's drain."""
         path = request.url.path
-        if settings.token is not None and path not in OPEN_PATHS and not authorized(request):
-            metrics.requests.labels(path, "401", "").inc()
+        if unauthorized is not None and path not in OPEN_PATHS and not authorized(request):
+            unauthorized.inc()
             return JSONResponse(
                 {"error": "this endpoint needs 'Authorization: Bearer <token>' (docs/serving.md, Security)"},
                 status_code=401,
@@ -93,6 +103,31 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
             content["part"] = error.part
         return JSONResponse(content, status_code=error.status, headers=error.headers)
 
+    @app.exception_handler(HTTPException)
+    async def not_routed(request: Request, error: HTTPException) -> JSONResponse:
+        """Starlette's router: no route for the path (404), or none for its method (405, with ``Allow``)."""
+        where = f"{request.method} {_shown(request.url.path)}"
+        if error.status_code == 404:
+            message = f"no endpoint {where}: the endpoints are listed on /docs"
+        elif error.status_code == 405:
+            allowed = (error.headers or {}).get("Allow", "another method")
+            message = f"{where}: the method is not allowed here; it takes {allowed}"
+        else:
+            message = f"{where}: {error.detail}"
+        return JSONResponse({"error": message}, status_code=error.status_code, headers=error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_parameter(request: Request, error: RequestValidationError) -> JSONResponse:
+        """A query parameter FastAPI could not take (``top_k=0``): 400, naming it and what it takes."""
+        problems = []
+        for problem in error.errors():
+            where, *name = problem["loc"]
+            message = problem["msg"][:1].lower() + problem["msg"][1:]
+            given = problem.get("input")
+            given = given if isinstance(given, str) and given.isprintable() and len(given) < 40 else _shown(given, 40)
+            problems.append(f"{where} parameter {'.'.join(map(str, name))}={given}: {message}")
+        return JSONResponse({"error": "; ".join(problems)}, status_code=400)
+
     @app.exception_handler(Exception)
     async def our_bug(request: Request, error: Exception) -> JSONResponse:
         logger.exception("%s %s failed", request.method, request.url.path)
@@ -106,8 +141,9 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
         summary="Label one image (the raw body) or several (multipart/form-data file parts)",
         responses={
             200: {"description": "each image's label and most probable classes; the version in X-Model-Version"},
-            400: {"description": "an image Pillow cannot read (the part is named)"},
-            413: {"description": "a body or an image (pixels) over the limit"},
+            400: {"description": "an image Pillow cannot read (the part is named), or a bad top_k"},
+            408: {"description": "the body did not arrive within --body-timeout-s"},
+            413: {"description": "a body or an image (pixels) over the limit, or more images than --max-queue"},
             415: {"description": "neither an image type nor multipart/form-data"},
             503: {"description": "not ready yet, or the queue is full (Retry-After)"},
         },
@@ -116,19 +152,18 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
         request: Request, top_k: int = Query(3, ge=1, description="how many of the most probable classes to give")
     ) -> Response:
         def respond(served: Served, parts: list[tuple[str, bytes]], probabilities: np.ndarray) -> Response:
-            classes, rows = served.model.classes, []
-            for (name, _), values in zip(parts, probabilities, strict=True):
-                prediction = Prediction(name, classes[int(values.argmax())], dict(zip(classes, values.tolist())))
-                rows.append({"image": name, "label": prediction.label, "top": dict(prediction.top(top_k))})
+            predictions = served.model.loaded.predictions([name for name, _ in parts], probabilities)
+            rows = [{"image": p.image, "label": p.label, "top": dict(p.top(top_k))} for p in predictions]
             identity = served.identity
-            return JSONResponse({"model": {"name": identity.name, "version": identity.version}, "predictions": rows})
+            model = {"name": identity.name, "version": identity.version, "precision": identity.precision}
+            return JSONResponse({"model": model, "predictions": rows})
 
         return await answering.answer(request, "/v1/predict", answering.images_of, respond)
 
     @app.get("/v1/model", summary="The model being served: name, version, alias, classes, weights' sha256, runtime")
     async def model() -> dict[str, Any]:
         if endpoint.primary is None:
-            raise Refused(503, "the model is still loading", headers={"Retry-After": RETRY_AFTER_S})
+            raise Refused(503, "the model is still loading", headers=RETRY)
 
         def described(served: Served) -> dict[str, Any]:
             identity = served.identity
@@ -139,6 +174,7 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
                 "classes": served.model.classes,
                 "sha256": identity.sha256,
                 "runtime": identity.runtime,
+                "precision": identity.precision,
                 "device": str(served.model.device),
             }
 
@@ -151,13 +187,22 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "alive"}
 
-    @app.get("/readyz", summary="The model is loaded and warmed, and the server is not stopping")
+    def not_ready() -> str | None:
+        """Why a request would not be admitted now (None: it would)."""
+        if endpoint.draining:
+            return "stopping (SIGTERM): answering the requests in flight"
+        if endpoint.primary is None:
+            loading = getattr(app.state, "loading", None)
+            done = loading is not None and loading.done()
+            return "the model could not be loaded: the log says why" if done else "the model is still loading"
+        return answering.cannot_admit()
+
+    @app.get("/readyz", summary="The model is loaded and warmed, the server can admit a request and is not stopping")
     async def readyz() -> Response:
-        if endpoint.ready:
+        why = not_ready()
+        if why is None:
             return JSONResponse({"status": "ready", "model": endpoint.describe()})
-        loading = getattr(app.state, "loading", None)
-        why = "stopping" if endpoint.draining else ("loading" if loading is None or not loading.done() else "failed")
-        return JSONResponse({"status": why}, status_code=503)
+        return JSONResponse({"error": f"not ready: {why}"}, status_code=503)
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
     async def prometheus_metrics() -> Response:
@@ -183,7 +228,10 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
 
     @app.get("/v2/health/ready", summary="Open Inference Protocol: the server is ready")
     async def ready() -> Response:
-        return JSONResponse({"ready": endpoint.ready}, status_code=200 if endpoint.ready else 503)
+        why = not_ready()
+        return JSONResponse(
+            {"ready": True} if why is None else {"error": f"not ready: {why}"}, 200 if why is None else 503
+        )
 
     @app.get("/v2/models/{name}", summary="Open Inference Protocol: model metadata")
     @app.get("/v2/models/{name}/versions/{model_version}", summary="Open Inference Protocol: a version's metadata")
@@ -207,18 +255,21 @@ def create_app(endpoint: Endpoint, starting: Any = None) -> FastAPI:
 
         async def parts_of(request: Request) -> list[tuple[str, bytes]]:
             try:
-                parsed.append(
-                    oip.parse_infer_request(await answering.read_body(request), request.headers.get(oip.HEADER_LENGTH))
-                )
+                size = oip.json_size(request.headers.get(oip.HEADER_LENGTH))
+                body = await answering.read_body(request, oip.JsonCount(size, settings.max_queue).feed)
+                # In a thread: base64 of up to a whole body, decoded in pieces that each let the event loop run.
+                parsed.append(await asyncio.to_thread(oip.parse_infer_request, body, size, settings.max_queue))
             except oip.InferRequestError as error:
-                raise Refused(400, str(error)) from None
+                raise Refused(error.status, str(error)) from None
             return [(f"{oip.INPUT_NAME}[{i}]", image) for i, image in enumerate(parsed[0].images)]
 
         def respond(served: Served, parts: list[tuple[str, bytes]], probabilities: np.ndarray) -> Response:
             classes = served.model.classes
             labels = [classes[int(i)] for i in probabilities.argmax(axis=1)]
             identity = served.identity
-            body, headers = oip.infer_response(parsed[0], identity.name, str(identity.version), labels, probabilities)
+            body, headers = oip.infer_response(
+                parsed[0], identity.name, str(identity.version), labels, probabilities, identity.precision
+            )
             return Response(body, headers=headers)
 
         return await answering.answer(request, "/v2/infer", parts_of, respond, served)

@@ -27,6 +27,7 @@ import torch
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.registry_layout import parse_reference
 from tasks.errors import PipelineInputError
+from tasks.monitoring.recorder import Recorder, RecordSettings
 from tasks.registry.core import resolve
 from tasks.serving.batching import Batcher
 from tasks.serving.metrics import ServeMetrics
@@ -68,11 +69,26 @@ class Endpoint:
             if settings.decode_threads
             else None
         )
-        self.runner = ThreadPoolExecutor(1, thread_name_prefix="forward")  # one forward pass at a time
+        self.turn = threading.Lock()  # one forward pass at a time, whichever version's
+        self.recorder = (
+            Recorder(
+                RecordSettings(
+                    settings.record,
+                    sample=settings.record_sample,
+                    images=settings.record_images,
+                    max_bytes=settings.record_max_bytes,
+                    segment_seconds=settings.record_segment_s,
+                ),
+                on_drop=lambda reason: metrics.records_dropped.labels(reason).inc(),
+            )
+            if settings.record
+            else None
+        )
         self.primary: Served | None = None
         self.canary: Served | None = None
         self.draining = False
         self.admitted = 0  # images admitted and not answered (bounded by settings.max_queue)
+        self.held_bytes = 0  # request bodies' bytes received and not answered (max_queue x max_body_bytes at most)
         self.in_flight = 0  # HTTP requests being answered (the probes left out)
         self.last_request = time.monotonic()  # when one last arrived or was answered
         self._picks = 0
@@ -80,10 +96,6 @@ class Endpoint:
         self._leaving: set[asyncio.Task] = set()
 
     # -- what the app asks -------------------------------------------------------------------------------
-    @property
-    def ready(self) -> bool:
-        return self.primary is not None and not self.draining
-
     def pick(self) -> Served:
         """The version the next request goes to: the canary for ``canary_percent`` of them, spread evenly
         (request n goes to the canary when n * percent / 100 passes a whole number), else the primary."""
@@ -120,7 +132,7 @@ class Endpoint:
     # -- loading and swapping ------------------------------------------------------------------------------
     def locate(self, model: str) -> tuple[ModelDirectory, Identity]:
         """Find and check a version's files (blocking): ``model.locate`` with this endpoint's registry and cache."""
-        return locate(model, self.settings.registry, self.cache, self.settings.runtime)
+        return locate(model, self.settings.registry, self.cache, self.settings.runtime, self.settings.precision)
 
     def load(
         self, model: str, alias: str | None = None, located: tuple[ModelDirectory, Identity] | None = None
@@ -130,7 +142,14 @@ class Endpoint:
         model_dir, identity = located or self.locate(model)
         if alias is not None:
             identity = replace(identity, alias=alias)
-        served = ServedModel(model_dir, identity, device=self.device, max_pixels=self.settings.max_image_pixels)
+        served = ServedModel(
+            model_dir,
+            identity,
+            device=self.device,
+            max_pixels=self.settings.max_image_pixels,
+            calibration=self.settings.calibration,
+            recorder=self.recorder,
+        )
         served.warm([1, self.settings.max_batch_size])
         return served
 
@@ -141,10 +160,11 @@ class Endpoint:
 
         batcher = Batcher(
             lambda items: model.run(items, self.decoder),
-            self.runner,
+            self.turn,
             max_batch_size=self.settings.max_batch_size,
             max_wait_s=self.settings.max_wait_s,
             on_batch=batch_done,
+            name=f"batch {model.identity.label}",
         )
         batcher.start()
         identity = model.identity
@@ -198,7 +218,8 @@ class Endpoint:
             await served.batcher.stop()
         if self.decoder is not None:
             self.decoder.shutdown(wait=False, cancel_futures=True)
-        self.runner.shutdown(wait=False, cancel_futures=True)
+        if self.recorder is not None:  # what it still holds is published
+            await asyncio.to_thread(self.recorder.close)
         shutil.rmtree(self.cache, ignore_errors=True)
 
 

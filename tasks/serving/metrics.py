@@ -32,7 +32,7 @@ class ServeMetrics:
         )
         self.queue_depth = Gauge(
             f"{PREFIX}_queue_depth",
-            "Images admitted and not yet answered (being read, decoded, queued or in a forward pass)",
+            "Images admitted and not yet answered (decoded, queued or in a forward pass)",
             registry=self.registry,
         )
         self.in_flight = Gauge(
@@ -50,6 +50,12 @@ class ServeMetrics:
             f"{PREFIX}_model_load_failures",
             "Versions the followed alias named that could not be fetched, verified or loaded (the old one served on)",
             ["reference"],
+            registry=self.registry,
+        )
+        self.records_dropped = Counter(
+            f"{PREFIX}_records_dropped",
+            "Answers --record did not keep, by reason (queue full, not written, image not stored): never a failed request",
+            ["reason"],
             registry=self.registry,
         )
         self.swaps = Counter(

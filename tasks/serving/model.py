@@ -1,52 +1,33 @@
-"""One served model version: its files checked and loaded, an image's bytes to the uint8 tensor the batch needs,
-a batch to its probabilities.
-
-The photos go through scoring's own decode and transforms (``tasks.vision``: EXIF orientation applied, RGB,
-the model's deterministic transformations, normalised where the network runs), so a photo gets the probabilities
-``predict`` and ``score`` give it (tests/serving). On CUDA a JPEG is decoded on the device with the rest of its
-batch (``DevicePipeline``, as scoring does); elsewhere, and for other formats, PIL decodes it in a thread.
-Imports no Prefect.
+"""One served model version: its files checked (a registry's version resolved and fetched) and loaded into the one
+loaded model of ``tasks.inference``, so a photo gets the probabilities ``predict`` and ``score`` give it
+(tests/serving); who it is (``Identity``); a batch of requests' images decoded and run. Imports no Prefect.
 """
 
 from __future__ import annotations
 
-import io
-import logging
+import hashlib
 import os
-import warnings
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 
 from tasks.contracts.model_directory import WEIGHTS_FILE, ModelDirectory
 from tasks.contracts.registry_layout import reference_or_folder
-from tasks.contracts.scores_table import Runtime
-from tasks.convert.storing import HEIF_READER  # noqa: F401 (registers the HEIC opener with Pillow)
-from tasks.errors import PipelineInputError
+from tasks.contracts.scores_table import Precision, Runtime
+from tasks.errors import UnreadableImageError
+from tasks.inference.loaded import LoadedModel
+from tasks.inference.networks import most_probable, probabilities_of
+from tasks.monitoring.recorder import Recorder
+from tasks.monitoring.records import TOP, project
 from tasks.registry.core import Registry, resolve
 from tasks.registry.fetch import fetch_model
 from tasks.storage.local_files import sha256_file
-from tasks.vision.device_pipeline import DevicePipeline
-from tasks.vision.images import upright_rgb
-from tasks.vision.networks import load_trained_model, memory_format
-from tasks.vision.payloads import JPEG_START
-from tasks.vision.transforms import eval_transform
-
-logger = logging.getLogger("tasks.serving")
-
-
-class ImageRefused(PipelineInputError):
-    """An image a request sent that is not served: ``part`` names it in the request, ``status`` is the HTTP status
-    it gets (400 unreadable, 413 too many pixels)."""
-
-    def __init__(self, part: str, reason: str, status: int = 400) -> None:
-        super().__init__(f"{part}: {reason}")
-        self.part, self.status = part, status
+from tasks.vision.images import image_properties
 
 
 @dataclass(frozen=True)
@@ -59,6 +40,7 @@ class Identity:
     sha256: str  # of the weights file (model.pt)
     runtime: Runtime
     source: str  # the registry, or the ModelDirectory's path
+    precision: Precision = "fp32"  # as loaded: int8 asked on a CPU where it does not pay is fp32
 
     @property
     def label(self) -> str:
@@ -66,7 +48,9 @@ class Identity:
         return self.name if self.version is None else f"{self.name}/{self.version}"
 
 
-def locate(model: str, registry: Registry, cache_dir: Path, runtime: Runtime) -> tuple[ModelDirectory, Identity]:
+def locate(
+    model: str, registry: Registry, cache_dir: Path, runtime: Runtime, precision: Precision = "fp32"
+) -> tuple[ModelDirectory, Identity]:
     """A ModelDirectory path, or a registry reference resolved now (an alias to the version it names): its files
     checked against their registered sha256 (a local registry's version folder itself; from S3 a download into
     ``cache_dir``), and who it is."""
@@ -74,7 +58,8 @@ def locate(model: str, registry: Registry, cache_dir: Path, runtime: Runtime) ->
     if reference is None:
         model_dir = ModelDirectory(model)
         weights = sha256_file(model_dir.weights_path)
-        return model_dir, Identity(model_dir.root.resolve().name, None, None, weights, runtime, str(model_dir.root))
+        name = model_dir.root.resolve().name
+        return model_dir, Identity(name, None, None, weights, runtime, str(model_dir.root), precision)
     registration = resolve(registry, reference)
     model_dir = fetch_model(registry, f"{registration.name}/{registration.version}", cache_dir)
     identity = Identity(
@@ -84,29 +69,14 @@ def locate(model: str, registry: Registry, cache_dir: Path, runtime: Runtime) ->
         registration.files[WEIGHTS_FILE],
         runtime,
         os.fspath(registry) if isinstance(registry, str | os.PathLike) else registry.location,
+        precision,
     )
     return model_dir, identity
 
 
-def without_the_gil(network: torch.nn.Module, side: int) -> torch.nn.Module:
-    """The network traced (TorchScript): one call runs every layer in C++ without taking Python's GIL between
-    them, the same kernels in the same order (the logits equal eager's to the bit). In the endpoint's process the
-    event loop holds the GIL while it reads requests and writes answers; an eager forward pass takes it back at every
-    layer and waited: 2,007 vs 382 ms for a batch of 16 beside a busy Python thread, traced 1,181 ms
-    (BENCHMARKS.md, serving). A network that cannot be traced is served eager."""
-    example = torch.zeros((1, 3, side, side))
-    try:
-        with warnings.catch_warnings(), torch.inference_mode():
-            warnings.simplefilter("ignore")  # torch.jit's deprecation notice
-            return torch.jit.trace(network, example, check_trace=False)
-    except Exception as error:  # noqa: BLE001 (a network with data-dependent control flow)
-        logger.warning("served eager: the network could not be traced (%s: %s)", type(error).__name__, error)
-        return network
-
-
 class ServedModel:
-    """A trained model in memory, ready for batches: ``decode`` one image's bytes (in any thread), ``forward`` a
-    batch of decoded images (in the one thread that runs the network)."""
+    """A served version: the one loaded model (``tasks.inference``) and who it is. ``decode`` one image's bytes (in
+    any thread), ``forward`` a batch of decoded images (in the one thread that runs the network)."""
 
     def __init__(
         self,
@@ -115,100 +85,82 @@ class ServedModel:
         *,
         device: str | torch.device = "cpu",
         max_pixels: int,
+        calibration: str | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
-        spec = model_dir.spec
-        self.model_dir, self.identity, self.max_pixels = model_dir, identity, max_pixels
-        self.classes = list(model_dir.classes)
-        self.transform = eval_transform(spec.transformations, spec.image_size, spec.mean, spec.std)
-        self.side = self.transform.size
-        if identity.runtime == "onnx":
-            from tasks.evaluation.onnx_export import INPUT_NAME, OUTPUT_NAME, onnx_session
-
-            self.device = torch.device("cpu")
-            self._session, self._names = onnx_session(model_dir), (INPUT_NAME, OUTPUT_NAME)
-        else:
-            self.device = torch.device(device)
-            network = load_trained_model(model_dir, self.device).to(memory_format=memory_format(self.device))
-            self._network = without_the_gil(network, self.side) if self.device.type == "cpu" else network
-        self._pipeline = (
-            DevicePipeline(self.transform, spec.transformations, spec.image_size, self.device)
-            if self.device.type == "cuda"
-            else None
+        self.model_dir, self.max_pixels, self.recorder = model_dir, max_pixels, recorder
+        self.loaded = LoadedModel(
+            model_dir,
+            runtime=identity.runtime,
+            precision=identity.precision,
+            device=device,
+            max_pixels=max_pixels,
+            calibration=calibration,
         )
+        self.identity = replace(identity, precision=self.loaded.precision)
+        self.classes, self.device, self.side = self.loaded.classes, self.loaded.device, self.loaded.side
 
     def decode(self, data: bytes, part: str) -> torch.Tensor:
-        """One image's bytes to what ``forward`` takes: the uint8 (3, side, side) image after the deterministic
-        transformations, or, on CUDA, a JPEG's bytes (a 1-D uint8 tensor) for the device to decode with its batch.
-        Refused (``ImageRefused``, naming ``part``) when Pillow cannot read it or it has more than ``max_pixels``
-        pixels: the size comes from the header, so a decompression bomb is never decoded."""
-        if not data:
-            raise ImageRefused(part, "empty: no image bytes were sent")
-        try:
-            with Image.open(io.BytesIO(data)) as image:
-                pixels = image.width * image.height
-                if pixels > self.max_pixels:
-                    raise ImageRefused(
-                        part,
-                        f"{image.width} x {image.height} = {pixels:,} pixels, more than the {self.max_pixels:,} "
-                        "this server decodes (--max-image-pixels)",
-                        413,
-                    )
-                if self._pipeline is not None and data.startswith(JPEG_START):
-                    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                return self.transform.decode(upright_rgb(image))
-        except ImageRefused:
-            raise
-        except Image.DecompressionBombError as error:  # past twice Pillow's own limit: refused by Image.open
-            raise ImageRefused(part, f"refused as a decompression bomb ({error})", 413) from None
-        except UnidentifiedImageError:
-            raise ImageRefused(part, "not an image Pillow can read (JPEG, PNG, WebP, HEIC, AVIF, …)") from None
-        except (OSError, SyntaxError, ValueError) as error:
-            raise ImageRefused(part, f"damaged or truncated image ({error})") from None
+        """One image's bytes to what ``forward`` takes (``LoadedModel.decode``); ``UnreadableImageError`` naming ``part``."""
+        return self.loaded.decode(data, part)
 
     def run(
         self, items: Sequence[tuple[bytes, str]], decoder: Executor | None = None
-    ) -> list[np.ndarray | ImageRefused]:
+    ) -> list[np.ndarray | UnreadableImageError]:
         """A batch from its encoded images ((bytes, part) each): decoded (``decoder``'s threads, else here), then one
-        forward pass for those that decoded; per item its probabilities, or the ImageRefused that refused it.
+        forward pass for those that decoded; per item its probabilities, or the UnreadableImageError that refused it.
 
         Decoding and the network take turns in the one thread that runs batches: on a CPU both use every core
         and running them at once slowed the network more than it hid the decoding (bench/serve.py: LitServe,
         which decodes then predicts in one worker, was ahead of decoding threads beside the network)."""
         decoded = list(decoder.map(self._decode_or_refusal, items) if decoder else map(self._decode_or_refusal, items))
-        good = [i for i, image in enumerate(decoded) if not isinstance(image, ImageRefused)]
-        results: list[np.ndarray | ImageRefused] = list(decoded)  # type: ignore[arg-type]
+        good = [i for i, image in enumerate(decoded) if not isinstance(image, UnreadableImageError)]
+        results: list[np.ndarray | UnreadableImageError] = list(decoded)  # type: ignore[arg-type]
         if good:
-            for i, probabilities in zip(good, self.forward([decoded[i] for i in good]), strict=True):
-                results[i] = probabilities
+            outputs = self.loaded.outputs([decoded[i] for i in good])
+            probabilities = probabilities_of(outputs).cpu().numpy()
+            for i, row in zip(good, probabilities, strict=True):
+                results[i] = row
+            if self.recorder is not None:
+                self.record([items[i][0] for i in good], probabilities, outputs.embeddings)
         return results
 
-    def _decode_or_refusal(self, item: tuple[bytes, str]) -> torch.Tensor | ImageRefused:
+    def record(self, images: Sequence[bytes], probabilities: np.ndarray, embeddings: torch.Tensor | None) -> None:
+        """Hand the recorder what this batch answered (the share it samples): off the event loop, and never failing
+        the batch (the recorder drops what it cannot keep)."""
+        wanted = [i for i in range(len(images)) if self.recorder.wanted()]
+        if not wanted:
+            return
+        projected = project(embeddings[wanted].float().cpu().numpy()) if embeddings is not None else None
+        now = datetime.now(UTC).isoformat()
+        for n, i in enumerate(wanted):
+            row = probabilities[i]
+            top = most_probable(row[None], TOP)[0]
+            confidence = float(row[top[0]])
+            record = {
+                "time": now,
+                "sha256": hashlib.sha256(images[i]).hexdigest(),
+                "model": self.identity.name,
+                "version": self.identity.version,
+                "precision": self.identity.precision,
+                "label": self.classes[top[0]],
+                "confidence": confidence,
+                "top": {self.classes[j]: float(row[j]) for j in top},
+                **image_properties(images[i]),
+                "embedding": None if projected is None else projected[n].tolist(),
+                "image": None,
+            }
+            self.recorder.offer(record, images[i] if self.recorder.keeps_image(confidence) else None)
+
+    def _decode_or_refusal(self, item: tuple[bytes, str]) -> torch.Tensor | UnreadableImageError:
         try:
             return self.decode(*item)
-        except ImageRefused as refused:
+        except UnreadableImageError as refused:
             return refused
 
-    @torch.inference_mode()
     def forward(self, images: Sequence[torch.Tensor]) -> np.ndarray:
         """The probabilities (N, classes) of a batch of ``decode``'s results, in order: one forward pass."""
-        if self._pipeline is not None:
-            batch = self._pipeline.decode(list(images))
-        else:
-            batch = torch.stack(list(images))
-        batch = self.transform.normalize(batch.to(self.device, non_blocking=True))
-        if self.identity.runtime == "onnx":
-            input_name, output_name = self._names
-            return self._session.run([output_name], {input_name: batch.numpy()})[0]
-        batch = batch.contiguous(memory_format=memory_format(self.device))
-        return torch.softmax(self._network(batch).float(), dim=1).cpu().numpy()
+        return self.loaded.probabilities(images)
 
     def warm(self, batch_sizes: Sequence[int]) -> None:
-        """One forward pass per batch size, of black images, before the model takes requests: the first calls
-        allocate, and on CUDA pick kernels."""
-        black = torch.zeros((3, self.side, self.side), dtype=torch.uint8)
-        if self._pipeline is not None:  # the device's JPEG decoder too
-            encoded = io.BytesIO()
-            Image.new("RGB", (self.side, self.side)).save(encoded, format="JPEG")
-            black = self.decode(encoded.getvalue(), "warm-up")
-        for size in sorted(set(batch_sizes)):
-            self.forward([black] * size)
+        self.loaded.warm(batch_sizes)

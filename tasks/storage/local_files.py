@@ -62,6 +62,15 @@ def staged_directory(output: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
+def copy_atomic(source: str | os.PathLike[str], destination: str | os.PathLike[str]) -> Path:
+    """``source`` copied to ``destination`` (its folder made), which appears whole or not at all."""
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with open(source, "rb") as reader, atomic_write(destination, "wb") as writer:
+        shutil.copyfileobj(reader, writer)
+    return destination
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     with atomic_write(path) as handle:
         handle.write(text)
@@ -145,3 +154,13 @@ def in_order(pool: Executor, function: Callable, arguments: Iterable[tuple], win
             yield pending.popleft().result()
     while pending:
         yield pending.popleft().result()
+
+
+def link_or_copy(source: Path, destination: Path) -> None:
+    """``destination`` the same file as ``source``: a hard link (no bytes copied, the source untouched), or a copy
+    on another filesystem or one without hard links; its folder made."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, destination)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copyfile(source, destination)

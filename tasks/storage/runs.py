@@ -37,9 +37,10 @@ REGISTERED_NOTE = "registered.json"
 # What a registered run's model folder drops under keep="results": the registry holds the model files, and the
 # checkpoints only served a retry of the training.
 DROPPED = ("checkpoints", "model.pt", "model.onnx")
-# And beside the model folder: the copy of the pretrained weights staged for the training nodes (the untrained
-# model directory's STAGED_WEIGHTS_FILE, tasks/model/untrained.py); the version records their origin and hash.
-STAGED_WEIGHTS = ("model_spec", "pretrained_weights.pth")
+# And beside the model folder: the weights staged for the training nodes in the untrained model directory (the
+# pretrained ones, tasks/model/untrained.py; a registered version's for a warm start, tasks/model/warm_start.py);
+# the version records their origin and hash.
+STAGED_WEIGHTS = ("model_spec", ("pretrained_weights.pth", "warm_start.pt"))
 BUSY_SECONDS = 600
 _LEGACY_NAME = re.compile(r".+-[0-9a-f]{8}")
 
@@ -96,7 +97,8 @@ def drop_unregistered_models(model_dirs: Sequence[str], keep: Keep = "results") 
 def _drop_model_files(model: Path) -> int:
     """A model folder's ``DROPPED`` files and the ``STAGED_WEIGHTS`` beside it, removed: the bytes they took."""
     freed = 0
-    for path in [*(model / name for name in DROPPED), model.parent.joinpath(*STAGED_WEIGHTS)]:
+    folder, staged = STAGED_WEIGHTS
+    for path in [*(model / name for name in DROPPED), *(model.parent / folder / name for name in staged)]:
         if path.is_dir():
             freed += folder_size(path)
             shutil.rmtree(path)

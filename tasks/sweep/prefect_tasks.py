@@ -3,9 +3,10 @@ run of the ``sweep-trial`` deployment (flows/sweep_trial.py, pool ``gpu``: one t
 training), submitted ``parallel`` at a time (the sweep's own work queue's limit) as the study asks for them; a
 crashed trial is run again by the engine with ``replaces_run`` and resumes from its checkpoint. Each trial's
 per-epoch figure reaches the study as the trial writes it (its ``metrics.json``, local or on S3); a trial the
-pruner stops is cancelled through the engine (its worker stops its processes). A sweep opened again (``SweepStudy``
-in the same folder) re-attaches to the trials still running, settles the ones that ended meanwhile, and abandons
-(re-queues) the ones whose flow run is gone. Also: each trial's training built from the study's parameters through
+pruner stops is cancelled through the engine (its worker stops its processes). ``run_trials`` is one loop over
+the engine's looks: each trial looked at, then new trials asked for while fewer than ``parallel`` run. A sweep
+opened again (``SweepStudy`` in the same folder) re-attaches to the trials still running, settles the ones that
+ended meanwhile, and abandons (re-queues) the ones whose flow run is gone. Also: each trial's training built from the study's parameters through
 the model stage's and the work dir's tasks (``TrialBuilder``), the study stored after every change
 (``publish_study``), and the ``sweep`` and ``sweep-pictures`` artifacts."""
 
@@ -19,7 +20,6 @@ from typing import Any
 
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.exceptions import ObjectNotFound
 
 from tasks.contracts.model_directory import ModelSpec, TrainingMetrics
 from tasks.contracts.training_config import TrainingFolders, TrainingParams
@@ -113,11 +113,11 @@ def run_trials(
 ) -> None:
     """Train the study's trials through ``deployment``, ``parallel`` at a time (the work queue ``queue``'s limit),
     until ``trials`` are settled; ``make_trial`` gives a trial's folders and parameters; ``on_change`` (the live
-    ``sweep`` artifact, the study stored: a task run each) runs whenever the study changes: a trial started, run
-    again or settled, not at every state its run passes through. The sweep asks for a trial when one ends (a sampler learns
-    from the results) and looks at the running ones every ``poll_seconds`` (their epochs reach the pruner)."""
+    ``sweep`` artifact, the study stored: a task run each) runs whenever the study changes: trials started, one run
+    again or settled, not at every state its run passes through. The sweep asks for a trial when one ends (a
+    sampler learns from the results) and looks at the running ones every ``poll_seconds`` (their epochs reach the
+    pruner)."""
     log, settings = get_run_logger().log, study.settings
-    trials: dict[int, TrialRun] = {}
     fan = FanOut(
         deployment,
         label="trial",
@@ -131,61 +131,63 @@ def run_trials(
         log(
             logging.INFO, f"trials go to work queue {queue!r} of pool {fan.pool!r}: at most {settings.parallel} at once"
         )
-        for trial in study.running():  # a sweep opened again: its trials from before
-            try:
-                run = fan.client.read_flow_run(trial.flow_run_id) if trial.flow_run_id else None
-            except ObjectNotFound:
-                run = None
-            if run is None:
-                study.abandon(trial.number)
-                continue
-            fan.adopt(trial.number, run)
-            folders, params = run.parameters["folders"], run.parameters["params"]
-            trials[trial.number] = TrialRun(folders["output_dir"], params["epochs"], trial.epochs)
-            log(logging.INFO, f"trial {trial.number}: re-attached to flow run {run.name!r} ({run.state.name})")
-
-        def fill() -> None:
-            while len(fan.unsettled) < settings.parallel and (trial := study.ask()) is not None:
-                folders, params = make_trial(trial)
-                child = fan.submit(
-                    trial.number,
-                    {
-                        "folders": dataclasses.asdict(folders),
-                        "params": params.model_dump(mode="json"),
-                        "trial": trial.number,
-                    },
-                )
-                study.attach(trial.number, child.flow_run_id)
-                trials[trial.number] = TrialRun(folders.output_dir, params.epochs)
-                log(logging.INFO, f"trial {trial.number}: flow run {child.run.name!r} submitted, {trial.params}")
-                on_change()
-
-        def step(looked: list[Child]) -> bool:
-            for child in looked:
-                rerun = child.decision.verdict is Verdict.RERUN
-                if _look(fan, study, child, trials[child.key], log):
-                    fan.settle(child)
-                    on_change()
-                elif rerun:  # the study names the trial's new flow run
-                    on_change()
-            fill()
-            return not fan.unsettled
-
+        trials = reattach(fan, study, log)
         try:
-            fill()
-            fan.watch(step)
+            for look in fan.looks():
+                for child in look.looked:
+                    if _look(fan, study, child, trials[child.key], log):
+                        on_change()
+                submitted = submit_trials(fan, study, make_trial, log)
+                if submitted:
+                    trials.update(submitted)
+                    on_change()
         finally:
             for child in fan.unsettled:  # cancelled by the engine; trained again when the sweep is retried or resumed
                 study.abandon(child.key)
 
 
+def reattach(fan: FanOut, study: SweepStudy, log) -> dict[int, TrialRun]:
+    """A sweep opened again: its trials from before still running, watched again by ``fan``; a trial whose flow
+    run the server no longer has is abandoned (re-queued)."""
+    trials: dict[int, TrialRun] = {}
+    for trial in study.running():
+        child = fan.adopt(trial.number, trial.flow_run_id) if trial.flow_run_id else None
+        if child is None:
+            study.abandon(trial.number)
+            continue
+        folders, params = child.run.parameters["folders"], child.run.parameters["params"]
+        trials[trial.number] = TrialRun(folders["output_dir"], params["epochs"], trial.epochs)
+        log(logging.INFO, f"trial {trial.number}: re-attached to flow run {child.run.name!r} ({child.state_name})")
+    return trials
+
+
+def submit_trials(
+    fan: FanOut, study: SweepStudy, make_trial: Callable[[TrialRecord], tuple[TrainingFolders, TrainingParams]], log
+) -> dict[int, TrialRun]:
+    """New trials, asked of the study and submitted through ``fan`` while fewer than ``parallel`` are unsettled
+    and the study has more to ask; each attached to its flow run in the study."""
+    submitted: dict[int, TrialRun] = {}
+    while len(fan.unsettled) < study.settings.parallel and (trial := study.ask()) is not None:
+        folders, params = make_trial(trial)
+        parameters = {
+            "folders": dataclasses.asdict(folders),
+            "params": params.model_dump(mode="json"),
+            "trial": trial.number,
+        }
+        child = fan.submit(trial.number, parameters)
+        study.attach(trial.number, child.flow_run_id)
+        submitted[trial.number] = TrialRun(folders.output_dir, params.epochs)
+        log(logging.INFO, f"trial {trial.number}: flow run {child.run.name!r} submitted, {trial.params}")
+    return submitted
+
+
 def _look(fan: FanOut, study: SweepStudy, child: Child, trial: TrialRun, log) -> bool:
     """What one look found for a trial: a re-run (by the engine) attached to the study, its new epochs reported (a
-    pruned trial cancelled), its end told to the study. True once the trial is settled."""
+    pruned trial cancelled), its end told to the study. True when the study changed (run again, pruned, ended)."""
     settings, run = study.settings, child.run
     if child.decision.verdict is Verdict.RERUN:
         study.attach(child.key, child.flow_run_id)
-        return False
+        return True
     metrics = trial.metrics()
     for epoch in (metrics.epochs if metrics else [])[trial.reported :]:
         trial.reported += 1

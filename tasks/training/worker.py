@@ -73,7 +73,7 @@ from tasks.training.loop import (
 )
 from tasks.vision.images import choose_image_size
 from tasks.vision.networks import build_network, memory_format, split_head_and_backbone
-from tasks.vision.weights import staged_weights
+from tasks.vision.weights import load_weights, staged_warm_start, staged_weights
 
 # The parent of every training module's logger (loop, checkpoint, …): setup_logging sends it to the rank's file
 # and, for rank 0, to the launcher.
@@ -111,7 +111,11 @@ def build_model(
     """(the network, what trains: its DistributedDataParallel wrapper when there is a group, the frozen modules)."""
     torch.manual_seed(params.random_seed)
     weights_file = staged_weights(spec_dir, spec)  # staged and hash-checked by the model stage: no download
-    model = build_network(spec, classes, weights_file).to(device, memory_format=memory_format(device))
+    model = build_network(spec, classes, weights_file)
+    if (started_from := staged_warm_start(spec_dir, spec)) is not None:  # a registered version's, head included
+        load_weights(model, started_from, spec.architecture)
+        logger.info("warm start: the weights of %s", spec.started_from.name)
+    model = model.to(device, memory_format=memory_format(device))
     # Before DistributedDataParallel: it all-reduces the gradients of the parameters that require one when built.
     frozen = freeze_backbone(model, spec.architecture) if params.fine_tuning == "head" else []
     if frozen and weights_file is None:
@@ -243,6 +247,10 @@ def main(args: argparse.Namespace, heartbeat: Heartbeat) -> TrainingMetrics:
             config = {"params": params.model_dump(), "spec": trained_spec.model_dump()}
             save_checkpoint(output / CHECKPOINT_FILE, model, optimizer, ctx.scheduler, metrics, classes, config)
             write_training_log(output, metrics)
+    if env.is_main:
+        # An attempt resumed from a checkpoint that holds every epoch (the earlier one stopped between its checkpoint
+        # and its log) trains none: the log is written from the checkpoint's metrics all the same.
+        write_training_log(output, metrics)
 
     logger.info("done: best top-1 %.4f at epoch %s", metrics.best_top1 or 0.0, metrics.best_epoch)
     gpu = f", GPU {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MB" if device.type == "cuda" else ""

@@ -17,7 +17,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from tasks.contracts.image_directory import ImageSamples, orientation_of
-from tasks.vision.images import PathsAndLabels, upright_rgb
+from tasks.vision.images import PathsAndLabels, decode_image
 from tasks.vision.transforms import ImageTransform
 
 JPEG_START = b"\xff\xd8\xff"  # every JPEG file begins with a start-of-image marker and the next marker's 0xFF
@@ -51,8 +51,7 @@ class EncodedImageFiles(Dataset):
 
 
 def decode_on_cpu(data: torch.Tensor, transform: ImageTransform) -> torch.Tensor:
-    with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
-        return transform.decode(upright_rgb(image))
+    return decode_image(data.numpy().tobytes(), transform)
 
 
 def exif_orientation(data: torch.Tensor) -> int:

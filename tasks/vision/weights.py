@@ -36,7 +36,13 @@ import torch
 import torchvision
 from torch import nn
 
-from tasks.contracts.model_directory import SPEC_FILE, STAGED_WEIGHTS_FILE, ModelSpec, PretrainedWeights
+from tasks.contracts.model_directory import (
+    SPEC_FILE,
+    STAGED_WEIGHTS_FILE,
+    WARM_START_FILE,
+    ModelSpec,
+    PretrainedWeights,
+)
 from tasks.errors import InvalidModelDirectoryError, PretrainedWeightsError, PretrainedWeightsUnavailableError
 from tasks.progress import every_while, run_logger
 from tasks.storage.local_files import sha256_file
@@ -204,6 +210,17 @@ def resolve_weights(spec: ModelSpec) -> ResolvedWeights:
     )
 
 
+def _unchanged(path: Path, recorded: PretrainedWeights) -> Path:
+    """``path``, a staged copy, once its sha256 is the one the model stage recorded; refused, never loaded, if not."""
+    digest = sha256_file(path)
+    if digest != recorded.sha256:
+        raise PretrainedWeightsError(
+            f"{path} has sha256 {digest}, but {SPEC_FILE} records {recorded.name} with sha256 "
+            f"{recorded.sha256}: the staged file changed after the model stage checked it; refused, not loaded"
+        )
+    return path
+
+
 def staged_weights(spec_dir: str | os.PathLike[str], spec: ModelSpec) -> Path | None:
     """The weights file the model stage staged in an UntrainedModelDirectory, checked against the sha256 it
     recorded; None when the spec is not pretrained. What a training node loads: it never downloads."""
@@ -216,13 +233,22 @@ def staged_weights(spec_dir: str | os.PathLike[str], spec: ModelSpec) -> Path | 
             f"in {SPEC_FILE}: write it with the model stage (tasks.model.untrained.write_untrained_model_directory), which "
             "checks the weights and stages them for every training node"
         )
-    digest = sha256_file(path)
-    if digest != spec.weights.sha256:
+    return _unchanged(path, spec.weights)
+
+
+def staged_warm_start(spec_dir: str | os.PathLike[str], spec: ModelSpec) -> Path | None:
+    """A warm start's weights (a registered version's, head included: tasks/model/warm_start.py) that the model stage
+    staged, checked against the sha256 it recorded; None without a warm start. What a training node loads once the
+    head is built."""
+    if spec.started_from is None:
+        return None
+    path = Path(spec_dir) / WARM_START_FILE
+    if not path.is_file():
         raise PretrainedWeightsError(
-            f"{path} has sha256 {digest}, but {SPEC_FILE} records {spec.weights.name} with sha256 "
-            f"{spec.weights.sha256}: the staged file changed after the model stage checked it; refused, not loaded"
+            f"{spec_dir}/{SPEC_FILE} starts from {spec.started_from.name}, but {WARM_START_FILE} is not beside it: "
+            "write the folder with the model stage (tasks.model.untrained.write_untrained_model_directory)"
         )
-    return path
+    return _unchanged(path, spec.started_from)
 
 
 def load_weights(model: nn.Module, path: Path, architecture: str) -> None:

@@ -137,3 +137,23 @@ def test_serve_benchmark_runs_the_plain_server_under_load(tmp_path):
     assert level["ok"] > 0 and level["requests_per_s"] > 0 and level["p99_ms"] >= level["p50_ms"] > 0
     assert level["batches"]["mean"] == 1.0 and level["peak_rss_mb"] > 100
     assert record["swap"] is None and record["figures"] == []
+
+
+def test_monitor_benchmark_sends_digits_the_training_never_saw_and_inverts_them(tmp_path):
+    """bench.monitor itself trains twice and serves (minutes): here its traffic, held out of training and validation,
+    and its shift."""
+    import hashlib
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from bench.monitor import digits_three_ways, shifted
+
+    train, validation, held_out = digits_three_ways(tmp_path, seed=1)
+    seen = {hashlib.sha256(p.read_bytes()).digest() for folder in (train, validation) for p in folder.rglob("*.png")}
+    assert len(seen) > 1000 and len(held_out) == 360 and sorted({label for _, label in held_out}) == list(range(10))
+    assert not seen & {hashlib.sha256(image).digest() for image, _ in held_out}
+    image = held_out[0][0]
+    original, inverted = (np.asarray(Image.open(io.BytesIO(data))) for data in (image, shifted(image)))
+    assert np.array_equal(inverted, 255 - original)

@@ -8,9 +8,10 @@ import pytest
 
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.convert.conversion import convert_to_image_directory
-from tasks.data.split import Groups, _link_or_copy, split_image_directory, split_markdown
+from tasks.data.split import Groups, split_image_directory, split_markdown
 from tasks.errors import ClassTooSmallToSplitError, InvalidDatasetError, NotLabeledDatasetError, PipelineInputError
 from tasks.near_duplicates import DEFAULT_DISTANCE
+from tasks.storage.local_files import link_or_copy
 from tests.helpers import COLOURS, sample_photos, write_burst, write_crops, write_image
 
 
@@ -177,5 +178,5 @@ def test_a_file_on_another_filesystem_is_copied(tmp_path):
     with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
         if os.stat(other).st_dev == original.stat().st_dev:
             pytest.skip("/dev/shm is on the same filesystem as the test's folder")
-        _link_or_copy(original, Path(other) / "red" / "red.png")
+        link_or_copy(original, Path(other) / "red" / "red.png")
         assert (Path(other) / "red" / "red.png").read_bytes() == original.read_bytes()

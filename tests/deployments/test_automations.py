@@ -1,6 +1,9 @@
 """`make deploy`'s automations as built: the heartbeat pace read from prefect.yaml, the run crashed after missed
-beats, and the re-run given the crashed run's parameters."""
+beats, and the re-run given the crashed run's parameters; the retraining on events, on a real Prefect server of
+their own: a storm of drift events starts one training run from the drifted version's weights, a labelled batch
+one run given its folder and the production version's weights, and a training run's own events none."""
 
+import asyncio
 import json
 from datetime import timedelta
 from types import SimpleNamespace
@@ -13,10 +16,20 @@ from deployments.automations import (
     HEARTBEAT_SETTING,
     RERUN_PARAMETERS,
     heartbeat_seconds,
+    labelled_automation,
     rerun_automation,
+    retrain_automation,
     zombie_automation,
 )
-from deployments.local import PROJECT_ROOT
+from deployments.local import PROJECT_ROOT, PrefectStack
+from tasks.monitoring.events import (
+    DRIFT_EVENT,
+    LABELLED_EVENT,
+    TRAINING_FLOW,
+    model_name_resource,
+    model_resource,
+)
+from tests.helpers import wait_for
 
 
 def deployment(name: str, **env: str) -> dict:
@@ -56,3 +69,110 @@ def test_the_rerun_gets_the_crashed_runs_parameters_and_names_the_run_it_replace
     crashed = SimpleNamespace(id=uuid4(), parameters={"train_data": "s3://b/photos", "training": {"epochs": 12}})
     rendered = render_user_template_sync(RERUN_PARAMETERS["value"]["template"], {"flow_run": crashed})
     assert json.loads(rendered) == {**crashed.parameters, "replaces_run": str(crashed.id)}
+
+
+def test_the_retraining_runs_the_training_deployment_at_most_once_an_interval_and_never_on_a_trainings_event():
+    deployment_id = str(uuid4())
+    automation = retrain_automation(deployment_id, timedelta(hours=6))
+    trigger, (run,) = automation.trigger, automation.actions
+    assert trigger.expect == {DRIFT_EVENT} and trigger.within == timedelta(hours=6) and trigger.threshold == 1
+    assert trigger.posture.value == "Reactive" and str(run.deployment_id) == deployment_id
+    assert trigger.match.matches(model_resource("digits", 3, "monitor"))
+    assert trigger.match.matches(model_resource("digits", 3, None))  # the monitor run from Python, not a flow
+    assert not trigger.match.matches(model_resource("digits", 3, TRAINING_FLOW))
+
+
+@pytest.fixture(scope="module")
+def events_server(prefect_home):
+    """A Prefect server for these tests alone. On the run's shared server the triggers service evaluates, in order,
+    every event the other test processes' flows send (thousands of task-run states): CI saw a probe's event still
+    waiting after 120 s. The clients made here (the automations, the runs read) find it in Prefect's settings."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with PrefectStack(home=prefect_home("automations-home")) as stack:
+        with temporary_settings({PREFECT_API_URL: stack.api_url}):
+            yield stack
+
+
+def emit(stack, *events: tuple[str, dict, dict]) -> None:
+    """Send ``events`` ((name, resource, payload) each) to ``stack``'s server over one websocket, in order. Not
+    through ``prefect.events.emit_event``: its worker is one per process and keeps the first server it was started
+    for."""
+    from prefect.events import Event
+    from prefect.events.clients import PrefectEventsClient
+
+    async def send() -> None:
+        async with PrefectEventsClient(stack.api_url) as client:
+            for name, resource, payload in events:
+                await client.emit(Event(event=name, resource=resource, payload=payload))
+
+    asyncio.run(send())
+
+
+def new_deployment(name: str) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return str(client.create_deployment(client.create_flow_from_name(name), name))
+
+
+def runs_of(deployment_id) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+
+
+def test_a_storm_of_drift_events_starts_one_training_and_a_trainings_own_event_none(events_server):
+    name = f"storm-{uuid4().hex[:8]}"
+    training, probed = new_deployment(name), new_deployment(f"{name}-probe")
+    automation = retrain_automation(training, timedelta(hours=1))
+    automation.name, automation.trigger.match.root["prefect.resource.id"] = name, f"image-classifier.model.{name}.*"
+    # A probe that runs a deployment of its own on every event of its own: the triggers service evaluates events in
+    # the order they came, so once the probe's run is there the events sent before it have been evaluated.
+    probe = retrain_automation(probed, timedelta(0))
+    probe.name, probe.trigger.match.root["prefect.resource.id"] = (
+        f"{name}-probe",
+        f"image-classifier.model.{name}-probe.*",
+    )
+    automation, probe = automation.create(), probe.create()
+
+    def trainings_after(*events, trainings: int) -> int:
+        probes = len(runs_of(probed))
+        emit(events_server, *events, (DRIFT_EVENT, model_resource(f"{name}-probe", 1, "monitor"), {}))
+        evaluated = lambda: len(runs_of(probed)) > probes and len(runs_of(training)) >= trainings  # noqa: E731
+        wait_for(evaluated, 120, what=lambda: f"the probe's run and {trainings} training runs: {runs_of(training)}")
+        return len(runs_of(training))
+
+    try:
+        assert trainings_after((DRIFT_EVENT, model_resource(name, 1, TRAINING_FLOW), {}), trainings=0) == 0
+        storm = [(DRIFT_EVENT, model_resource(name, version, "monitor"), {}) for version in range(20)]
+        assert trainings_after(*storm, trainings=1) == 1
+        (run,) = runs_of(training)
+        # From the version whose drift fired it: which of the storm's comes first to the trigger, the server decides.
+        assert run.parameters.keys() == {"warm_start"}
+        assert run.parameters["warm_start"] in {f"{name}/{version}" for version in range(20)}, run.parameters
+    finally:
+        automation.delete()
+        probe.delete()
+
+
+def test_an_announced_batch_runs_the_training_deployment_with_it_and_a_trainings_own_announcement_none(events_server):
+    name = f"announced-{uuid4().hex[:8]}"
+    deployment = new_deployment(name)
+    automation = labelled_automation(deployment, timedelta(hours=1))
+    automation.name, automation.trigger.match.root["prefect.resource.id"] = name, f"image-classifier.model.{name}"
+    automation = automation.create()
+    try:
+        # Had the training's own event been matched, its run would carry its folder, and the window would drop the
+        # person's.
+        emit(
+            events_server,
+            (LABELLED_EVENT, model_name_resource(name, TRAINING_FLOW), {"labelled_data": "trained-on"}),
+            (LABELLED_EVENT, model_name_resource(name, "a person"), {"labelled_data": "/data/to-label"}),
+        )
+        (run,) = wait_for(lambda: runs_of(deployment), 120, what="the training deployment's run")
+        assert run.parameters == {"labelled_data": "/data/to-label", "warm_start": f"{name}@production"}
+    finally:
+        automation.delete()

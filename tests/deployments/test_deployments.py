@@ -755,7 +755,7 @@ def test_make_worker_names_the_worker_after_its_host_and_takes_one_run_by_defaul
 
 def test_make_deploy_prints_what_was_deployed_and_what_to_do_next(stack):
     printed = (stack.logs / "deploy.log").read_text()
-    assert "Deployed 7 deployments" in printed and "make worker POOL=" in printed
+    assert "Deployed 8 deployments" in printed and "make worker POOL=" in printed
     assert "deployment run 'train-pipeline/retrain-digits'" in printed
     # Prefect's own hints would have a user start train-node runs, which only the train stage starts.
     assert "deployment run 'train-node" not in printed and "prefect worker start" not in printed

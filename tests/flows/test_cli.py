@@ -113,6 +113,8 @@ def test_classes_that_differ_between_train_and_validation_are_one_line_before_an
         (["--architecture", "densenet121", "--zero-init-residual"], "zero_init_residual"),
         (["--pretrained", "--weights-path", "nope.pth"], "weights_path nope.pth for resnet18 does not exist"),
         (["--near-duplicate-distance", "40"], "near_duplicate_distance 40 is not allowed: give the largest number"),
+        (["--warm-start", "digits@production"], "no model named 'digits'"),
+        (["--warm-start", "digits/1", "--pretrained"], "pretrained is true and warm_start is digits/1"),
     ],
 )
 def test_a_misspelt_or_impossible_parameter_is_argparse_or_pydantic_in_one_line(mistakes, flags, expected, monkeypatch):

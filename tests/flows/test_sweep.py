@@ -235,8 +235,11 @@ def check_the_killed_attempt_is_crashed_and_linked(stack) -> None:
     assert heartbeats_of(stack.api_url, killed.id) >= 1, "a command line's own run beats"
     (watched,) = automation.trigger.match_related["prefect.resource.id"]
     assert watched.removeprefix("prefect.tag.") in killed.tags, (watched, killed.tags)
-    message = f"Its process stopped without a final state; the sweep was resumed by run {going_on.name}."
-    assert killed.state.is_crashed() and killed.state.message == message, killed.state
+    by_resume = f"Its process stopped without a final state; the sweep was resumed by run {going_on.name}."
+    # On a slow host the automation may have set it Crashed (no beat for its window) before the resume started: the
+    # resume then leaves that state and names it.
+    message = killed.state.message
+    assert killed.state.is_crashed() and (message == by_resume or message.startswith("No heartbeat")), killed.state
     line = f"Resumes the sweep of run {killed.name} (Crashed: {message.rstrip('.')})"
     assert line in flow_run_log(stack.api_url, going_on.id)
     assert f"/runs/flow-run/{killed.id})" in artifacts["resumed-run", str(going_on.id)]

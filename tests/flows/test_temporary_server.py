@@ -98,17 +98,22 @@ CAUSES = {
 }
 
 
+STARTUP_TIMEOUT_S = 100
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("cause", CAUSES)
 def test_a_temporary_server_that_cannot_start_is_one_line_naming_why(tmp_path, cause):
     """`image-classifier train` as a user runs it, with no PREFECT_API_URL: stderr is the one line, exit status 2,
-    in well under 30 s; what can be checked before the start is (nothing written), and a server that stops while it
-    starts is told at once, its own output in the command's log file."""
+    long before PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS (set to 100 s here, so a wait for it is told apart
+    from a slow host's start); what can be checked before the start is (nothing written), and a server that stops
+    while it starts is told at once, its own output in the command's log file."""
     (tmp_path / "a-file").write_text("")
     write_class_folders(tmp_path / "train", 2, classes=("red", "green"))
     home, database_url, expected = CAUSES[cause](tmp_path)
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT_SERVER_DATABASE"))}
     environment |= {"PYTHONPATH": str(ROOT), "PREFECT_HOME": str(home)}
+    environment["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = str(STARTUP_TIMEOUT_S)
     if database_url:
         environment["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
     started = time.monotonic()
@@ -119,14 +124,14 @@ def test_a_temporary_server_that_cannot_start_is_one_line_naming_why(tmp_path, c
         env=environment,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=STARTUP_TIMEOUT_S + 60,
     )
     took = time.monotonic() - started
     (line,) = done.stderr.splitlines()
     assert done.returncode == 2 and done.stdout == "", done.stderr
     assert line.startswith("error: the temporary Prefect server this command starts "), line
     assert all(text in line for text in expected), line
-    assert took < 30, f"{took:.1f} s"
+    assert "STARTUP_TIMEOUT" not in line and took < STARTUP_TIMEOUT_S, f"waited for the timeout: {took:.1f} s"
     logs = sorted((tmp_path / "runs" / "logs").glob("pipeline-*.log"))
     if "full log: " in line:
         (log,) = logs

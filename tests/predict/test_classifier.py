@@ -11,8 +11,9 @@ from flows.cli import main
 from tasks.contracts.image_directory import ImageDirectory
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.convert.conversion import convert_to_image_directory
+from tasks.errors import UnreadableImageError
 from tasks.evaluation.score import score_images
-from tasks.predict.classifier import Classifier, PhotoError
+from tasks.predict.classifier import Classifier
 from tests.helpers import COLOURS, write_class_folders
 
 
@@ -64,7 +65,7 @@ def test_a_missing_or_unreadable_photo_and_an_unknown_model_are_one_line(trained
     assert main(["predict", str(notes), "no-such-model", "--registry", str(tmp_path / "registry")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("image-classifier predict: error: ") and err.count("\n") == 1
-    with pytest.raises(PhotoError):
+    with pytest.raises(UnreadableImageError):
         Classifier.load(trained_model).predict(notes)
     Image.new("RGB", (8, 8)).save(tmp_path / "fine.png")
     assert len(Classifier.load(trained_model).predict(tmp_path / "fine.png")) == 1

@@ -1,5 +1,6 @@
 """Registering a model, run against both backends: a local folder and the real HTTP S3 endpoint."""
 
+import functools
 import json
 import shutil
 
@@ -82,22 +83,8 @@ def test_a_retry_after_a_failure_past_the_commit_returns_the_same_version(tmp_pa
     obstacle = registry / NAME / "aliases" / ".production.json.lock"
     obstacle.unlink()
     obstacle.mkdir()
-    ids = {"flow_run_id": "flow-7", "task_run_id": "task-7"}
-    with pytest.raises(IsADirectoryError):
-        register_model(
-            registry,
-            NAME,
-            ModelDirectory(trained_model),
-            metrics={"accuracy": 0.9},
-            params={},
-            datasets={},
-            promotion=PromotionPolicy(promote_to="production"),
-            **ids,
-        )
-    assert list_versions(registry, NAME) == [1, 2] and resolve(registry, f"{NAME}@production").version == 1
-    obstacle.rmdir()
-
-    again, _ = register_model(
+    attempt = functools.partial(  # the same task run's registration, tried twice
+        register_model,
         registry,
         NAME,
         ModelDirectory(trained_model),
@@ -105,8 +92,15 @@ def test_a_retry_after_a_failure_past_the_commit_returns_the_same_version(tmp_pa
         params={},
         datasets={},
         promotion=PromotionPolicy(promote_to="production"),
-        **ids,
+        flow_run_id="flow-7",
+        task_run_id="task-7",
     )
+    with pytest.raises(IsADirectoryError):
+        attempt()
+    assert list_versions(registry, NAME) == [1, 2] and resolve(registry, f"{NAME}@production").version == 1
+    obstacle.rmdir()
+
+    again, _ = attempt()
     assert again.version == 2 and list_versions(registry, NAME) == [1, 2], "the retry found its own version"
     assert again.promotion.promoted and resolve(registry, f"{NAME}@production").version == 2
     assert (read_registration(registry, NAME, 2).flow_run_id, again.task_run_id) == ("flow-7", "task-7")

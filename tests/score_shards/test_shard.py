@@ -12,6 +12,7 @@ from tasks.contracts.image_directory import INDEX_NAME, MANIFEST_NAME, ImageDire
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.contracts.scores_table import ERROR_COLUMN, read_scores, write_score_chunks
 from tasks.convert.conversion import convert_to_image_directory
+from tasks.errors import UnreadableImageError
 from tasks.evaluation.score import score_chunks, score_images
 from tasks.score_shards.parts import check_failures, merge_parts, part_location, shard_ranges
 from tasks.score_shards.shard import score_part
@@ -65,7 +66,7 @@ def test_a_damaged_image_is_a_row_without_scores_and_its_batch_is_scored(trained
         .all()
     )
     pd.testing.assert_frame_equal(merged.drop(index=damaged, columns=ERROR_COLUMN), whole.drop(index=damaged))
-    with pytest.raises(OSError):  # one process tolerates nothing, as before
+    with pytest.raises(UnreadableImageError, match="damaged or truncated"):  # one process tolerates nothing
         score_images(ModelDirectory(trained_model), images)
 
 

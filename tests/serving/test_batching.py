@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from concurrent.futures import ThreadPoolExecutor
+import time
 
 import numpy as np
 import pytest
@@ -20,12 +20,11 @@ def run_batcher(forward, items, **settings):
     sizes = []
 
     async def main():
-        with ThreadPoolExecutor(1) as executor:
-            batcher = Batcher(forward, executor, on_batch=lambda size, _: sizes.append(size), **settings)
-            batcher.start()
-            results = await asyncio.gather(*(batcher.submit(item) for item in items), return_exceptions=True)
-            await batcher.stop()
-            return results
+        batcher = Batcher(forward, on_batch=lambda size, _: sizes.append(size), **settings)
+        batcher.start()
+        results = await asyncio.gather(*(batcher.submit(item) for item in items), return_exceptions=True)
+        await batcher.stop()
+        return results
 
     return asyncio.run(main()), sizes
 
@@ -58,26 +57,46 @@ def test_a_batch_waits_for_announced_requests_only():
     sizes = []
 
     async def main():
-        with ThreadPoolExecutor(1) as executor:
-            batcher = Batcher(
-                lambda b: b, executor, max_batch_size=8, max_wait_s=60, on_batch=lambda n, _: sizes.append(n)
-            )
-            batcher.start()
-            assert await asyncio.wait_for(batcher.submit("alone"), 10) == "alone"  # not 60 s: nothing announced
-            batcher.announce(2)  # two requests arriving
-            first = batcher.enqueue(1)
-            batcher.withdraw()  # the first arrived
-            await asyncio.sleep(0.2)  # its batch holds it and waits for the second
-            assert not first.done() and sizes == [1]
-            second = batcher.enqueue(2)
-            batcher.withdraw()
-            rest = await asyncio.wait_for(asyncio.gather(first, second), 10)
-            await batcher.stop()
-            return rest
+        batcher = Batcher(lambda b: b, max_batch_size=8, max_wait_s=60, on_batch=lambda n, _: sizes.append(n))
+        batcher.start()
+        assert await asyncio.wait_for(batcher.submit("alone"), 10) == "alone"  # not 60 s: nothing announced
+        batcher.announce(2)  # two requests arriving
+        first = batcher.enqueue(1)
+        batcher.withdraw()  # the first arrived
+        await asyncio.sleep(0.2)  # its batch holds it and waits for the second
+        assert not first.done() and sizes == [1]
+        second = batcher.enqueue(2)
+        batcher.withdraw()
+        rest = await asyncio.wait_for(asyncio.gather(first, second), 10)
+        await batcher.stop()
+        return rest
 
     assert asyncio.run(main()) == [1, 2] and sizes == [1, 2]
     with pytest.raises(ValueError, match="max_batch_size 0"):
-        Batcher(lambda batch: batch, None, max_batch_size=0, max_wait_s=0)
+        Batcher(lambda batch: batch, max_batch_size=0, max_wait_s=0)
+
+
+def test_batches_run_while_the_event_loop_is_busy():
+    """The batcher's own thread takes the next batch the moment a pass ends: with the event loop held (reading and
+    answering other requests), every queued batch still runs; their answers arrive once the loop is free."""
+    sizes = []
+
+    def forward(batch):
+        time.sleep(0.01)
+        return batch
+
+    async def main():
+        batcher = Batcher(forward, max_batch_size=4, max_wait_s=0, on_batch=lambda n, _: sizes.append(n))
+        batcher.start()
+        answers = [batcher.enqueue(item) for item in range(16)]
+        time.sleep(2)  # the loop is busy: nothing of it runs meanwhile
+        ran = list(sizes)
+        results = await asyncio.wait_for(asyncio.gather(*answers), 10)
+        await batcher.stop()
+        return ran, results
+
+    ran, results = asyncio.run(main())
+    assert ran == [4, 4, 4, 4] and results == list(range(16))
 
 
 def test_an_item_s_own_failure_fails_it_alone():
@@ -100,7 +119,7 @@ def test_tritonclient_s_binary_request_is_read_and_the_answer_encoded_as_asked()
     body, header_length = _get_inference_request(
         [tensor], "req-7", [InferRequestedOutput("label", binary_data=False)], 0, False, False, 0, None, None
     )
-    request = oip.parse_infer_request(body, str(header_length))
+    request = oip.parse_infer_request(body, header_length, 8)
     assert (request.id, request.images, request.binary_outputs) == ("req-7", images, {"label": False})
 
     probabilities = np.array([[0.25, 0.75], [0.5, 0.5]], dtype=np.float32)
@@ -117,15 +136,15 @@ def test_tritonclient_s_binary_request_is_read_and_the_answer_encoded_as_asked()
 def test_a_json_request_takes_base64_and_a_bad_one_is_told():
     encoded = base64.b64encode(b"image bytes").decode()
     body = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": [encoded]}]}
-    assert oip.parse_infer_request(json.dumps(body).encode(), None).images == [b"image bytes"]
+    assert oip.parse_infer_request(json.dumps(body).encode(), None, 8).images == [b"image bytes"]
     for broken, message in (
         ({"inputs": []}, "exactly one input"),
         ({"inputs": [{**body["inputs"][0], "datatype": "FP32"}]}, "expected 'BYTES'"),
         ({"inputs": [{**body["inputs"][0], "data": ["%%%"]}]}, "not base64"),
-        ({"inputs": [{**body["inputs"][0], "shape": [2]}]}, "does not hold its 1 elements"),
+        ({"inputs": [{**body["inputs"][0], "shape": [2]}]}, "says 2 images, 'data' holds 1"),
         ({**body, "outputs": [{"name": "logits"}]}, "output 'logits' unknown"),
     ):
         with pytest.raises(oip.InferRequestError, match=message):
-            oip.parse_infer_request(json.dumps(broken).encode(), None)
+            oip.parse_infer_request(json.dumps(broken).encode(), None, 8)
     with pytest.raises(oip.InferRequestError, match="not JSON"):
-        oip.parse_infer_request(b"{", None)
+        oip.parse_infer_request(b"{", None, 8)

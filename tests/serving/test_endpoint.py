@@ -1,17 +1,23 @@
 """``image-classifier serve``: a real server process on a free port, asked by real HTTP clients (httpx, and
 tritonclient for the Open Inference Protocol), serving the shared trained model from a local registry.
 
-One server answers every test here, in file order (the alias is moved under load, a tampered version refused, the
-queue overloaded, and SIGTERM drains it last); a second one, off loopback, checks the token and the canary.
+One server answers every test here (the queue overloaded, hostile and malformed requests refused, the alias moved
+under load, a tampered version refused, and SIGTERM drains it last); each test starts from whatever version it
+serves, so each passes alone. A second one, off loopback, checks the token, the metrics a stranger cannot grow, and
+the canary.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import hashlib
+import http.client
 import ipaddress
+import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -20,6 +26,7 @@ import struct
 import subprocess
 import sys
 import time
+import uuid
 import zlib
 from pathlib import Path
 
@@ -31,12 +38,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.local import PROJECT_ROOT, free_port
 from tasks.contracts.model_directory import WEIGHTS_FILE, ModelDirectory
+from tasks.monitoring.records import EMBEDDING_SIZE, read_records
 from tasks.predict.classifier import Classifier
 from tasks.registry import set_alias
 from tests.helpers import COLOURS, NAME, register_test_model, wait_for, write_class_folders, write_phone_photos
 
 pytestmark = pytest.mark.integration
-MAX_QUEUE, MAX_BATCH = 24, 8
+MAX_QUEUE, MAX_BATCH, MAX_BODY = 24, 8, 2**20
+BODY_TIMEOUT_S = 4  # the SIGTERM test's slow body arrives well within it
 BURST = 160  # requests at once: past the queue many times over
 STARTS_WITHIN_S = 180
 
@@ -90,8 +99,8 @@ class Served:
             for sample in family.samples
         }
 
-    def wait_for(self, what, timeout: float = 60) -> None:
-        wait_for(what, timeout, what=lambda: f"the server; its log:\n{self.log.read_text()}")
+    def wait_for(self, what, timeout: float = 60):
+        return wait_for(what, timeout, what=lambda: f"the server; its log:\n{self.log.read_text()}")
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +119,8 @@ def server(registry):
         f"{NAME}@production",
         *("--poll-s", "0.2", "--max-batch-size", str(MAX_BATCH), "--max-wait-ms", "50"),
         *("--max-queue", str(MAX_QUEUE), "--max-body-mb", "1", "--max-image-pixels", "1000000"),
+        *("--body-timeout-s", str(BODY_TIMEOUT_S)),
+        *("--record", str(registry.parent / "records"), "--record-images", "all", "--record-segment-s", "0.5"),
     )
     yield served
     served.stop()
@@ -178,6 +189,7 @@ def test_answers_are_predict_s_and_the_api_describes_itself(server, trained_mode
         "classes": ModelDirectory(trained_model).classes,
         "sha256": weights,
         "runtime": "torch",
+        "precision": "fp32",
         "device": "cpu",
     }
     assert httpx.get(f"{server.url}/healthz").json() == {"status": "alive"}
@@ -186,6 +198,27 @@ def test_answers_are_predict_s_and_the_api_describes_itself(server, trained_mode
     assert {"/v1/predict", "/v1/model", "/healthz", "/readyz", "/metrics", "/v2/models/{name}/infer"} <= set(documented)
     assert "Prometheus" in documented["/metrics"]["get"]["summary"]
     assert httpx.get(f"{server.url}/docs").status_code == 200
+
+
+def test_what_is_answered_is_recorded_off_the_request_path(server, registry, photos):
+    sent = {hashlib.sha256(path.read_bytes()).hexdigest(): predict(server.url, path) for path in photos[:4]}
+    assert all(answer.status_code == 200 for answer in sent.values())
+    assert {answer.json()["model"]["precision"] for answer in sent.values()} == {"fp32"}
+
+    def recorded():
+        found = read_records(str(registry.parent / "records"), model=NAME).records
+        return (found,) if set(sent) <= set(found["sha256"]) else None
+
+    (records,) = server.wait_for(recorded)
+    for sha256, answer in sent.items():
+        row = records[records["sha256"] == sha256].iloc[-1]
+        (predicted,) = answer.json()["predictions"]
+        assert row["label"] == predicted["label"] and row["version"] == int(answer.headers["X-Model-Version"][-1])
+        assert np.isclose(row["confidence"], max(predicted["top"].values()), atol=1e-6)
+        assert len(row["embedding"]) == EMBEDDING_SIZE and row["width"] > 0 and row["mode"]
+        assert hashlib.sha256((registry.parent / "records" / row["image"]).read_bytes()).hexdigest() == sha256
+    dropped = [key for key in server.metrics() if key[0] == "image_classifier_serve_records_dropped_total"]
+    assert not dropped, dropped
 
 
 def test_the_onnx_runtime_answers_as_torch_does(trained_model, photos, tmp_path):
@@ -304,6 +337,164 @@ def test_overload_gets_503_with_retry_after_and_memory_stays_bounded(server, pho
     assert server.metrics()[("image_classifier_serve_queue_depth", ())] == 0
 
 
+def opened(server: Served, content_length: int, sent: bytes = b"") -> socket.socket:
+    """A connection whose request declares ``content_length`` bytes of body and sends ``sent`` of them."""
+    connection = socket.create_connection(("127.0.0.1", server.port))
+    head = (
+        f"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: {content_length}\r\n\r\n"
+    )
+    connection.sendall(head.encode() + sent)
+    return connection
+
+
+def answer_on(connection: socket.socket) -> tuple[int, dict]:
+    """The status and JSON body answered on ``connection`` (waited for), which is closed then."""
+    connection.settimeout(60)
+    answer = http.client.HTTPResponse(connection)
+    try:
+        answer.begin()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
+
+
+def one_json_error(status: int, answer: httpx.Response | tuple[int, dict]) -> str:
+    """The error an answer gave, once it is shown to be ``status`` and the documented object."""
+    got, body = (answer.status_code, answer.json()) if isinstance(answer, httpx.Response) else answer
+    assert got == status and set(body) <= {"error", "part"}, (status, got, body)
+    assert len(body["error"].splitlines()) == 1 and "Traceback" not in body["error"]
+    return body["error"]
+
+
+def infer_json(shape, data, **request) -> bytes:
+    tensor = {"name": "image", "datatype": "BYTES", "shape": shape, "data": data}
+    return json.dumps({"inputs": [tensor], **request}, separators=(",", ":")).encode()
+
+
+def infer_binary(elements: bytes, shape) -> tuple[bytes, dict]:
+    tensor = {"name": "image", "datatype": "BYTES", "shape": shape, "parameters": {"binary_data_size": len(elements)}}
+    header = json.dumps({"inputs": [tensor]}).encode()
+    return header + elements, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def documented_statuses() -> set[int]:
+    """The statuses docs/serving.md's table of errors lists."""
+    text = (PROJECT_ROOT / "docs" / "serving.md").read_text()
+    table = text.split("### Errors", 1)[1].split("\n## ", 1)[0]
+    return {int(status) for status in re.findall(r"^\| (\d{3}) \|", table, re.MULTILINE)}
+
+
+def test_every_documented_status_is_one_json_error(server, photos):
+    """Each status of docs/serving.md's table, FastAPI's own among them, on /v1 and /v2 paths: the one object.
+    401 is the token test's (a server with a token); 500, a forward pass that raised, cannot be caused from
+    outside (test_batching.py has the batch's failure)."""
+    url, png = server.url, photos[0].read_bytes()
+    infer = f"{url}/v2/models/{NAME}/infer"
+    silent = opened(server, 1000)
+    many = [base64.b64encode(png).decode()] * (MAX_QUEUE + 1)
+    answers = {
+        400: [
+            httpx.post(f"{url}/v1/predict?top_k=0", content=png, headers={"Content-Type": "image/png"}),
+            httpx.post(infer, content=infer_json(["1"], many[:1])),
+        ],
+        404: [httpx.post(f"{url}/v1/nowhere"), httpx.get(f"{url}/v2/nowhere"), httpx.get(f"{url}/v2/models/none")],
+        405: [httpx.get(f"{url}/v1/predict"), httpx.get(infer)],
+        413: [
+            httpx.post(infer, content=infer_json([MAX_QUEUE + 1], many)),
+            httpx.post(f"{url}/v1/predict", files=[("i", ("i.png", png))] * (MAX_QUEUE + 1)),
+        ],
+        415: [httpx.post(f"{url}/v1/predict", content=png, headers={"Content-Type": "text/plain"})],
+    }
+    errors = {status: [one_json_error(status, answer) for answer in got] for status, got in answers.items()}
+    assert "query parameter top_k=0: input should be greater than or equal to 1" in errors[400][0]
+    assert errors[404][0] == "no endpoint POST '/v1/nowhere': the endpoints are listed on /docs"
+    assert answers[405][0].headers["Allow"] == "POST" and "it takes POST" in errors[405][1]
+    assert all("more than the 24 admitted at once (--max-queue)" in error for error in errors[413]), errors
+
+    # Bodies arriving slowly fill the bound on the bytes held (--max-queue x --max-body-mb): 503, and /readyz says
+    # so; once their clients leave, ready again.
+    slow = [opened(server, MAX_BODY, bytes(MAX_BODY - 8000)) for _ in range(MAX_QUEUE)]
+    server.wait_for(lambda: httpx.get(f"{url}/readyz").status_code == 503)
+    not_ready = one_json_error(503, httpx.get(f"{url}/readyz"))
+    full = httpx.post(f"{url}/v1/predict", content=png, headers={"Content-Type": "image/png"})
+    assert "no room for one more of --max-body-mb" in one_json_error(503, full) and full.headers["Retry-After"] == "1"
+    assert not_ready.startswith("not ready: the bodies received hold ")
+    for connection in slow:
+        connection.close()
+    server.wait_for(lambda: httpx.get(f"{url}/readyz").status_code == 200)
+    errors[503] = [not_ready]
+
+    errors[408] = [one_json_error(408, answer_on(silent))]
+    assert errors[408][0] == "the body did not arrive within 4 s (--body-timeout-s): 0 bytes came of 1000"
+    assert documented_statuses() == set(errors) | {401, 500}
+
+
+def test_silent_clients_hold_no_slot_and_are_answered_408(server, photos):
+    """More clients than --max-queue send their headers and then nothing: the others are served meanwhile, and
+    each silent one is answered 408 at --body-timeout-s."""
+    in_flight = ("image_classifier_serve_requests_in_flight", ())
+    silent = [opened(server, 1000) for _ in range(MAX_QUEUE + 8)]
+    server.wait_for(lambda: server.metrics()[in_flight] == len(silent))  # every one is being answered
+    assert predict(server.url, photos[0]).status_code == 200
+    assert httpx.get(f"{server.url}/readyz").status_code == 200
+    answers = [answer_on(connection) for connection in silent]
+    assert all("--body-timeout-s" in one_json_error(408, answer) for answer in answers)
+
+
+def peak_rise_kib(server: Served, url: str, body: bytes, headers: dict) -> tuple[httpx.Response, int]:
+    """The answer to ``body``, and how far the server's memory rose above its RSS while it was answered."""
+    before = rss_kib(server.process.pid)
+    Path(f"/proc/{server.process.pid}/clear_refs").write_text("5")  # VmHWM from now on
+    answer = httpx.post(url, content=body, headers=headers, timeout=60)
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines())
+    return answer, int(fields["VmHWM"].split()[0]) - before
+
+
+def test_a_request_s_images_are_counted_before_any_is_built(server):
+    """A body of the most bytes allowed, holding hundreds of thousands of empty images: refused from its JSON as
+    it arrives, or from its shape, before one object per image is made (the code before this built them all:
+    +37 MiB for a binary one of 1 MiB, +750 MiB at 20 MiB)."""
+    infer = f"{server.url}/v2/models/{NAME}/infer"
+    strings = (MAX_BODY - 100) // 3
+    elements = (MAX_BODY - 200) // 4
+    nested = b'{"inputs":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for (body, headers), status, told in (
+        ((infer_json([strings], [""] * strings), {}), 413, f"holds more than {MAX_QUEUE + 256} JSON values"),
+        (infer_binary(bytes(4 * elements), [elements]), 413, f"holds {elements:,} images, more than the {MAX_QUEUE}"),
+        (infer_binary(bytes(4 * elements), [1]), 400, "holds more than 1 elements, its shape says 1"),
+        ((nested, {}), 400, "opens more than"),
+    ):
+        assert len(body) <= MAX_BODY
+        answer, rise = peak_rise_kib(server, infer, body, headers)
+        assert told in one_json_error(status, answer) and rise < 16 * 1024, (told, rise)
+
+
+def test_each_malformed_inference_request_is_400_with_its_reason(server, photos):
+    infer = f"{server.url}/v2/models/{NAME}/infer"
+    image = base64.b64encode(photos[0].read_bytes()).decode()
+    good = json.loads(infer_json([1], [image]))
+    cases = {
+        **{f"shape {shape}": (infer_json(json.loads(shape), [image]), {}) for shape in ('["1"]', "[null]", "[{}]")},
+        "shape [1e999]": (infer_json([1], [image]).replace(b"[1]", b"[1e999]"), {}),
+        "shape [NaN]": (infer_json([1], [image]).replace(b"[1]", b"[NaN]"), {}),
+        "shape [-1, -1]": (infer_json([-1, -1], [image]), {}),
+        "tensor parameters [1]": (json.dumps({"inputs": [{**good["inputs"][0], "parameters": [1]}]}).encode(), {}),
+        "request parameters 'x'": (json.dumps({**good, "parameters": "x"}).encode(), {}),
+        "outputs: 5": (json.dumps({**good, "outputs": 5}).encode(), {}),
+        "100,000 nested lists": (infer_json([1], [image]).replace(b"[1]", b"[" * 100_000 + b"1" + b"]" * 100_000), {}),
+        "empty binary tensor": infer_binary(b"", [0]),
+    }
+    told = {
+        name: one_json_error(400, httpx.post(infer, content=body, headers=headers))
+        for name, (body, headers) in cases.items()
+    }
+    assert told["shape [1e999]"] == "input 'image': shape [inf], expected a list of whole numbers >= 0 like [3]"
+    assert told["shape [-1, -1]"].startswith("input 'image': shape [-1, -1], expected a list of whole numbers >= 0")
+    assert told["empty binary tensor"] == "input 'image': shape [0] holds no image: send at least one"
+    assert told["outputs: 5"].startswith("'outputs' is 5, expected a list")
+    assert httpx.post(infer, content=json.dumps(good).encode()).status_code == 200  # and a good one is answered
+
+
 def test_the_alias_moved_under_load_fails_no_request(server, registry, photos):
     answers: list[httpx.Response] = []
     times = {"started": time.monotonic()}
@@ -335,6 +526,7 @@ def test_the_alias_moved_under_load_fails_no_request(server, registry, photos):
 def test_a_tampered_version_is_refused_while_the_old_one_serves_and_moving_back_rolls_back(
     server, registry, trained_model
 ):
+    serving = httpx.get(f"{server.url}/v1/model").json()["version"]
     (registration, _) = register_test_model(registry, trained_model)
     weights = registry / NAME / str(registration.version) / WEIGHTS_FILE
     os.chmod(weights, stat.S_IRUSR | stat.S_IWUSR)
@@ -349,12 +541,16 @@ def test_a_tampered_version_is_refused_while_the_old_one_serves_and_moving_back_
     refused = [
         line for line in server.log.read_text().splitlines() if f"{NAME}/{registration.version}, not served" in line
     ]
-    assert len(refused) == 1 and f"still serving {NAME}/2" in refused[0] and "does not hold what version" in refused[0]
-    assert predict(server.url, weights.parent / "classes.json").status_code == 400  # still answering, on version 2
-    assert httpx.get(f"{server.url}/v1/model").json()["version"] == 2
+    assert (
+        len(refused) == 1
+        and f"still serving {NAME}/{serving}" in refused[0]
+        and "does not hold what version" in refused[0]
+    )
+    assert predict(server.url, weights.parent / "classes.json").status_code == 400  # still answering, on the old one
+    assert httpx.get(f"{server.url}/v1/model").json()["version"] == serving
 
-    set_alias(registry, NAME, "production", 1)  # the rollback
-    server.wait_for(lambda: httpx.get(f"{server.url}/v1/model").json()["version"] == 1)
+    set_alias(registry, NAME, "production", 1 if serving != 1 else 2)  # the rollback (a move back to another)
+    server.wait_for(lambda: httpx.get(f"{server.url}/v1/model").json()["version"] != serving)
 
 
 def self_signed(folder: Path) -> tuple[Path, Path, ssl.SSLContext]:
@@ -414,6 +610,11 @@ def test_off_loopback_a_token_is_required_tls_is_served_and_a_canary_takes_its_s
             assert client.get("/readyz").status_code == 200  # the probes stay open
             auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
             model = client.get("/v1/model", headers=auth).json()
+            # A stranger's requests, whatever their paths, add no series to /metrics (before, one per path).
+            series = set(served.metrics(auth))
+            assert {client.post(f"/{uuid.uuid4().hex}").status_code for _ in range(20)} == {401}
+            assert set(served.metrics(auth)) == series
+            assert one_json_error(404, client.get("/v1/nowhere", headers=auth)).startswith("no endpoint GET")
         assert (model["version"], model["canary"]["version"], model["canary"]["percent"]) == (1, 2, 25)
         answers: list[httpx.Response] = []
         asyncio.run(closed_loop(served.url, png, 4, lambda: len(answers) >= 40, answers, headers=auth, verify=trust))

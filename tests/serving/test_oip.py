@@ -9,13 +9,25 @@ import pytest
 
 from tasks.serving.oip import (
     HEADER_LENGTH,
+    OTHER_VALUES,
     InferRequestError,
+    JsonCount,
     infer_response,
+    json_size,
     model_metadata,
     parse_infer_request,
 )
 
 PNG, JPEG = b"\x89PNG fake image", b"\xff\xd8 another image"
+
+
+def parse(body: bytes, length: str | None = None, max_images: int = 8):
+    """As the endpoint reads a request: its JSON counted as it arrives (in 64 KiB chunks), then parsed."""
+    size = json_size(length)
+    count = JsonCount(size, max_images)
+    for start in range(0, len(body), 2**16):
+        count.feed(body[start : start + 2**16])
+    return parse_infer_request(body, size, max_images)
 
 
 def json_request(images=(PNG, JPEG), **changes) -> bytes:
@@ -33,14 +45,14 @@ def binary_request(images=(PNG, JPEG), binary_outputs: bool = False) -> tuple[by
 
 
 def test_a_json_request_gives_its_images_and_asks_for_both_outputs_as_json():
-    request = parse_infer_request(json_request(), None)
+    request = parse(json_request())
     assert (request.id, request.images) == ("r1", [PNG, JPEG])
     assert request.binary_outputs == {"label": False, "probabilities": False}
 
 
 def test_a_binary_request_gives_the_same_images():
     body, length = binary_request(binary_outputs=True)
-    request = parse_infer_request(body, length)
+    request = parse(body, length)
     assert (request.id, request.images) == (None, [PNG, JPEG])
     assert request.binary_outputs == {"label": True, "probabilities": True}
 
@@ -49,11 +61,11 @@ def test_a_binary_request_gives_the_same_images():
     ("body", "length", "told"),
     [
         (b"not json", None, "the inference request is not JSON"),
-        (json_request(), "many", f"{HEADER_LENGTH} 'many' is not a number of bytes"),
+        (json_request(), "many", f"{HEADER_LENGTH} 'many': give the JSON header's length in bytes"),
         (json_request(), "100000", f"{HEADER_LENGTH} 100000 does not fit a body of"),
         (json.dumps({"inputs": []}).encode(), None, "give exactly one input, a BYTES tensor named 'image'"),
         (json_request().replace(b'"BYTES"', b'"FP32"'), None, "input 'image': datatype 'FP32', expected 'BYTES'"),
-        (json_request().replace(b'"shape": [2]', b'"shape": [3]'), None, "shape [3] does not hold its 2 elements"),
+        (json_request().replace(b'"shape": [2]', b'"shape": [3]'), None, "shape [3] says 3 images, 'data' holds 2"),
         (json_request(outputs=[{"name": "logits"}]), None, "output 'logits' unknown: outputs are 'label'"),
         (
             json.dumps({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["%%"]}]}).encode(),
@@ -64,23 +76,50 @@ def test_a_binary_request_gives_the_same_images():
 )
 def test_a_request_the_endpoint_cannot_read_says_why(body, length, told):
     with pytest.raises(InferRequestError) as refused:
-        parse_infer_request(body, length)
-    assert told in str(refused.value)
+        parse(body, length)
+    assert told in str(refused.value) and refused.value.status == 400
 
 
 def test_a_binary_tensor_cut_short_is_refused():
     body, length = binary_request()
     with pytest.raises(InferRequestError, match="binary_data_size 39, the body holds 36"):
-        parse_infer_request(body[:-3], length)
+        parse(body[:-3], length)
     tensor = {"name": "image", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 9}}
     header = json.dumps({"inputs": [tensor]}).encode()
     with pytest.raises(InferRequestError, match="an element of 100 bytes runs past the tensor's end"):
-        parse_infer_request(header + struct.pack("<I", 100) + b"short", str(len(header)))
+        parse(header + struct.pack("<I", 100) + b"short", str(len(header)))
+    with pytest.raises(InferRequestError, match="holds more than 1 elements, its shape says 1"):
+        parse(header + struct.pack("<I", 1) + b"a" + struct.pack("<I", 0), str(len(header)))
+
+
+def test_images_are_counted_before_any_is_built_and_past_the_queue_it_is_413():
+    """Millions of empty strings or zero-length elements: refused as their JSON arrives, or from the shape."""
+    many = OTHER_VALUES + 8 + 1
+    with pytest.raises(InferRequestError, match=f"more than {OTHER_VALUES + 8:,} JSON values") as refused:
+        parse(json_request(images=[b""] * many))
+    assert refused.value.status == 413
+    body, length = binary_request(images=[b""] * many)
+    with pytest.raises(
+        InferRequestError, match=f"shape \\[{many}\\] holds {many:,} images, more than the 8"
+    ) as refused:
+        parse(body, length)
+    assert refused.value.status == 413
+    nested = b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(InferRequestError, match="opens more than") as refused:
+        parse(nested)
+    assert refused.value.status == 400
+    with pytest.raises(InferRequestError, match="nests lists or objects deeper than JSON is read"):
+        parse_infer_request(nested, None, 8)  # past the count too: the parser's own depth
+    nine = json_request(images=[PNG] * 9)
+    with pytest.raises(InferRequestError, match="holds 9 images, more than the 8 admitted at once") as refused:
+        parse(nine)
+    assert refused.value.status == 413
+    assert len(parse(nine, max_images=9).images) == 9
 
 
 def test_the_response_answers_as_asked_json_or_binary():
     probabilities = np.array([[0.9, 0.1], [0.2, 0.8]], dtype=np.float32)
-    as_json = parse_infer_request(json_request(), None)
+    as_json = parse(json_request())
     body, headers = infer_response(as_json, "digits", "3", ["cat", "dog"], probabilities)
     assert headers == {"Content-Type": "application/json"}
     answer = json.loads(body)
@@ -89,7 +128,7 @@ def test_the_response_answers_as_asked_json_or_binary():
     assert label == {"name": "label", "datatype": "BYTES", "shape": [2], "data": ["cat", "dog"]}
     assert probs["shape"] == [2, 2] and probs["data"] == pytest.approx([0.9, 0.1, 0.2, 0.8])
 
-    as_binary = parse_infer_request(*binary_request(binary_outputs=True))
+    as_binary = parse(*binary_request(binary_outputs=True))
     body, headers = infer_response(as_binary, "digits", "3", ["cat", "dog"], probabilities)
     header = json.loads(body[: int(headers[HEADER_LENGTH])])
     label, probs = header["outputs"]

@@ -10,7 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.contracts.model_directory import CHECKPOINT_FILE, MODEL_FILES, ModelDirectory, driver_log_path
+from tasks.contracts.model_directory import (
+    CHECKPOINT_FILE,
+    METRICS_FILE,
+    MODEL_FILES,
+    TRAINING_LOG_FILE,
+    ModelDirectory,
+    driver_log_path,
+)
 from tasks.contracts.training_config import TrainingParams
 from tasks.training import loop, worker
 from tasks.training.lifeline import Heartbeat
@@ -104,6 +111,13 @@ def test_a_restarted_run_resumes_from_its_checkpoint(tmp_path, colour_image_dirs
     assert first.returncode == 0, first.stderr
     checkpoint = torch.load(tmp_path / "model" / CHECKPOINT_FILE, weights_only=True)
     assert checkpoint["epoch"] == 1 and checkpoint["config"]["params"]["epochs"] == 1
+    # Stopped between its checkpoint and its log: an attempt that finds every epoch done still leaves them.
+    for name in (METRICS_FILE, TRAINING_LOG_FILE):
+        (tmp_path / "model" / name).unlink()
+    again = run_worker(*args, "--epochs", "1", processes=1)
+    assert again.returncode == 0, again.stderr
+    assert [e["epoch"] for e in json.loads((tmp_path / "model" / METRICS_FILE).read_text())["epochs"]] == [1]
+    assert (tmp_path / "model" / TRAINING_LOG_FILE).is_file()
 
     second = run_worker(*args, "--epochs", "2", processes=1)
     assert second.returncode == 0, second.stderr

@@ -10,6 +10,7 @@ import torch
 from PIL import Image, ImageOps
 
 from tasks.contracts.image_directory import EXIF_ORIENTATION
+from tasks.errors import UnreadableImageError
 from tasks.vision.device_pipeline import DecodedAhead, turned_upright
 from tasks.vision.images import ImageFiles
 from tasks.vision.payloads import EncodedImageFiles, PackedPayloads, collate_payloads, exif_orientation, is_jpeg
@@ -126,7 +127,7 @@ def test_a_file_that_only_claims_to_be_a_jpeg_is_left_to_pil_which_names_it(tmp_
     broken.write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 64)
     pipeline = pipeline_for({}, training=False)
     payload, _ = EncodedImageFiles([(broken, 0)], pipeline.transform)[0]
-    with pytest.raises(OSError, match="image file"):  # PIL's own error: what the CPU path raises for it
+    with pytest.raises(UnreadableImageError, match="not an image Pillow can read"):  # what the CPU path raises for it
         pipeline.decode([payload])
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tasks.contracts.transformations import ImageTransformations
+from tasks.errors import UnreadableImageError
 from tasks.vision.images import ImageFiles
 from tasks.vision.transforms import eval_transform
 from tests.helpers import write_class_folders
@@ -23,7 +24,7 @@ def test_decoded_images_are_kept_in_memory_up_to_the_budget(tmp_path):
         path.unlink()  # later epochs read the first five from memory, the rest from disk
     assert all(torch.equal(a, b) for a, b in zip(uncached, first))
     assert all(torch.equal(cached[i][0], uncached[i]) for i in range(5))
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(UnreadableImageError, match="no such file"):
         cached[5]
 
 
