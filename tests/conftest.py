@@ -26,7 +26,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 
 from deployments.local import PROJECT_ROOT, PrefectStack, free_port  # noqa: E402
-from tests.helpers import FileServer, alive, run_worker, s3_settings, wait_for, write_class_folders  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    FileServer,
+    alive,
+    run_worker,
+    s3_settings,
+    s3_test_bucket,
+    wait_for,
+    write_class_folders,
+)
 
 
 @pytest.fixture
@@ -345,16 +353,12 @@ def s3_endpoint(shared_server) -> str:
 
 @pytest.fixture
 def s3_bucket(s3_endpoint, monkeypatch):
-    """An empty bucket on the loopback endpoint, with AWS_ENDPOINT_URL and test credentials set."""
-    import uuid
-
-    from tasks.storage.s3 import s3_client
-
+    """An empty bucket on the loopback endpoint, with AWS_ENDPOINT_URL and test credentials set; deleted with what
+    it holds when the test ends."""
     for variable, value in s3_settings(s3_endpoint).items():
         monkeypatch.setenv(variable, value)
-    name = f"bucket-{uuid.uuid4().hex[:12]}"
-    s3_client().create_bucket(Bucket=name)
-    return name
+    with s3_test_bucket() as name:
+        yield name
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -3,6 +3,7 @@ the registry command line. Fixtures live in conftest.py."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import signal
@@ -11,7 +12,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -342,6 +343,44 @@ def s3_settings(endpoint: str) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
+
+
+@contextlib.contextmanager
+def s3_test_bucket(prefix: str = "bucket") -> Iterator[str]:
+    """A new bucket on the endpoint that ``AWS_ENDPOINT_URL`` names, emptied and deleted when the block ends. The
+    tests' moto server keeps every object's bytes in a temporary file until its key is deleted: a run whose buckets
+    stayed held 4.2 GB at 60% of the suite, and filled a CI host's disk."""
+    from tasks.storage.s3 import s3_client
+
+    name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    client = s3_client()
+    client.create_bucket(Bucket=name)
+    try:
+        yield name
+    finally:
+        delete_bucket(client, name)
+
+
+def delete_bucket(client, name: str, tries: int = 5) -> None:
+    """Deletes every version, delete marker and unfinished upload in bucket ``name``, then the bucket; again while
+    something still writes into it (a flow run that outlived its test), ``tries`` times."""
+    from botocore.exceptions import ClientError
+
+    for attempt in range(tries):
+        for page in client.get_paginator("list_object_versions").paginate(Bucket=name):
+            found = [*page.get("Versions", []), *page.get("DeleteMarkers", [])]
+            if found:
+                objects = [{"Key": o["Key"], "VersionId": o["VersionId"]} for o in found]
+                client.delete_objects(Bucket=name, Delete={"Objects": objects, "Quiet": True})
+        for upload in client.list_multipart_uploads(Bucket=name).get("Uploads", []):
+            client.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
+        try:
+            client.delete_bucket(Bucket=name)
+            return
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "BucketNotEmpty" or attempt == tries - 1:
+                raise
+            time.sleep(1)
 
 
 def register_test_model(registry, model, name=NAME, accuracy=0.9, **promotion):

@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -63,6 +64,7 @@ from tests.browser import (
 from tests.helpers import (
     FileServer,
     artifacts_and_task_runs,
+    delete_bucket,
     flow_run_log,
     heartbeats_of,
     lose,
@@ -377,7 +379,7 @@ def kill_a_worker_after_the_first_epoch(runs: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def finished_run(stack, digits_subset, weights_mirror, tmp_path_factory) -> FinishedRun:
+def finished_run(stack, digits_subset, weights_mirror, tmp_path_factory) -> Iterator[FinishedRun]:
     """Your own photos to an approved model through the team's server. One folder (the digits' 40 images of each
     class) is split for validation; a ResNet-18 starts from pretrained weights fetched from a mirror (HTTP on
     loopback) and hash-checked, trains on 2 processes with a random rotation, exports to ONNX and registers on S3
@@ -395,7 +397,8 @@ def finished_run(stack, digits_subset, weights_mirror, tmp_path_factory) -> Fini
 
     tmp_path = tmp_path_factory.mktemp("deployment-run")
     bucket = f"deployment-run-{uuid.uuid4().hex[:12]}"
-    s3_client().create_bucket(Bucket=bucket)
+    client = s3_client()
+    client.create_bucket(Bucket=bucket)
     photos = tmp_path / MODEL.split("-")[0]  # one folder: the digits' 40 images of each class
     for part in digits_subset:
         shutil.copytree(part, photos, dirs_exist_ok=True)
@@ -466,7 +469,7 @@ def finished_run(stack, digits_subset, weights_mirror, tmp_path_factory) -> Fini
         pytest.fail(f"`prefect deployment run --watch` created no run:\n{watched[-3000:]}{stack.log_text()[-3000:]}")
     with SyncPrefectClient(stack.api_url, auth_string=stack.auth) as client:
         run = client.read_flow_run(flow_run_id)
-    return FinishedRun(
+    yield FinishedRun(
         run,
         registry,
         tmp_path / "runs",
@@ -479,6 +482,7 @@ def finished_run(stack, digits_subset, weights_mirror, tmp_path_factory) -> Fini
         sha256,
         killed,
     )
+    delete_bucket(client, bucket)
 
 
 @pytest.fixture(scope="module")
