@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -56,6 +57,7 @@ __all__ = [
     "FORMAT_VERSION",
     "IMAGE_EXTENSIONS",
     "INDEX_NAME",
+    "LABELLED_FOLDER",
     "MANIFEST_NAME",
     "REENCODED_AS_JPEG",
     "ImageDirectory",
@@ -71,6 +73,11 @@ __all__ = [
     "safe_name",
     "stored_file_name",
 ]
+
+# Inside a class folder: where a labelled batch's images go, + the first 12 hex digits of the batch's content hash
+# (tasks/monitoring/labelled.py writes them; training draws them more often, TrainingParams.labelled_share).
+LABELLED_FOLDER = "labelled-"
+_IN_A_LABELLED_BATCH = re.compile(rf"(^|/){LABELLED_FOLDER}[0-9a-f]{{12}}/").search
 
 
 def index_rows(records: Iterable[ImageRecord], classes: Sequence[str]) -> Iterator[Row]:
@@ -204,6 +211,10 @@ class ImageDirectory:
         """(absolute image path, class index) pairs of index rows ``start`` to ``stop`` (all by default), read on
         demand; the index is -1 when unlabeled."""
         return ImageSamples(self.root, self.index, start, stop)
+
+    def labelled_rows(self) -> np.ndarray:
+        """Index rows of the images that came in a labelled batch (under ``<class>/labelled-<hash>/``)."""
+        return np.flatnonzero([_IN_A_LABELLED_BATCH(path) is not None for path in self.index.path])
 
     def records(self) -> list[ImageRecord]:
         """Every image's record as an object: for a few images (a test, a report), not for a data set's worth."""

@@ -129,6 +129,15 @@ class TrainingParams(BaseModel):
         "learning_rate (e.g. 0.1 keeps pretrained features closer to where they started)",
     )
 
+    labelled_share: float = Field(
+        0.5,
+        ge=0,
+        lt=1,
+        description="the least share of each epoch's draws that the images of labelled batches make (a labelling "
+        "queue added with labelled_data, under <class>/labelled-<hash>/): fewer, they are drawn more than once an "
+        "epoch, so that a retraining learns what the served model got wrong; 0: drawn once, as every other image",
+    )
+
     @field_validator("nodes")
     @classmethod
     def _nodes_or_range(cls, value: int | str) -> int | str:

@@ -12,23 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.errors import InvalidDatasetError, PretrainedWeightsError
-from tasks.storage.s3 import is_s3_uri
-
-
-def _is_remote(location: str) -> bool:
-    return is_s3_uri(location) or "://" in location
+from tasks.storage.s3 import existing_local_path, is_remote
 
 
 def check_source(location: str, role: str) -> None:
     """A local source that does not exist is refused now (``role``: training, validation, scoring)."""
-    if _is_remote(location):
-        return
-    path = Path(location).expanduser()
-    if not path.exists():
-        raise InvalidDatasetError(
-            f"the {role} data {location!r} does not exist (looked for {path.resolve()}): give a class-per-folder "
-            "folder, a .zip/.tar archive or an s3://bucket/prefix"
-        )
+    existing_local_path(
+        location, f"the {role} data", "give a class-per-folder folder, a .zip/.tar archive or an s3://bucket/prefix"
+    )
 
 
 def folder_classes(location: str) -> set[str] | None:
@@ -38,7 +29,7 @@ def folder_classes(location: str) -> set[str] | None:
     from tasks.convert.listing import list_folder
 
     path = Path(location).expanduser()
-    if _is_remote(location) or not path.is_dir():
+    if is_remote(location) or not path.is_dir():
         return None
     try:
         plan, labels_file = plan_source(path, list_folder(path))
@@ -79,7 +70,7 @@ def check_training_inputs(
 
     check_image_size(architecture, image_size)
     check_training_sources(train, validation, validation_fraction)
-    if weights_path and not _is_remote(weights_path) and not Path(weights_path).expanduser().is_file():
+    if weights_path and not is_remote(weights_path) and not Path(weights_path).expanduser().is_file():
         raise PretrainedWeightsError(
             f"weights_path {weights_path} for {architecture} does not exist (looked for "
             f"{Path(weights_path).expanduser().resolve()}): give a .pth file, an https:// URL or an s3:// URI"

@@ -20,14 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.contracts.image_directory import IMAGE_EXTENSIONS, INDEX_NAME, ImageDirectory, class_folders
+from tasks.contracts.image_directory import (
+    IMAGE_EXTENSIONS,
+    INDEX_NAME,
+    LABELLED_FOLDER,
+    ImageDirectory,
+    class_folders,
+)
 from tasks.contracts.image_index import ImageIndex
 from tasks.contracts.index_writer import IndexWriter
 from tasks.errors import InvalidDatasetError, LabelConflictError
 from tasks.storage.local_files import link_or_copy, staged_directory
-from tasks.storage.s3 import is_s3_uri
-
-BATCH_FOLDER = "labelled-"  # + the batch's content hash: where its images go inside each class folder
+from tasks.storage.s3 import existing_local_path
 
 
 @dataclass
@@ -96,16 +100,10 @@ def check_labelled_folder(location: str, classes: set[str] | None = None) -> Non
     """Before any work, a local folder (an archive or S3 prefix is left to the stage): it exists, its class folders
     are among ``classes`` (when known), and no content is under two classes (every image read once: a labelling
     queue is a few hundred)."""
-    if is_s3_uri(location) or "://" in location:
-        return
-    root = Path(location).expanduser()
-    if not root.exists():
-        raise InvalidDatasetError(
-            f"the labelled data {location!r} does not exist (looked for {root.resolve()}): give the folder of class "
-            "folders the labelling queue became (label-queue --out)"
-        )
-    if not root.is_dir():
-        return  # an archive: the convert stage opens it
+    give = "give the folder of class folders the labelling queue became (label-queue --out)"
+    root = existing_local_path(location, "the labelled data", give)
+    if root is None or not root.is_dir():
+        return  # remote, or an archive: the convert stage opens it
     folders = _class_folders(root)
     if classes is not None:
         unknown_classes(location, {folder.name for folder in folders}, classes)
@@ -162,7 +160,7 @@ def add_labelled(
         return {c: counted.get(c, 0) for c in classes}
 
     position, folders = {c: i for i, c in enumerate(classes)}, train.manifest.class_folders or class_folders(classes)
-    batch_folder = BATCH_FOLDER + labelled.content_hash[:12]
+    batch_folder = LABELLED_FOLDER + labelled.content_hash[:12]
     added = []
     for i in np.flatnonzero(new).tolist():
         row = index.row(i)

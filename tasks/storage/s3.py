@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from tasks.errors import InvalidStorageURIError, OutputStorageError
+from tasks.errors import InvalidDatasetError, InvalidStorageURIError, OutputStorageError
 from tasks.storage.local_files import atomic_write
 
 S3_SCHEME = "s3://"
@@ -48,6 +48,22 @@ class S3Location:
 
 def is_s3_uri(location: str | os.PathLike[str]) -> bool:
     return str(location).startswith(S3_SCHEME)
+
+
+def is_remote(location: str) -> bool:
+    """An S3 URI or any other scheme://: read by its stage, not checked on this host's disk."""
+    return is_s3_uri(location) or "://" in location
+
+
+def existing_local_path(location: str, what: str, give: str) -> Path | None:
+    """``location`` on this host's disk, refused in one line when it does not exist (``what``: "the training data",
+    ``give``: what to give instead); None for a remote one."""
+    if is_remote(location):
+        return None
+    path = Path(location).expanduser()
+    if not path.exists():
+        raise InvalidDatasetError(f"{what} {location!r} does not exist (looked for {path.resolve()}): {give}")
+    return path
 
 
 def parse_s3_uri(uri: str) -> S3Location:

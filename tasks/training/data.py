@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
@@ -50,6 +51,28 @@ def on_device(pipeline: DevicePipeline, training: bool, device: torch.device) ->
     return lambda images: pipeline.finish(images, training).contiguous(memory_format=memory_format(device))
 
 
+def drawn_rows(train: ImageDirectory, labelled_share: float) -> np.ndarray | None:
+    """The rows an epoch draws when the labelled batches' images (``ImageDirectory.labelled_rows``) are to make at
+    least ``labelled_share`` of the draws: every row once and those images a whole number of times more, the
+    nearest to the share; None when every row is drawn once (no labelled images, a share of 0, or reached)."""
+    labelled = train.labelled_rows()
+    others = len(train) - len(labelled)
+    if not len(labelled) or not others or len(labelled) >= labelled_share * len(train):
+        return None
+    times = max(1, round(labelled_share * others / ((1 - labelled_share) * len(labelled))))
+    return np.concatenate([np.arange(len(train)), np.repeat(labelled, times - 1)]) if times > 1 else None
+
+
+def labelled_draws(rows: np.ndarray, images: int) -> str:
+    """What ``drawn_rows`` made of ``images`` rows, for the log."""
+    labelled = len(np.unique(rows[images:]))
+    share = (len(rows) - images + labelled) / len(rows)  # each labelled row once, and its repeats
+    return (
+        f"{labelled:,} images of labelled batches drawn {(len(rows) - images) // labelled + 1} times an epoch: "
+        f"{share:.0%} of its {len(rows):,} draws (labelled_share)"
+    )
+
+
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 
 
@@ -78,6 +101,7 @@ class TrainingData:
     train_input: ModelInput
     val_input: ModelInput
     decoded: str  # where images are decoded, for the log
+    labelled: str = ""  # how often labelled batches' images are drawn, for the log; empty: as every other image
 
     @classmethod
     def load(
@@ -117,13 +141,18 @@ class TrainingData:
                 uint8_to_device(val_set.transform.normalize, device),
             )
             decoded = f"by {workers or 'this'} loader process(es)"
+        # Labelled batches drawn more often: their rows repeated in what the sampler deals (a decoded image is
+        # cached once, under its own row).
+        rows = drawn_rows(train, params.labelled_share)
+        drawn = train_set if rows is None else Subset(train_set, rows.tolist())
+        labelled = "" if rows is None else labelled_draws(rows, len(train_set))
         sampler = DistributedSampler(
-            train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed
+            drawn, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=params.random_seed
         )
-        train_loader = DataLoader(train_set, batch_sampler=BatchesOfTwoOrMore(sampler, params.batch_size), **options)
+        train_loader = DataLoader(drawn, batch_sampler=BatchesOfTwoOrMore(sampler, params.batch_size), **options)
         # A strided shard per rank covers every validation image exactly once (DistributedSampler would pad).
         val_shard = Subset(val_set, range(env.rank, len(val_set), env.world_size))
         val_loader = DataLoader(val_shard, batch_size=params.batch_size * 2, **options)
         if decode_on == "device":  # decoded a batch or two ahead of the step, in a thread
             train_loader, val_loader = DecodedAhead(train_loader, pipelines[0]), DecodedAhead(val_loader, pipelines[1])
-        return cls(train_set, val_set, sampler, train_loader, val_loader, *inputs, decoded)
+        return cls(train_set, val_set, sampler, train_loader, val_loader, *inputs, decoded, labelled)

@@ -143,6 +143,8 @@ def log_plan(spec: TrainedModelSpec, model: nn.Module, data: TrainingData, ctx: 
         val.cache_capacity,
         len(val),
     )
+    if data.labelled:
+        logger.info("%s", data.labelled)
     head, backbone = split_head_and_backbone(model, spec.architecture)
     logger.info(
         "fine-tuning %s: head %s (%d parameters) at the learning rate, backbone (%d parameters) %s; %s",

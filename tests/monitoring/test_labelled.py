@@ -5,10 +5,12 @@ announces the batch with the event the retraining automation matches (never its 
 
 import asyncio
 import shutil
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from uuid import uuid4
 
+import numpy as np
 import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
@@ -23,6 +25,7 @@ from tasks.errors import InvalidDatasetError, LabelConflictError
 from tasks.monitoring.events import LABELLED_EVENT, TRAINING_FLOW, model_name_resource
 from tasks.monitoring.labelled import add_labelled, check_labelled_folder
 from tasks.monitoring.prefect_tasks import LABELLED_ARTIFACT_KEY
+from tasks.training.data import drawn_rows, labelled_draws
 from tests.conftest import drain_prefect_workers
 from tests.helpers import COLOURS, artifacts_and_task_runs, main_in_process, wait_for, write_image
 
@@ -67,6 +70,16 @@ def test_only_new_images_join_the_training_side_counted_per_class(colour_image_d
     new = sorted(p for p in merged.index.path if "/labelled-" in p)
     assert [p.split("/")[0] for p in new] == ["blue", "blue", "red"]
     assert all((merged.root / p).is_file() for p in merged.index.path)
+    # Training draws the 3 labelled images 8 times an epoch: half of its 48 draws (TrainingParams.labelled_share).
+    labelled_rows = merged.labelled_rows()
+    assert sorted(merged.index.path[i] for i in labelled_rows) == new
+    drawn = drawn_rows(merged, 0.5)
+    assert len(drawn) == 48 and sorted(Counter(drawn.tolist()).values()) == [1] * len(train) + [8] * 3
+    assert np.isin(drawn, labelled_rows).sum() == 24
+    assert drawn_rows(merged, 0) is drawn_rows(merged, 0.1) is drawn_rows(train, 0.5) is None  # 0, reached, none
+    assert labelled_draws(drawn, len(merged)) == (
+        "3 images of labelled batches drawn 8 times an epoch: 50% of its 48 draws (labelled_share)"
+    )
     assert batch.headline() == (
         f"3 labelled images from {queue} added to the training images ({len(train) + 3} now); 3 skipped as already "
         "in train or validation, 1 repeated in the batch"
