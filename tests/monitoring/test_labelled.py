@@ -12,6 +12,7 @@ from uuid import uuid4
 
 import numpy as np
 import pytest
+import torch
 from prefect import flow
 from prefect.client.orchestration import get_client
 
@@ -20,12 +21,15 @@ from flows.cli import main as image_classifier
 from flows.pipeline import prepare_data
 from tasks.contracts.conversion_limits import ConversionLimits
 from tasks.contracts.image_directory import ImageDirectory
+from tasks.contracts.model_directory import TrainedModelSpec
+from tasks.contracts.training_config import TrainingParams
 from tasks.convert.conversion import convert_to_image_directory
 from tasks.errors import InvalidDatasetError, LabelConflictError
 from tasks.monitoring.events import LABELLED_EVENT, TRAINING_FLOW, model_name_resource
 from tasks.monitoring.labelled import add_labelled, check_labelled_folder
 from tasks.monitoring.prefect_tasks import LABELLED_ARTIFACT_KEY
-from tasks.training.data import drawn_rows, labelled_draws
+from tasks.training.data import TrainingData, drawn_rows
+from tasks.training.distributed import DistributedEnv
 from tests.conftest import drain_prefect_workers
 from tests.helpers import COLOURS, artifacts_and_task_runs, main_in_process, wait_for, write_image
 
@@ -77,9 +81,11 @@ def test_only_new_images_join_the_training_side_counted_per_class(colour_image_d
     assert len(drawn) == 48 and sorted(Counter(drawn.tolist()).values()) == [1] * len(train) + [8] * 3
     assert np.isin(drawn, labelled_rows).sum() == 24
     assert drawn_rows(merged, 0) is drawn_rows(merged, 0.1) is drawn_rows(train, 0.5) is None  # 0, reached, none
-    assert labelled_draws(drawn, len(merged)) == (
-        "3 images of labelled batches drawn 8 times an epoch: 50% of its 48 draws (labelled_share)"
-    )
+    spec, world = TrainedModelSpec(num_classes=3, image_size=32), DistributedEnv(0, 1, 0, 1, 0)
+    data = TrainingData.load(merged, validation, spec, TrainingParams(), world, torch.device("cpu"))
+    dealt = [data.sampler.dataset.indices[i] for i in data.sampler]  # the training images' rows an epoch draws
+    assert sorted(dealt) == sorted(drawn.tolist())
+    assert data.labelled == "3 images of labelled batches drawn 8 times an epoch: 50% of its 48 draws (labelled_share)"
     assert batch.headline() == (
         f"3 labelled images from {queue} added to the training images ({len(train) + 3} now); 3 skipped as already "
         "in train or validation, 1 repeated in the batch"
