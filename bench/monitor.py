@@ -77,13 +77,21 @@ def shifted(image: bytes) -> bytes:
         return png(255 - np.asarray(opened))
 
 
-def train(env: dict, work: Path, data: tuple[Path, Path], epochs: int, labelled: Path | None = None) -> float:
+def train(
+    env: dict,
+    work: Path,
+    data: tuple[Path, Path],
+    epochs: int,
+    labelled: Path | None = None,
+    share: float | None = None,
+) -> float:
     """One run of the training pipeline (a new version of NAME); its seconds."""
     command = [sys.executable, "-m", "flows.pipeline", "--no-pretrained", "--model-name", NAME]
     command += ["--train-data", str(data[0]), "--validation-data", str(data[1]), "--epochs", str(epochs)]
     command += ["--registry", str(work / "registry"), "--work-dir", str(work / "runs"), "--promote-to", "production"]
     # As the labelled-batch automation runs it: from the production version's weights (deployments/automations.py).
     command += ["--labelled-data", str(labelled), "--warm-start", f"{NAME}@production"] if labelled else []
+    command += ["--labelled-share", str(share)] if labelled and share is not None else []
     started = time.monotonic()
     done = subprocess.run(command, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
@@ -187,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shifted", type=int, default=400, help="shifted requests sent (400)")
     parser.add_argument("--queue", type=int, default=200, help="images queued for labelling (200)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs of each training (5: make run's)")
+    parser.add_argument(
+        "--labelled-share", type=float, help="the retraining's labelled_share (empty: TrainingParams' default)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--output", help="the JSON results (default bench/results/<date>-monitor-<host>.json)")
     args = parser.parse_args(argv)
@@ -274,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             labelled = set(table["sha256"])
             results["queued"] = len(table)
             results["training_s"].append(
-                round(train(env, work, (train_dir, validation_dir), args.epochs, sorted_dir), 1)
+                round(train(env, work, (train_dir, validation_dir), args.epochs, sorted_dir, args.labelled_share), 1)
             )
             unseen = [(shifted(image), label) for image, label in held_out]
             unseen = [(image, label) for image, label in unseen if hashlib_sha256(image) not in labelled]

@@ -130,7 +130,7 @@ class TrainingParams(BaseModel):
     )
 
     labelled_share: float = Field(
-        0.5,
+        0.75,
         ge=0,
         lt=1,
         description="the least share of each epoch's draws that the images of labelled batches make (a labelling "

@@ -82,7 +82,7 @@ def test_only_new_images_join_the_training_side_counted_per_class(colour_image_d
     assert np.isin(drawn, labelled_rows).sum() == 24
     assert drawn_rows(merged, 0) is drawn_rows(merged, 0.1) is drawn_rows(train, 0.5) is None  # 0, reached, none
     spec, world = TrainedModelSpec(num_classes=3, image_size=32), DistributedEnv(0, 1, 0, 1, 0)
-    data = TrainingData.load(merged, validation, spec, TrainingParams(), world, torch.device("cpu"))
+    data = TrainingData.load(merged, validation, spec, TrainingParams(labelled_share=0.5), world, torch.device("cpu"))
     dealt = [data.sampler.dataset.indices[i] for i in data.sampler]  # the training images' rows an epoch draws
     assert sorted(dealt) == sorted(drawn.tolist())
     assert data.labelled == "3 images of labelled batches drawn 8 times an epoch: 50% of its 48 draws (labelled_share)"
