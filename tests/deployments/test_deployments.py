@@ -397,8 +397,8 @@ def finished_run(stack, digits_subset, weights_mirror, tmp_path_factory) -> Iter
 
     tmp_path = tmp_path_factory.mktemp("deployment-run")
     bucket = f"deployment-run-{uuid.uuid4().hex[:12]}"
-    client = s3_client()
-    client.create_bucket(Bucket=bucket)
+    s3 = s3_client()
+    s3.create_bucket(Bucket=bucket)
     photos = tmp_path / MODEL.split("-")[0]  # one folder: the digits' 40 images of each class
     for part in digits_subset:
         shutil.copytree(part, photos, dirs_exist_ok=True)
@@ -482,7 +482,7 @@ def finished_run(stack, digits_subset, weights_mirror, tmp_path_factory) -> Iter
         sha256,
         killed,
     )
-    delete_bucket(client, bucket)
+    delete_bucket(s3, bucket)
 
 
 @pytest.fixture(scope="module")
