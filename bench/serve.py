@@ -12,8 +12,12 @@ issues 54's and 62's goals; writes ``bench/results/<date>-serve-<host>.json``. A
 
 The servers, each a subprocess on a free loopback port, a fresh set for every level (so each level's peak memory is
 its own), all of a level's running at once and taking the load in turn (``--slices`` turns each, ``--seconds``
-in all per server: a drift in the machine's load falls on all of them alike), stopped (each its whole process
-group) when the level ends, on an error and on Ctrl-C:
+in all per server: a drift in the machine's load falls on all of them alike), the others paused (SIGSTOP to their
+process groups, SIGCONT for their own turn) during a server's turn, stopped (each its whole process group) when the
+level ends, on an error and on Ctrl-C. Paused, because an idle server's wakeups slow the one measured far more than
+the CPU they take: LitServe's inference worker polls its queue, about a tenth of a core, and beside it ours answered
+30.4 requests/s at concurrency 32 where alone it answered 35.1 (2026-12-07; before that day every figure of this
+script was taken beside the others running):
 
   ours      ``python -m tasks.serving bench-resnet18@production --registry <temporary> --max-batch-size B
             --max-wait-ms W --max-queue Q --poll-s 0.5``, ``POST /v1/predict?top_k=10`` (every class, as the
@@ -47,8 +51,7 @@ over the 200 answers; errors are every other answer (status, or a connection err
 generator shares the CPUs with the server: the same for all three.
 
 CPU: over the measured windows, the CPU-seconds of the server's processes, of this process (the load generator)
-and of everything else on the machine ("others": the level's idle servers, LitServe's polling about a tenth of a
-core, and on a shared machine other people's work; a figure measured while others were busy is the server's share
+and of everything else on the machine ("others": on a shared machine other people's work; a figure measured while others were busy is the server's share
 of a smaller machine, and a server with many threads takes a bigger share of it).
 "requests per server CPU-s" is what a server answered per CPU-second it got.
 
@@ -286,6 +289,12 @@ class Server:
             "client": time.process_time(),
             "machine": machine_busy_seconds(),
         }
+
+    def pause(self, paused: bool) -> None:
+        """Stop (SIGSTOP) or continue (SIGCONT) its whole process group."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
 
     def stop(self) -> None:
         """SIGTERM to its process group, SIGKILL to whatever of it is left after 10 s."""
@@ -600,6 +609,8 @@ def levels_at(concurrency: int, kinds: Sequence[str], settings: Settings, images
         ready = {kind: server.start() for kind, server in servers.items()}
         for turn in range(settings.slices):
             for kind, server in servers.items():
+                for other in servers.values():  # the others paused: an idle server's wakeups slow the one measured
+                    other.pause(other is not server)
                 hooks = {"cpu before": (0.0, cpu_now(server)), "cpu after": (each, cpu_now(server))}
                 if kind in ("ours", "recording"):
                     hooks["before"] = (0.0, lambda client, url=server.url: scrape_batches(client, url))
@@ -610,6 +621,7 @@ def levels_at(concurrency: int, kinds: Sequence[str], settings: Settings, images
         peaks = {kind: server.peak_rss() for kind, server in servers.items()}
     finally:
         for server in servers.values():
+            server.pause(False)
             server.stop()
     return [
         pooled(kind, concurrency, turns[kind], servers[kind], peaks[kind], ready[kind], settings.seconds)
