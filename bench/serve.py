@@ -51,8 +51,9 @@ over the 200 answers; errors are every other answer (status, or a connection err
 generator shares the CPUs with the server: the same for all three.
 
 CPU: over the measured windows, the CPU-seconds of the server's processes, of this process (the load generator)
-and of everything else on the machine ("others": on a shared machine other people's work; a figure measured while others were busy is the server's share
-of a smaller machine, and a server with many threads takes a bigger share of it).
+and of everything else on the machine ("others": on a shared machine other people's work; a figure measured while
+others were busy is the server's share of a smaller machine, and a server with many threads takes a bigger share
+of it).
 "requests per server CPU-s" is what a server answered per CPU-second it got.
 
 Threads: this script sets none; every server keeps torch's default intra-op threads (the machine's cores as
