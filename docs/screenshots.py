@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         pipeline = subprocess.Popen(
             command, cwd=PROJECT_ROOT, env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        driver = browser.chromium()
+        driver = browser.chromium(webgl=True)  # the run graph in the pictures
         driver.set_window_size(*WINDOW)
         try:
             run_id = browser.paused_run_id(stack, pipeline, timeout=1800)

@@ -24,11 +24,16 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--window-size=1400,1000",
 )
+# Without a GPU, Chromium draws WebGL (the run page's graph) with SwiftShader on the CPU, and redraws it while the
+# page is open: one run page took 54 CPU-s in 30 s on the 2-core machine, 2 CPU-s with this flag. The tests read
+# text, never the graph; the README's pictures (docs/screenshots.py) keep it.
+NO_WEBGL = "--disable-software-rasterizer"
 
 
-def chromium(profile: Path):
+def chromium(profile: Path | None = None, *, webgl: bool = False):
     """A Selenium driver for Debian's Chromium with its profile in ``profile`` (a test's own folder, removed with
-    it: a profile is 10-15 MB); a clear error when Chromium is not installed."""
+    it: a profile is 10-15 MB; None: a temporary one of chromedriver's), WebGL drawn only when asked (``NO_WEBGL``);
+    a clear error when Chromium is not installed."""
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         raise RuntimeError(
             f"the browser check needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): "
@@ -40,7 +45,8 @@ def chromium(profile: Path):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+    flags = [*CHROMIUM_FLAGS, *([] if webgl else [NO_WEBGL])]
+    for flag in [*flags, *([f"--user-data-dir={profile}"] if profile else [])]:
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 

@@ -43,7 +43,6 @@ from tasks.score_shards.parts import (
     read_summary,
     shard_ranges,
 )
-from tasks.score_shards.shard import score_part
 from tasks.storage.work_dir_on_s3 import join
 from tasks.work_dir.prefect_tasks import store
 
@@ -165,6 +164,8 @@ def score_shard(
     adds rows)."""
     logger, part = get_run_logger(), part_location(run_dir, shard.shard)
     logger.info(f"shard {shard.shard}: index rows {shard.start} to {shard.stop} of {image_dir} (pid {os.getpid()})")
+    from tasks.score_shards.shard import score_part  # torch: in the shard's process, not the scoring's
+
     summary = score_part(model_dir, image_dir, shard, part, runtime, batch_size, top_k)
     rate = summary.rows / max(summary.seconds, 1e-9)
     logger.info(

@@ -142,7 +142,12 @@ def test_a_storm_of_drift_events_starts_one_training_and_a_trainings_own_event_n
         probes = len(runs_of(probed))
         emit(events_server, *events, (DRIFT_EVENT, model_resource(f"{name}-probe", 1, "monitor"), {}))
         evaluated = lambda: len(runs_of(probed)) > probes and len(runs_of(training)) >= trainings  # noqa: E731
-        wait_for(evaluated, 120, what=lambda: f"the probe's run and {trainings} training runs: {runs_of(training)}")
+        wait_for(
+            evaluated,
+            120,
+            interval=0.5,
+            what=lambda: f"the probe's run and {trainings} training runs: {runs_of(training)}",
+        )
         return len(runs_of(training))
 
     try:
@@ -172,7 +177,7 @@ def test_an_announced_batch_runs_the_training_deployment_with_it_and_a_trainings
             (LABELLED_EVENT, model_name_resource(name, TRAINING_FLOW), {"labelled_data": "trained-on"}),
             (LABELLED_EVENT, model_name_resource(name, "a person"), {"labelled_data": "/data/to-label"}),
         )
-        (run,) = wait_for(lambda: runs_of(deployment), 120, what="the training deployment's run")
+        (run,) = wait_for(lambda: runs_of(deployment), 120, interval=0.5, what="the training deployment's run")
         assert run.parameters == {"labelled_data": "/data/to-label", "warm_start": f"{name}@production"}
     finally:
         automation.delete()

@@ -70,6 +70,7 @@ def damage_a_stored_image(work: str, timeout: float = 300) -> str:
     manifests = wait_for(
         lambda: [n for n in list_s3_names(work) if n.endswith("/images/image_directory.json")],
         timeout,
+        interval=0.25,  # a shard fetches seconds later (a worker's poll, a process's start); each look lists S3
         what="the scoring to store its images",
     )
     images = manifests[0].removesuffix("image_directory.json")

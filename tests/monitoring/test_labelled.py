@@ -167,7 +167,7 @@ def test_the_data_step_publishes_the_counts_and_announces_the_batch(prefect_serv
     (artifact,) = [a for a in artifacts if a.key == LABELLED_ARTIFACT_KEY]
     assert '"already in validation": 1' in artifact.data and "3 labelled images from" in artifact.description
     drain_prefect_workers()
-    (event,) = wait_for(lambda: labelled_events(name), 60, what="the labelled event")
+    (event,) = wait_for(lambda: labelled_events(name), 60, interval=0.5, what="the labelled event")
     assert event["payload"]["added"] == {"blue": 2, "green": 0, "red": 1}
     assert event["payload"]["labelled_data"] == str(queue) and event["payload"]["model"] == name
     # The pipeline's own announcement never starts a training; one from elsewhere (a person, a labelling tool) does.

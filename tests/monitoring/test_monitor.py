@@ -62,7 +62,7 @@ def test_drift_is_published_with_pictures_and_an_event_about_the_version(prefect
     assert f"{NAME}/1: drift in " in printed and "DRIFT" in printed
     drain_prefect_workers()
     # The server stores events in batches, a few seconds after they arrive.
-    events = wait_for(lambda: more_than(before), 60, what="the drift event")
+    events = wait_for(lambda: more_than(before), 60, interval=0.5, what="the drift event")
     assert len(events) == before + 1
     assert any(related["prefect.resource.id"].startswith("prefect.flow-run.") for related in events[0]["related"])
     payload = events[0]["payload"]

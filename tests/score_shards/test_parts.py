@@ -23,9 +23,14 @@ from tasks.score_shards.parts import (
 )
 
 
-def test_the_parts_module_loads_neither_torch_nor_prefect():
-    code = "import sys, tasks.score_shards.parts; print('torch' in sys.modules, 'prefect' in sys.modules)"
+def test_the_parts_module_loads_neither_torch_nor_prefect_and_the_fan_out_no_torch():
+    """The scoring that hands its shards to the pool scores nothing itself: it never pays for torch."""
+    code = (
+        "import sys, tasks.score_shards.parts; print('torch' in sys.modules, 'prefect' in sys.modules); "
+        "import tasks.score_shards.prefect_tasks; print('torch' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split() == [
+        "False",
         "False",
         "False",
     ]
