@@ -102,6 +102,7 @@ from fastapi import Body, FastAPI
 from PIL import Image
 
 from bench.harness import PROJECT_ROOT, Figure, aligned, table
+from deployments.local import free_port
 from tasks.contracts.model_directory import ModelDirectory
 from tasks.inference.loaded import LoadedModel
 
@@ -195,12 +196,6 @@ def run_litserve_server(model_dir: str, port: int, batch_log: str, max_batch_siz
 
 
 # --- the servers as subprocesses --------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def process_group(pgid: int) -> list[int]:

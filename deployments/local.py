@@ -16,22 +16,20 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from tasks.launch.multinode import free_port
 from tasks.outages import RIDE_OUT_SERVER_RESTART
 
+__all__ = ["PROJECT_ROOT", "PrefectStack", "free_port"]
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# What `prefect server start` says, and ends, when its port is taken.
+PORT_TAKEN = "is already in use"
 
 
 class PrefectStack:
@@ -49,13 +47,9 @@ class PrefectStack:
         self.home = Path(home)
         self.make_server = make_server
         self.server_variables = server_variables or {}
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.api_url = f"{self.url}/api"
         self.env = {
             **os.environ,
             "PREFECT_HOME": str(self.home),
-            "PREFECT_API_URL": self.api_url,
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             # Workers poll every 2 s: a triggered run starts within seconds (Prefect's default is 10 s), and an idle
             # stack costs less CPU than at 1 s (BENCHMARKS.md, "Figures that used to sit in code comments").
@@ -65,8 +59,17 @@ class PrefectStack:
         }
         if database_url:
             self.env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
+        self._on(port or free_port())
+        # A port chosen here may be taken by another process before the server binds it: the first start then
+        # tries another (once the server has answered, it keeps its port: its clients know it).
+        self.may_move = port is None
         self.processes: list[subprocess.Popen] = []
         self.logs = self.home / "logs"
+
+    def _on(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.api_url = self.env["PREFECT_API_URL"] = f"{self.url}/api"
 
     def _spawn(
         self, name: str, *args: str, cwd: Path = PROJECT_ROOT, env: dict[str, str] | None = None
@@ -88,21 +91,46 @@ class PrefectStack:
         return process
 
     def start(self, timeout: float = 120) -> PrefectStack:
+        """Start the server and wait until it answers; on a port this stack chose that another process took
+        first (the server's log says so), the first start goes on to another port, twice at most."""
+        log, moves = self.logs / "server.log", 2
+        while True:
+            said_before = log.stat().st_size if log.is_file() else 0
+            server = self._start_server()
+            if self._answers(server, time.monotonic() + timeout):
+                self.may_move = False
+                return self
+            with open(log, "rb") as said:
+                said.seek(said_before)
+                taken = PORT_TAKEN in said.read().decode(errors="replace")
+            if not (taken and self.may_move and moves):
+                self.stop()
+                raise RuntimeError(f"Prefect server did not start: see {log}")
+            self.processes.remove(server)
+            self._on(free_port())
+            moves -= 1
+
+    def _start_server(self) -> subprocess.Popen:
         if self.make_server:
             # As a person starts it: the server finds its own URLs from HOST and PORT, not from a client's.
             env = {k: v for k, v in self.env.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL")}
-            server = self.make("server", "server", env=env, PORT=str(self.port), **self.server_variables)
-        else:
-            server = self._spawn("server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port))
-        deadline = time.monotonic() + timeout
+            return self.make("server", "server", env=env, PORT=str(self.port), **self.server_variables)
+        return self._spawn("server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port))
+
+    def _answers(self, server: subprocess.Popen, deadline: float) -> bool:
+        """True once the server answers its health check; False if it ends first; raises past ``deadline``."""
         while True:
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2):
-                    return self
-            except OSError as error:
-                if server.poll() is not None or time.monotonic() > deadline:
+                    return True
+            except OSError as error:  # not listening yet, or another process on the port (an HTTP error)
+                if server.poll() is not None:
+                    return False
+                if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"Prefect server did not start: see {self.logs / 'server.log'}") from error
+                    raise RuntimeError(
+                        f"Prefect server did not answer in time: see {self.logs / 'server.log'}"
+                    ) from error
                 time.sleep(0.5)
 
     def _run(self, what: str, *command: str, timeout: float, env: dict[str, str] | None = None):

@@ -5,6 +5,7 @@ one run given its folder and the production version's weights, and a training ru
 
 import asyncio
 import json
+import socket
 from datetime import timedelta
 from types import SimpleNamespace
 from uuid import uuid4
@@ -21,7 +22,7 @@ from deployments.automations import (
     retrain_automation,
     zombie_automation,
 )
-from deployments.local import PROJECT_ROOT, PrefectStack
+from deployments.local import PORT_TAKEN, PROJECT_ROOT, PrefectStack
 from tasks.monitoring.events import (
     DRIFT_EVENT,
     LABELLED_EVENT,
@@ -86,12 +87,26 @@ def test_the_retraining_runs_the_training_deployment_at_most_once_an_interval_an
 def events_server(prefect_home):
     """A Prefect server for these tests alone. On the run's shared server the triggers service evaluates, in order,
     every event the other test processes' flows send (thousands of task-run states): CI saw a probe's event still
-    waiting after 120 s. The clients made here (the automations, the runs read) find it in Prefect's settings."""
+    waiting after 120 s. The clients made here (the automations, the runs read) find it in Prefect's settings.
+
+    Its first port is taken by another process as it starts (as a server of another test process once took the
+    shared server's): the stack starts it again on another port (``taken``: the port it was first given)."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with PrefectStack(home=prefect_home("automations-home")) as stack:
+    stack = PrefectStack(home=prefect_home("automations-home"))
+    stack.taken = stack.port
+    with socket.create_server(("127.0.0.1", stack.taken)):
+        stack.start()
+    try:
         with temporary_settings({PREFECT_API_URL: stack.api_url}):
             yield stack
+    finally:
+        stack.stop()
+
+
+def test_a_port_taken_as_the_server_starts_is_left_for_another(events_server):
+    assert events_server.port != events_server.taken
+    assert f"Port {events_server.taken} {PORT_TAKEN}" in events_server.log_text()
 
 
 def emit(stack, *events: tuple[str, dict, dict]) -> None:
