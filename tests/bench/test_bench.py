@@ -57,7 +57,7 @@ def test_device_stage_benchmark_times_each_stage_of_the_device_pipeline():
 
 def test_step_benchmark_compares_each_variant_with_the_default():
     result = subprocess.run(
-        [sys.executable, "-m", "bench.step", "--steps", "2", "--repetitions", "1"],
+        [sys.executable, "-m", "bench.step", "--steps", "2", "--repetitions", "1", "--batch", "2"],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
