@@ -193,6 +193,8 @@ image-classifier label-queue digits-resnet18 --records records --out to-label --
     """make test-fast
 make test PYTEST_ARGS="-k convert -x"
 make bench""": "the test suite and the benchmarks themselves (minutes; this test is part of the suite)",
+    "python -m bench.suite_cpu f0fb65d HEAD --rounds 2": "four clean clones' `.ci/run`, about 70 minutes; "
+    "tests/bench/test_bench.py runs it on a command of seconds",
     # docs/multinode.md
     """. .venv/bin/activate
 export PREFECT_API_URL=http://prefect.example.org:4200/api

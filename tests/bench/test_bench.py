@@ -157,3 +157,22 @@ def test_monitor_benchmark_sends_digits_the_training_never_saw_and_inverts_them(
     image = held_out[0][0]
     original, inverted = (np.asarray(Image.open(io.BytesIO(data))) for data in (image, shifted(image)))
     assert np.array_equal(inverted, 255 - original)
+
+
+def test_the_suite_cpu_benchmark_counts_what_a_clean_clones_command_starts_by_kind(tmp_path):
+    """bench.suite_cpu on a command of a few seconds instead of `.ci/run`: a clone of this checkout's HEAD, every
+    process under the command sampled, its CPU counted by kind; an unknown revision is one line."""
+    from bench.suite_cpu import kind_of, main
+
+    assert kind_of("/venv/bin/python -u -m tasks.training.worker --train /data") == "training worker"
+    assert kind_of("/venv/bin/python -m prefect server start --host 127.0.0.1 --port 5") == "Prefect server"
+    assert kind_of("/venv/bin/python -m flows.pipeline --epochs 1") == "pipeline command line"
+    out = tmp_path / "suite-cpu.json"
+    burn = "sum(range(10**8))"  # a second or two of one core in a child of the command: sampled (0.5 s apart)
+    command = f"test -f .ci/run && {sys.executable} -c '{burn}' && {sys.executable} -m pytest --version"
+    assert main(["HEAD", "--rounds", "1", "--command", command, "--output", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["returncode"] == 0 and run["last_line"].startswith("pytest ")
+    assert run["kinds"]["other"]["cpu_s"] >= 0.5
+    assert run["cpu_s"] == round(sum(kind["cpu_s"] for kind in run["kinds"].values()), 1)
+    assert main(["no-such-revision"]) == 2
