@@ -15,21 +15,45 @@ is the project's ``make server`` (its settings, and none of the client's; ``serv
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-from tasks.launch.multinode import free_port
 from tasks.outages import RIDE_OUT_SERVER_RESTART
-
-__all__ = ["PROJECT_ROOT", "PrefectStack", "free_port"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # What `prefect server start` says, and ends, when its port is taken.
 PORT_TAKEN = "is already in use"
+# Linux's range of ephemeral ports ("32768 60999"): what free_port stays below.
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port() -> int:
+    """A loopback port free now, for a server of a test or a benchmark to bind moments later. Drawn at random below
+    the kernel's range of ephemeral ports where it has one (Linux's ``ip_local_port_range``): the kernel hands those
+    out to every outgoing connection and to every process that asks it for a free port (torchrun's stores, the
+    servers other test processes start), any of which could take it in between. Elsewhere, the kernel's own pick.
+    (A training's rendezvous port stays in the ephemeral range, which docs/multinode.md tells firewalls to allow.)"""
+    try:
+        low = int(EPHEMERAL_PORTS.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    below = range(10_000, low) if low > 10_100 else range(0)
+    for port in random.sample(below, min(100, len(below))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class PrefectStack:

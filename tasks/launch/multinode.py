@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import random
 import socket
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
@@ -47,8 +45,6 @@ NODE_DEPLOYMENT = "train-node/train-node"
 NODE_ADDRESS_VARIABLE = "TRAIN_NODE_ADDRESS"
 # Elastic: how long after the first node run completes the others may still be going (uploading their logs).
 ELASTIC_FINISH_GRACE_SECONDS = 120.0
-# Linux's range of ephemeral ports ("32768 60999"): what free_port stays below.
-EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 class Rendezvous(BaseModel):
@@ -79,22 +75,7 @@ def reachable_address(api_url: str | None, override: str | None = None) -> str:
 
 
 def free_port() -> int:
-    """A TCP port free on every interface of this host now, for torchrun's rendezvous (or a server) to bind moments
-    later. Drawn at random below the kernel's range of ephemeral ports where it has one (Linux's
-    ``ip_local_port_range``), which the kernel hands out to every outgoing connection and to other processes asking
-    it for a free port, so that neither takes it in between; elsewhere, the kernel's own pick."""
-    try:
-        low = int(EPHEMERAL_PORTS.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 0
-    below = range(10_000, low) if low > 10_100 else range(0)
-    for port in random.sample(below, min(100, len(below))):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("", port))
-            except OSError:
-                continue
-            return port
+    """A port free on every interface of this host now; torchrun binds it moments later."""
     with socket.socket() as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]

@@ -22,7 +22,7 @@ from deployments.automations import (
     retrain_automation,
     zombie_automation,
 )
-from deployments.local import PORT_TAKEN, PROJECT_ROOT, PrefectStack
+from deployments.local import EPHEMERAL_PORTS, PORT_TAKEN, PROJECT_ROOT, PrefectStack, free_port
 from tasks.monitoring.events import (
     DRIFT_EVENT,
     LABELLED_EVENT,
@@ -107,6 +107,16 @@ def events_server(prefect_home):
 def test_a_port_taken_as_the_server_starts_is_left_for_another(events_server):
     assert events_server.port != events_server.taken
     assert f"Port {events_server.taken} {PORT_TAKEN}" in events_server.log_text()
+
+
+def test_a_test_servers_port_is_drawn_below_the_ports_the_kernel_hands_out():
+    """Between free_port and the bind of the server it is for, no outgoing connection and no process asking the
+    kernel for a port can take it."""
+    ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0])
+    ports = {free_port() for _ in range(5)}
+    assert len(ports) > 1 and all(10_000 <= port < ephemeral for port in ports), ports
+    with socket.create_server(("127.0.0.1", ports.pop())):
+        pass
 
 
 def emit(stack, *events: tuple[str, dict, dict]) -> None:

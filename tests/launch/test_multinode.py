@@ -1,12 +1,11 @@
 """tasks/launch/multinode.py: its constants agree with what is deployed; the gang's completion rule (GangRule) on
 node runs' states (the engine that asks it: tests/fanout/test_engine.py; whole gangs: tests/flows/)."""
 
-import socket
 from datetime import datetime, timedelta, timezone
 
 from deployments.local import PROJECT_ROOT
 from tasks.contracts.training_config import TrainingParams
-from tasks.launch.multinode import ELASTIC_FINISH_GRACE_SECONDS, EPHEMERAL_PORTS, free_port
+from tasks.launch.multinode import ELASTIC_FINISH_GRACE_SECONDS
 
 
 def test_the_node_deployment_the_train_stage_submits_is_the_one_deployments_prefect_yaml_defines():
@@ -77,13 +76,3 @@ def test_the_gangs_rule_fails_when_too_few_nodes_started_within_the_join_timeout
     rule.joined_by -= 61
     with pytest.raises(NodesNotJoinedError, match="only 1 of 2 training nodes started within 60 s.*no worker at all"):
         rule(gang(Running(), Scheduled()))
-
-
-def test_a_free_port_is_drawn_below_the_ports_the_kernel_gives_outgoing_connections():
-    """Between free_port and the bind of the server or rendezvous it is for, no outgoing connection (nor another
-    process asking the kernel for a port) can take it."""
-    ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0])
-    ports = {free_port() for _ in range(5)}
-    assert len(ports) > 1 and all(10_000 <= port < ephemeral for port in ports), ports
-    with socket.create_server(("", ports.pop())):
-        pass
