@@ -42,8 +42,8 @@ RESULTS = PROJECT_ROOT / "bench" / "results"
 TICKS = os.sysconf("SC_CLK_TCK")
 # The kind of a process, by its command line: the first pattern that matches names it.
 KINDS: tuple[tuple[str, str], ...] = (
+    ("torchrun agent", r"-m torch\.distributed\.run"),  # before the worker: its command line names the worker
     ("training worker", r"-m tasks\.training\.worker"),
-    ("torchrun agent", r"-m torch\.distributed\.run"),
     ("pytest-xdist process", r"exec\(eval\(sys\.stdin"),
     ("pytest", r"-m pytest"),
     ("Prefect server", r"prefect server start|uvicorn .*prefect\.server"),

@@ -165,6 +165,8 @@ def test_the_suite_cpu_benchmark_counts_what_a_clean_clones_command_starts_by_ki
     from bench.suite_cpu import kind_of, main
 
     assert kind_of("/venv/bin/python -u -m tasks.training.worker --train /data") == "training worker"
+    agent = "/venv/bin/python -m torch.distributed.run --standalone -m tasks.training.worker --train /data"
+    assert kind_of(agent) == "torchrun agent"
     assert kind_of("/venv/bin/python -m prefect server start --host 127.0.0.1 --port 5") == "Prefect server"
     assert kind_of("/venv/bin/python -m flows.pipeline --epochs 1") == "pipeline command line"
     out = tmp_path / "suite-cpu.json"
