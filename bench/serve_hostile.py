@@ -39,7 +39,7 @@ from PIL import Image
 
 from bench.harness import PROJECT_ROOT
 from bench.score import random_model_directory
-from bench.serve import free_port
+from deployments.local import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOKEN = "bench-token"

@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Container
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -80,8 +81,9 @@ class Seen:
     cpu: float  # its CPU-seconds when last seen (all of them: a descendant started after the sampler)
 
 
-def read_processes() -> dict[tuple[int, int], tuple[int, str, float]]:
-    """Every process now: (pid, start time) -> (parent pid, command line or name, CPU-seconds)."""
+def read_processes(known: Container[tuple[int, int]] = ()) -> dict[tuple[int, int], tuple[int, str | None, float]]:
+    """Every process now: (pid, start time) -> (parent pid, command line or name, CPU-seconds); the command is read
+    only for a process not in ``known`` (None for those: a process keeps the command it was first seen with)."""
     now = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -89,14 +91,16 @@ def read_processes() -> dict[tuple[int, int], tuple[int, str, float]]:
         try:
             with open(f"/proc/{entry}/stat") as stat:
                 text = stat.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            name_end = text.rfind(")")
+            fields = text[name_end + 2 :].split()
+            key, command = (int(entry), int(fields[19])), None
+            if key not in known:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    command = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                command = command or text[text.find("(") + 1 : name_end]
         except OSError:  # ended while read
             continue
-        name_end = text.rfind(")")
-        fields = text[name_end + 2 :].split()
-        cpu = (int(fields[11]) + int(fields[12])) / TICKS
-        now[(int(entry), int(fields[19]))] = (int(fields[1]), command or text[text.find("(") + 1 : name_end], cpu)
+        now[key] = (int(fields[1]), command, (int(fields[11]) + int(fields[12])) / TICKS)
     return now
 
 
@@ -116,8 +120,8 @@ class Sampler:
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def sample(self) -> None:
-        for key, (parent, command, cpu) in read_processes().items():
-            if key in self.seen:
+        for key, (parent, command, cpu) in read_processes(self.seen).items():
+            if command is None:
                 self.seen[key].cpu = cpu
             else:
                 self.seen[key] = Seen(parent, command, cpu)
@@ -168,8 +172,9 @@ def measure(revision: str, command: str, scratch: Path) -> dict:
     wall, busy = time.monotonic() - started, busy_seconds() - busy
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for seen in sampler.descendants(run.pid):
-        by_kind[kind_of(seen.command)][0] += 1
-        by_kind[kind_of(seen.command)][1] += seen.cpu
+        counts = by_kind[kind_of(seen.command)]
+        counts[0] += 1
+        counts[1] += seen.cpu
     said = log.read_text(errors="replace").strip().splitlines()
     shutil.rmtree(clone)  # its virtual environment: gigabytes
     return {
