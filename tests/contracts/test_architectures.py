@@ -111,7 +111,7 @@ def _model_directory(root, architecture: str, model: nn.Module, image_size: int)
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "architecture",
-    ["efficientnet_v2_s", "convnext_tiny", "mobilenet_v3_large", "regnet_y_400mf", "swin_t", "vit_b_16"],
+    ["efficientnet_v2_s", "convnext_tiny", "mobilenet_v3_large", "regnet_y_400mf", "swin_t", "vit_b_32"],
 )
 def test_a_new_family_builds_trains_a_step_and_exports_to_onnx(architecture, tmp_path):
     torch.manual_seed(0)
