@@ -38,6 +38,15 @@ logger = logging.getLogger(__name__)
 OUTPUT_FILES = (CHECKPOINT_FILE, WEIGHTS_FILE, SPEC_FILE, CLASSES_FILE, TRAINING_LOG_FILE, METRICS_FILE)
 
 
+def file_version(path: Path) -> tuple[int, int, int] | None:
+    """(inode, size, mtime in ns) of ``path``; None when there is no such file."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
 def epochs_in(data: bytes | None) -> int:
     return -1 if data is None else len(TrainingMetrics.model_validate_json(data).epochs)
 
@@ -47,6 +56,12 @@ class OutputMirror:
 
     def __init__(self, location: str) -> None:
         self.location, self.local = location, local_folder(location)
+        # What this mirror last uploaded of each file, as (inode, size, mtime), and the metrics.json that announced
+        # it: the best weights stay as they are for epochs at a time, the spec and classes for the whole run, and
+        # they are not sent again until they change (the worker writes each file anew and renames it over the old
+        # one: a new version has a new stat). Once the stored metrics.json is another's, everything is sent again.
+        self._uploaded: dict[str, tuple[int, int, int]] = {}
+        self._announced: bytes | None = None
 
     def local_epochs(self) -> int:
         path = self.local / METRICS_FILE
@@ -68,8 +83,14 @@ class OutputMirror:
         stored_metrics = read_s3_object(join(self.location, METRICS_FILE))
         local, remote = epochs_in(announced), epochs_in(stored_metrics)
         if local > remote:
-            present = [n for n in OUTPUT_FILES if n != METRICS_FILE and (self.local / n).is_file()]
-            upload_files(self.local, present, self.location, last=(METRICS_FILE, announced))
+            if stored_metrics != self._announced:  # another host stored epochs since (or this mirror never did)
+                self._uploaded.clear()
+            # Each file's stat before it is read: a version written during the upload is sent at the next look.
+            present = {n: file_version(self.local / n) for n in OUTPUT_FILES if n != METRICS_FILE}
+            changed = [n for n, version in present.items() if version and self._uploaded.get(n) != version]
+            upload_files(self.local, changed, self.location, last=(METRICS_FILE, announced))
+            self._uploaded.update({n: present[n] for n in changed})
+            self._announced = announced
         elif remote > local:
             stored = set(list_s3_names(self.location))
             download_files(self.location, [n for n in OUTPUT_FILES if n != METRICS_FILE and n in stored], self.local)

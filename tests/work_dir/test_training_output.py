@@ -81,3 +81,45 @@ def test_an_upload_never_announces_epochs_whose_checkpoint_it_did_not_store(s3_b
     mirror.sync()  # the next look stores epoch 2, checkpoint first
     stored = read_s3_object(f"{mirror.location}/checkpoints/last.pt")
     assert (stored, mirror.remote_metrics().epochs[-1].epoch) == (b"epoch 2", 2)
+
+
+def test_a_file_unchanged_since_this_host_uploaded_it_is_not_sent_again(s3_bucket, tmp_path, monkeypatch):
+    """The best weights stay as they are for epochs at a time: each look uploads only the files written since its
+    last upload, until another host has stored epochs in between. (An object changed behind the mirror's back shows
+    which files were sent.)"""
+    from tasks.storage.s3 import parse_s3_uri, s3_client
+
+    output = f"s3://{s3_bucket}/run/model"
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "a"))
+    a = OutputMirror(output)
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "b"))
+    b = OutputMirror(output)
+    where = parse_s3_uri(output)
+
+    def epoch(mirror: OutputMirror, number: int, *names: str) -> None:
+        for name in names:
+            write_text_atomic(mirror.local / name, f"{name} of epoch {number}")
+        write_text_atomic(mirror.local / "metrics.json", metrics(number))
+
+    def marked() -> None:
+        s3_client().put_object(Bucket=where.bucket, Key=where.key("model.pt"), Body=b"not sent again")
+
+    (a.local / "checkpoints").mkdir(parents=True)
+    epoch(a, 1, "checkpoints/last.pt", "model.pt", "model_spec.json")
+    a.sync()
+    marked()
+    epoch(a, 2, "checkpoints/last.pt")  # no better epoch: the best weights stay
+    a.sync()
+    assert read_s3_object(f"{output}/model.pt") == b"not sent again"
+    assert read_s3_object(f"{output}/checkpoints/last.pt") == b"checkpoints/last.pt of epoch 2"
+    epoch(a, 3, "checkpoints/last.pt", "model.pt")
+    a.sync()
+    assert read_s3_object(f"{output}/model.pt") == b"model.pt of epoch 3"
+
+    b.sync()  # b takes epoch 3, then stores epoch 4 as rank 0
+    epoch(b, 4, "checkpoints/last.pt")
+    b.sync()
+    marked()
+    epoch(a, 5, "checkpoints/last.pt")  # a ahead again: everything it holds is sent
+    a.sync()
+    assert read_s3_object(f"{output}/model.pt") == b"model.pt of epoch 3"
