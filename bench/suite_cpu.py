@@ -66,6 +66,9 @@ KINDS: tuple[tuple[str, str], ...] = (
 )
 
 
+HEAVIEST = 8  # the processes of each kind kept in the record with their CPU and command line (what a kind holds)
+
+
 def kind_of(command: str) -> str:
     """The kind of a process from its command line (its name where it has none); "other" when no pattern fits."""
     for kind, pattern in KINDS:
@@ -171,10 +174,13 @@ def measure(revision: str, command: str, scratch: Path) -> dict:
             raise
     wall, busy = time.monotonic() - started, busy_seconds() - busy
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    heaviest: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for seen in sampler.descendants(run.pid):
-        counts = by_kind[kind_of(seen.command)]
+        kind = kind_of(seen.command)
+        counts = by_kind[kind]
         counts[0] += 1
         counts[1] += seen.cpu
+        heaviest[kind].append((round(seen.cpu, 1), seen.command.replace(str(clone), ".")[:200]))
     said = log.read_text(errors="replace").strip().splitlines()
     shutil.rmtree(clone)  # its virtual environment: gigabytes
     return {
@@ -186,7 +192,10 @@ def measure(revision: str, command: str, scratch: Path) -> dict:
         "wall_s": round(wall, 1),
         "machine_busy_cpu_s": round(busy, 1),
         "cpu_s": round(sum(cpu for _, cpu in by_kind.values()), 1),
-        "kinds": {kind: {"processes": n, "cpu_s": round(cpu, 1)} for kind, (n, cpu) in by_kind.items()},
+        "kinds": {
+            kind: {"processes": n, "cpu_s": round(cpu, 1), "heaviest": sorted(heaviest[kind], reverse=True)[:HEAVIEST]}
+            for kind, (n, cpu) in by_kind.items()
+        },
     }
 
 

@@ -176,5 +176,7 @@ def test_the_suite_cpu_benchmark_counts_what_a_clean_clones_command_starts_by_ki
     (run,) = json.loads(out.read_text())["runs"]
     assert run["returncode"] == 0 and run["last_line"].startswith("pytest ")
     assert run["kinds"]["other"]["cpu_s"] >= 0.5
+    (burnt, burner), *_ = run["kinds"]["other"]["heaviest"]  # what the kind holds, heaviest first
+    assert burnt >= 0.5 and burn in burner, run["kinds"]["other"]
     assert run["cpu_s"] == round(sum(kind["cpu_s"] for kind in run["kinds"].values()), 1)
     assert main(["no-such-revision"]) == 2
