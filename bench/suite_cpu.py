@@ -173,14 +173,9 @@ def measure(revision: str, command: str, scratch: Path) -> dict:
             os.killpg(run.pid, signal.SIGTERM)
             raise
     wall, busy = time.monotonic() - started, busy_seconds() - busy
-    by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    heaviest: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    by_kind: dict[str, list[tuple[float, str]]] = defaultdict(list)  # kind -> (CPU-seconds, command) of each process
     for seen in sampler.descendants(run.pid):
-        kind = kind_of(seen.command)
-        counts = by_kind[kind]
-        counts[0] += 1
-        counts[1] += seen.cpu
-        heaviest[kind].append((round(seen.cpu, 1), seen.command.replace(str(clone), ".")[:200]))
+        by_kind[kind_of(seen.command)].append((seen.cpu, seen.command.replace(str(clone), ".")[:200]))
     said = log.read_text(errors="replace").strip().splitlines()
     shutil.rmtree(clone)  # its virtual environment: gigabytes
     return {
@@ -191,10 +186,14 @@ def measure(revision: str, command: str, scratch: Path) -> dict:
         "output_tail": said[-30:],
         "wall_s": round(wall, 1),
         "machine_busy_cpu_s": round(busy, 1),
-        "cpu_s": round(sum(cpu for _, cpu in by_kind.values()), 1),
+        "cpu_s": round(sum(cpu for seen in by_kind.values() for cpu, _ in seen), 1),
         "kinds": {
-            kind: {"processes": n, "cpu_s": round(cpu, 1), "heaviest": sorted(heaviest[kind], reverse=True)[:HEAVIEST]}
-            for kind, (n, cpu) in by_kind.items()
+            kind: {
+                "processes": len(seen),
+                "cpu_s": round(sum(cpu for cpu, _ in seen), 1),
+                "heaviest": [(round(cpu, 1), command) for cpu, command in sorted(seen, reverse=True)[:HEAVIEST]],
+            }
+            for kind, seen in by_kind.items()
         },
     }
 

@@ -4,7 +4,7 @@ endpoint (moto's server): the host ahead uploads, a host behind downloads, a ret
 from tasks.contracts.model_directory import EpochMetrics, TrainingMetrics
 from tasks.contracts.training_config import TrainingFolders
 from tasks.storage.local_files import write_text_atomic
-from tasks.storage.s3 import list_s3_names, read_s3_object
+from tasks.storage.s3 import list_s3_names, parse_s3_uri, read_s3_object, s3_client
 from tasks.storage.work_dir_on_s3 import CACHE_VARIABLE
 from tasks.work_dir.training_output import OutputMirror, stage_training
 
@@ -87,8 +87,6 @@ def test_a_file_unchanged_since_this_host_uploaded_it_is_not_sent_again(s3_bucke
     """The best weights stay as they are for epochs at a time: each look uploads only the files written since its
     last upload, until another host has stored epochs in between. (An object changed behind the mirror's back shows
     which files were sent.)"""
-    from tasks.storage.s3 import parse_s3_uri, s3_client
-
     output = f"s3://{s3_bucket}/run/model"
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "a"))
     a = OutputMirror(output)
