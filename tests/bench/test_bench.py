@@ -2,8 +2,10 @@
 have to be measured — positive numbers with the names and units BENCHMARKS.md reports."""
 
 import json
+import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -180,3 +182,45 @@ def test_the_suite_cpu_benchmark_counts_what_a_clean_clones_command_starts_by_ki
     assert burnt >= 0.5 and burn in burner, run["kinds"]["other"]
     assert run["cpu_s"] == round(sum(kind["cpu_s"] for kind in run["kinds"].values()), 1)
     assert main(["no-such-revision"]) == 2
+
+
+def test_the_per_test_cpu_plugin_charges_each_test_what_its_cgroup_counted(tmp_path):
+    """bench.per_test_cpu's plugin in a pytest run of two tests, on a stand-in for the cgroup's counter (v1's
+    nanoseconds) that each test moves on as the kernel would; its report names the file and the test that grew;
+    both cgroup formats are read."""
+    from bench.per_test_cpu import COUNTER, RECORDS, cpu_seconds, report
+
+    counter, records = tmp_path / "cpuacct.usage", tmp_path / "records.jsonl"
+    counter.write_text("0\n")
+    (tmp_path / "test_two.py").write_text(
+        textwrap.dedent(f"""
+        from pathlib import Path
+        COUNTER = Path({str(counter)!r})
+        def spend(seconds):
+            COUNTER.write_text(str(int(COUNTER.read_text()) + int(seconds * 1e9)))
+        def test_cheap():
+            spend(0.5)
+        def test_dear():
+            spend(3.25)
+        """)
+    )
+    environment = {**os.environ, COUNTER: str(counter), RECORDS: str(records), "PYTHONPATH": str(PROJECT_ROOT)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "bench.per_test_cpu", "-p", "no:cacheprovider"]
+    ran = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    tests = [json.loads(line) for line in records.read_text().splitlines()]
+    assert [(nodeid, cpu) for nodeid, cpu, _ in tests] == [
+        ("test_two.py::test_cheap", 0.5),
+        ("test_two.py::test_dear", 3.25),
+    ]
+
+    stat = tmp_path / "cpu.stat"
+    stat.write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
+    assert cpu_seconds(stat) == 2.5 and cpu_seconds(counter) == 3.75
+    run = {"commit": "c", "returncode": 0, "last_line": "", "wall_s": 1, "cgroup_cpu_s": 9}
+    base = {**run, "revision": "base", "tests_cpu_s": 3.75, "tests": tests}
+    head = {**run, "revision": "head", "tests_cpu_s": 5.75, "tests": [*tests, ["test_new.py::test_it", 2.0, 2.0]]}
+    said = report(base, head)
+    assert "tests: +2.0 CPU-s (+53.3%) head vs base" in said
+    assert "      +2.0         0.0         2.0  test_new.py\n" in said, said
+    assert "      +2.0         0.0         2.0  test_new.py::test_it\n" in said, said

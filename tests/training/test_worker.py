@@ -1,10 +1,9 @@
 """The torchrun worker: its epoch loop on its own (one process, CPU, a tiny linear model), and what a real run
-leaves (a complete ModelDirectory, a checkpoint a restart resumes from); no Prefect imported."""
+leaves (a complete ModelDirectory, a checkpoint a restart resumes from). That it loads no Prefect:
+tests/test_prefect_rule.py."""
 
 import json
 import logging
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -61,12 +60,6 @@ def test_slow_batches_still_log_a_line_every_progress_interval(tmp_path, caplog,
     with caplog.at_level(logging.INFO, logger=worker.logger.name):
         run_epoch(tmp_path, TrainingParams(epochs=1, print_frequency=1000))
     assert len(progress_lines(caplog)) == 6
-
-
-@pytest.mark.integration
-def test_worker_imports_no_prefect():
-    code = "import sys, tasks.training.worker; sys.exit('prefect' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_trained_model_directory_is_complete(trained_model, colour_image_dirs):
