@@ -195,6 +195,8 @@ make test PYTEST_ARGS="-k convert -x"
 make bench""": "the test suite and the benchmarks themselves (minutes; this test is part of the suite)",
     "python -m bench.suite_cpu f0fb65d HEAD --rounds 2": "four clean clones' `.ci/run`, about 70 minutes; "
     "tests/bench/test_bench.py runs it on a command of seconds",
+    "python -m bench.per_test_cpu f0fb65d HEAD": "two clean clones' suites in one test process each, about an hour; "
+    "tests/bench/test_bench.py runs its plugin on a pytest run of two tests",
     # docs/multinode.md
     """. .venv/bin/activate
 export PREFECT_API_URL=http://prefect.example.org:4200/api

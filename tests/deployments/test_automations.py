@@ -149,19 +149,40 @@ def runs_of(deployment_id) -> list:
         return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
 
 
-def test_a_storm_of_drift_events_starts_one_training_and_a_trainings_own_event_none(events_server):
-    name = f"storm-{uuid4().hex[:8]}"
-    training, probed = new_deployment(name), new_deployment(f"{name}-probe")
-    automation = retrain_automation(training, timedelta(hours=1))
-    automation.name, automation.trigger.match.root["prefect.resource.id"] = name, f"image-classifier.model.{name}.*"
-    # A probe that runs a deployment of its own on every event of its own: the triggers service evaluates events in
-    # the order they came, so once the probe's run is there the events sent before it have been evaluated.
+def live_probe(stack, name: str):
+    """A probe automation that runs a deployment of its own on every event of its own, created after the automations
+    under test and waited for until it fires: the server loads a new automation into its triggers service only after
+    the creation was answered (on SQLite, a task scheduled after the commit), and an event evaluated before that is
+    never matched (CI once saw a batch's announcement start no run). Loads happen in the order of the creations, so
+    once the probe fires the automations made before it are loaded. The triggers service also evaluates events in the
+    order they came: once the probe's run for an event is there, the events sent before it have been evaluated.
+    Returns the probe's deployment and automation (to delete)."""
+    probed = new_deployment(f"{name}-probe")
     probe = retrain_automation(probed, timedelta(0))
     probe.name, probe.trigger.match.root["prefect.resource.id"] = (
         f"{name}-probe",
         f"image-classifier.model.{name}-probe.*",
     )
-    automation, probe = automation.create(), probe.create()
+    probe = probe.create()
+    for _ in range(12):  # an event sent before the probe was loaded is lost: sent again after 10 s
+        runs = len(runs_of(probed))
+        emit(stack, (DRIFT_EVENT, model_resource(f"{name}-probe", 1, "monitor"), {}))
+        try:
+            wait_for(lambda: len(runs_of(probed)) > runs, 10, interval=0.5, what="the probe's run")  # noqa: B023
+            return probed, probe
+        except AssertionError:
+            continue
+    probe.delete()
+    raise AssertionError("the probe automation never fired in 120 s")
+
+
+def test_a_storm_of_drift_events_starts_one_training_and_a_trainings_own_event_none(events_server):
+    name = f"storm-{uuid4().hex[:8]}"
+    training = new_deployment(name)
+    automation = retrain_automation(training, timedelta(hours=1))
+    automation.name, automation.trigger.match.root["prefect.resource.id"] = name, f"image-classifier.model.{name}.*"
+    automation = automation.create()
+    probed, probe = live_probe(events_server, name)
 
     def trainings_after(*events, trainings: int) -> int:
         probes = len(runs_of(probed))
@@ -194,6 +215,7 @@ def test_an_announced_batch_runs_the_training_deployment_with_it_and_a_trainings
     automation = labelled_automation(deployment, timedelta(hours=1))
     automation.name, automation.trigger.match.root["prefect.resource.id"] = name, f"image-classifier.model.{name}"
     automation = automation.create()
+    _, probe = live_probe(events_server, name)
     try:
         # Had the training's own event been matched, its run would carry its folder, and the window would drop the
         # person's.
@@ -206,3 +228,4 @@ def test_an_announced_batch_runs_the_training_deployment_with_it_and_a_trainings
         assert run.parameters == {"labelled_data": "/data/to-label", "warm_start": f"{name}@production"}
     finally:
         automation.delete()
+        probe.delete()
