@@ -176,13 +176,21 @@ def live_probe(stack, name: str):
     raise AssertionError("the probe automation never fired in 120 s")
 
 
+def automation_under_test(stack, name: str, build, resource_id: str):
+    """``build(deployment, window)``'s automation for a new deployment named ``name``, with a window of an hour and
+    matching ``resource_id``, created, then a live probe after it: the deployment, the automation, the probe's
+    deployment and the probe."""
+    deployment = new_deployment(name)
+    automation = build(deployment, timedelta(hours=1))
+    automation.name, automation.trigger.match.root["prefect.resource.id"] = name, resource_id
+    return deployment, automation.create(), *live_probe(stack, name)
+
+
 def test_a_storm_of_drift_events_starts_one_training_and_a_trainings_own_event_none(events_server):
     name = f"storm-{uuid4().hex[:8]}"
-    training = new_deployment(name)
-    automation = retrain_automation(training, timedelta(hours=1))
-    automation.name, automation.trigger.match.root["prefect.resource.id"] = name, f"image-classifier.model.{name}.*"
-    automation = automation.create()
-    probed, probe = live_probe(events_server, name)
+    training, automation, probed, probe = automation_under_test(
+        events_server, name, retrain_automation, f"image-classifier.model.{name}.*"
+    )
 
     def trainings_after(*events, trainings: int) -> int:
         probes = len(runs_of(probed))
@@ -211,11 +219,9 @@ def test_a_storm_of_drift_events_starts_one_training_and_a_trainings_own_event_n
 
 def test_an_announced_batch_runs_the_training_deployment_with_it_and_a_trainings_own_announcement_none(events_server):
     name = f"announced-{uuid4().hex[:8]}"
-    deployment = new_deployment(name)
-    automation = labelled_automation(deployment, timedelta(hours=1))
-    automation.name, automation.trigger.match.root["prefect.resource.id"] = name, f"image-classifier.model.{name}"
-    automation = automation.create()
-    _, probe = live_probe(events_server, name)
+    deployment, automation, _, probe = automation_under_test(
+        events_server, name, labelled_automation, f"image-classifier.model.{name}"
+    )
     try:
         # Had the training's own event been matched, its run would carry its folder, and the window would drop the
         # person's.
