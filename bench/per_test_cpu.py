@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -121,6 +122,12 @@ def report(base: dict, head: dict) -> str:
     return "\n".join(lines)
 
 
+def dumps(record: dict) -> str:
+    """The record as JSON, each test's ``[node id, CPU-seconds, wall seconds]`` on a line of its own."""
+    text = json.dumps(record, indent=1)
+    return re.sub(r'\[\n\s+("(?:[^"\\]|\\.)*"),\n\s+([-\d.e]+),\n\s+([-\d.e]+)\n\s+\]', r"[\1, \2, \3]", text) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("base", help="the revision compared against, e.g. f0fb65d")
@@ -143,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         base, head = (measure(revision, Path(scratch)) for revision in (args.base, args.head))
     print(report(base, head))
     out = args.output or RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d}-per-test-cpu.json"
-    out.write_text(json.dumps({"command": "make test TEST_WORKERS=0", "runs": [base, head]}, indent=1) + "\n")
+    out.write_text(dumps({"command": "make test TEST_WORKERS=0", "runs": [base, head]}))
     print(f"written {out}")
     return 0 if base["returncode"] == head["returncode"] == 0 else 1
 

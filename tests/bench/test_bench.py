@@ -188,7 +188,7 @@ def test_the_per_test_cpu_plugin_charges_each_test_what_its_cgroup_counted(tmp_p
     """bench.per_test_cpu's plugin in a pytest run of two tests, on a stand-in for the cgroup's counter (v1's
     nanoseconds) that each test moves on as the kernel would; its report names the file and the test that grew;
     both cgroup formats are read."""
-    from bench.per_test_cpu import COUNTER, RECORDS, cpu_seconds, report
+    from bench.per_test_cpu import COUNTER, RECORDS, cpu_seconds, dumps, report
 
     counter, records = tmp_path / "cpuacct.usage", tmp_path / "records.jsonl"
     counter.write_text("0\n")
@@ -224,3 +224,6 @@ def test_the_per_test_cpu_plugin_charges_each_test_what_its_cgroup_counted(tmp_p
     assert "tests: +2.0 CPU-s (+53.3%) head vs base" in said
     assert "      +2.0         0.0         2.0  test_new.py\n" in said, said
     assert "      +2.0         0.0         2.0  test_new.py::test_it\n" in said, said
+    written = dumps({"runs": [base, head]})
+    assert json.loads(written) == {"runs": [base, head]}
+    assert '    ["test_new.py::test_it", 2.0, 2.0]\n' in written  # a test to a line
