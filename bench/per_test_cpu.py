@@ -67,10 +67,10 @@ def pytest_runtest_protocol(item, nextitem):
 
 def measure(revision: str, scratch: Path) -> dict:
     """A clean clone at ``revision``, its ``make test TEST_WORKERS=0`` in a cgroup made for it, each test's CPU."""
+    from bench.suite_cpu import clone_at  # here: the plugin alone loads in any revision's pytest
+
     clone, plugin, records = scratch / "clone", scratch / "plugin", scratch / f"{revision}.jsonl"
-    subprocess.run(["git", "clone", "--quiet", str(Path(__file__).parents[1]), str(clone)], check=True)
-    subprocess.run(["git", "-C", str(clone), "checkout", "--quiet", revision], check=True)
-    commit = subprocess.run(["git", "-C", str(clone), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    commit = clone_at(revision, clone)
     plugin.mkdir(exist_ok=True)
     shutil.copy(__file__, plugin / "per_test_cpu.py")
     counter, procs = new_cgroup(f"per-test-cpu-{os.getpid()}-{revision}")
@@ -86,7 +86,7 @@ def measure(revision: str, scratch: Path) -> dict:
         counter.parent.rmdir()  # empty once every process of the run has ended
     return {
         "revision": revision,
-        "commit": commit.stdout.strip(),
+        "commit": commit,
         "returncode": run.returncode,
         "last_line": said[-1] if said else "",
         "wall_s": round(time.monotonic() - started, 1),

@@ -156,12 +156,18 @@ class Sampler:
         return found
 
 
-def measure(revision: str, command: str, scratch: Path) -> dict:
-    """One clean clone of this repository at ``revision`` running ``command``: its outcome and CPU by kind."""
-    clone, log = scratch / "clone", scratch / "run.log"
+def clone_at(revision: str, clone: Path) -> str:
+    """A fresh clone of this repository in ``clone``, checked out at ``revision``: its short commit."""
     subprocess.run(["git", "clone", "--quiet", str(PROJECT_ROOT), str(clone)], check=True)
     subprocess.run(["git", "-C", str(clone), "checkout", "--quiet", revision], check=True)
     commit = subprocess.run(["git", "-C", str(clone), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return commit.stdout.strip()
+
+
+def measure(revision: str, command: str, scratch: Path) -> dict:
+    """One clean clone of this repository at ``revision`` running ``command``: its outcome and CPU by kind."""
+    clone, log = scratch / "clone", scratch / "run.log"
+    commit = clone_at(revision, clone)
     busy, started = busy_seconds(), time.monotonic()
     with Sampler() as sampler, open(log, "wb") as output:
         run = subprocess.Popen(
@@ -180,7 +186,7 @@ def measure(revision: str, command: str, scratch: Path) -> dict:
     shutil.rmtree(clone)  # its virtual environment: gigabytes
     return {
         "revision": revision,
-        "commit": commit.stdout.strip(),
+        "commit": commit,
         "returncode": returncode,
         "last_line": said[-1] if said else "",
         "output_tail": said[-30:],
