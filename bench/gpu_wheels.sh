@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The wheels a lent GPU host needs to run this project (bench/on_gpu.sh installs them from .whl/ there): Prefect,
-# pydantic, boto3 and what they need, for that host's Python 3.12, at the versions this checkout's .venv holds,
+# pydantic, boto3, LitServe (bench.serve's peer) and what they need, for that host's Python 3.12, at the versions this checkout's .venv holds,
 # less the packages the host's image already has (the device tool's KINDS.md, read 2026-11-17). Run it here, where
 # pip reaches a package index; .whl/ is ignored by git and travels with the device tool's `carry`.
 #
@@ -19,7 +19,7 @@ for tag in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1
     platforms+=(--platform "${tag}_x86_64")
 done
 python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-    -d "$download" "${wanted[@]}" boto3 asyncpg imagehash optuna
+    -d "$download" "${wanted[@]}" boto3 asyncpg imagehash optuna "litserve==$(version litserve)"
 # On the host's image already (a second copy would shadow it); docker: not imported by anything run there.
 present=" absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core

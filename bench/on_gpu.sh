@@ -6,6 +6,7 @@
 #
 #   bash bench/on_gpu.sh smoke                           # the GPU tests, trainings included (under 5 minutes)
 #   bash bench/on_gpu.sh bench_gpu bench_score bench_score_again   # the figures of BENCHMARKS.md
+#   bash bench/on_gpu.sh serve precision                 # issue 62: the endpoint on the GPU; bf16 and int8 figures
 #   bash bench/on_gpu.sh                                 # every step below, in this order
 # bench_gpu compares with the copy of the code in .baseline/ when there is one (made here, carried with the call):
 #   mkdir .baseline && git archive HEAD tasks flows bench deployments pyproject.toml | tar -x -C .baseline
@@ -36,7 +37,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to $OUT/
     tail -n 15 "$OUT/$name.txt"
 }
 
-for name in "${@:-smoke bench_gpu bench_score bench_score_again stages bench_score_digits}"; do
+for name in "${@:-smoke bench_gpu bench_score bench_score_again stages bench_score_digits serve precision}"; do
     for name in $name; do
         case $name in
         smoke) step smoke 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/vision/test_device_pipeline.py -s ;;
@@ -45,6 +46,17 @@ for name in "${@:-smoke bench_gpu bench_score bench_score_again stages bench_sco
         bench_score | bench_score_again) step $name 75 python3 -m bench.score --image-size 224 --limit-at-224 0 \
             --repetitions 2 --runtime torch --jpegs 1024 ;;
         bench_score_digits) step bench_score_digits 90 python3 -m bench.score --image-size 224 --limit-at-224 0 --repetitions 3 ;;
+        # Ours, plain and LitServe, each with its model on the GPU (JPEGs decoded there), at concurrency 32: batches
+        # of up to 32 fill. LitServe travels in .whl/ (bench/gpu_wheels.sh); without it, ours and plain.
+        serve) step serve 240 python3 -m bench.serve --device cuda --concurrency 32 --seconds 12 --max-batch-size 32 \
+            --no-swap --output "$OUT/serve.json" ;;
+        # bf16 against fp32 scoring on the GPU; then int8 against fp32 on this host's CPU (ONNX Runtime; its cores
+        # may have VNNI or AMX, which this project's 2-core VM lacks).
+        precision)
+            step bench_score_bf16 90 python3 -m bench.score --image-size 224 --limit-at-224 0 --repetitions 2 \
+                --runtime torch --jpegs 1024 --precision fp32 --precision bf16
+            step inference_int8 240 python3 -m bench.inference --skip-top1 --seconds 3 --repetitions 2
+            ;;
         *) echo "unknown step $name" && exit 2 ;;
         esac
     done

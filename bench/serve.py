@@ -30,15 +30,18 @@ script was taken beside the others running):
             one); ``POST /predict``. Batch size 1 by construction.
   litserve  ``python -m bench.serve --litserve-server MODEL_DIR --port P``: ``LitClassifier`` below, LitServe's
             LitAPI with ``max_batch_size=B``, ``batch_timeout=W`` (its own decode_request, batch, predict, unbatch,
-            encode_response), ``LitServer(accelerator="cpu", workers_per_device=1)``: one inference worker process
-            beside one HTTP process; ``POST /predict``. Batch sizes counted by ``LitClassifier.predict`` itself.
+            encode_response), ``LitServer(accelerator="cpu", devices=1, workers_per_device=1)`` (``"cuda"`` with
+            ``--device cuda``): one inference worker process beside one HTTP process; ``POST /predict``. Batch sizes
+            counted by ``LitClassifier.predict`` itself.
 
 The model: ResNet-18 at 224 px with random weights (``bench.score.random_model_directory``: throughput does not
 depend on what a network learned), 10 classes. Ours serves it from a temporary local registry holding two
 versions (different random weights) with ``production`` on version 1; plain and LitServe load version 1's
 folder. All three hold the same loaded model (``tasks.inference``: EXIF orientation, RGB, the eval transform, the
 network traced on the CPU, one softmax), so what differs is the serving around it; each answers the label and every
-class's probability.
+class's probability. ``--device cuda`` (and ``--precision bf16``) puts every server's model and the ceiling's on the
+GPU alike, a JPEG decoded there by nvJPEG with its batch (``bash bench/on_gpu.sh serve``; issue 62's goal there: ours
+10x plain at concurrency 32, its batches filled).
 
 The images: scikit-learn's two sample photographs (640 x 427) and six crops of them, as JPEG bytes at quality 90;
 each request's body is one of them (``Content-Type: image/jpeg``), each client task cycling through them.
@@ -143,10 +146,10 @@ def plain_predict(body: RawBody) -> dict:
     return answer(model.classes, model.probabilities([model.decode(body)])[0])
 
 
-def run_plain_server(model_dir: str, port: int) -> None:
+def run_plain_server(model_dir: str, port: int, device: str, precision: str) -> None:
     import uvicorn
 
-    plain_model["model"] = LoadedModel(ModelDirectory(model_dir))
+    plain_model["model"] = LoadedModel(ModelDirectory(model_dir), device=device, precision=precision)
     print(f"plain server: torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True)
     uvicorn.run(plain_app, host="127.0.0.1", port=port, log_level="warning")
 
@@ -159,12 +162,14 @@ class LitClassifier(litserve.LitAPI if litserve else object):
     Each batch's size goes to ``batch_log`` (a line ``<unix time> <size> <forward seconds>``): LitServe reports
     none itself."""
 
-    def __init__(self, model_dir: str, batch_log: str, max_batch_size: int, batch_timeout: float) -> None:
+    def __init__(
+        self, model_dir: str, batch_log: str, max_batch_size: int, batch_timeout: float, precision: str
+    ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
-        self.model_dir, self.batch_log = model_dir, batch_log
+        self.model_dir, self.batch_log, self.precision = model_dir, batch_log, precision
 
-    def setup(self, device: str) -> None:
-        self.model = LoadedModel(ModelDirectory(self.model_dir), device=device)
+    def setup(self, device: str) -> None:  # LitServe's device for its worker: "cpu", or "cuda:0" on a GPU
+        self.model = LoadedModel(ModelDirectory(self.model_dir), device=device, precision=self.precision)
         self.sizes = open(self.batch_log, "a", buffering=1)  # noqa: SIM115 (open for the worker's life)
         print(f"litserve worker: torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True)
 
@@ -187,11 +192,14 @@ class LitClassifier(litserve.LitAPI if litserve else object):
         return answer(self.model.classes, output)
 
 
-def run_litserve_server(model_dir: str, port: int, batch_log: str, max_batch_size: int, max_wait_ms: float) -> None:
+def run_litserve_server(
+    model_dir: str, port: int, batch_log: str, max_batch_size: int, max_wait_ms: float, device: str, precision: str
+) -> None:
     from bench import serve  # the class by its module's name: LitServe pickles the API into a spawned worker
 
-    api = serve.LitClassifier(model_dir, batch_log, max_batch_size, max_wait_ms / 1000)
-    server = litserve.LitServer(api, accelerator="cpu", workers_per_device=1)
+    api = serve.LitClassifier(model_dir, batch_log, max_batch_size, max_wait_ms / 1000, precision)
+    accelerator = "cuda" if device.startswith("cuda") else "cpu"
+    server = litserve.LitServer(api, accelerator=accelerator, devices=1, workers_per_device=1)
     server.run(host="127.0.0.1", port=port, log_level="warning", generate_client_file=False)
 
 
@@ -320,26 +328,29 @@ class Settings:
     scratch: Path
     registry: Path
     model_dir: Path
+    device: str = "cpu"
+    precision: str = "fp32"
 
 
 def make_server(kind: str, settings: Settings, tag: str) -> Server:
     port, log = free_port(), settings.scratch / f"{kind}-{tag}.log"
     python = sys.executable
+    model = ["--device", settings.device, "--precision", settings.precision]  # every server alike
     if kind in ("ours", "recording"):
         argv = [python, "-m", "tasks.serving", f"{MODEL_NAME}@production", "--registry", str(settings.registry)]
         argv += ["--host", "127.0.0.1", "--port", str(port), "--max-batch-size", str(settings.max_batch_size)]
         argv += ["--max-wait-ms", str(settings.max_wait_ms), "--max-queue", str(settings.max_queue)]
-        argv += ["--poll-s", str(settings.poll_s)]
+        argv += ["--poll-s", str(settings.poll_s), *model]
         if kind == "recording":  # every answer recorded (predictions, properties, embeddings), no image bytes
             argv += ["--record", str(settings.scratch / f"records-{tag}"), "--record-segment-s", "5"]
         return Server(kind, argv, port, "/v1/predict?top_k=10", "/readyz", log)  # every class, as the others
     if kind == "plain":
-        argv = [python, "-m", "bench.serve", "--plain-server", str(settings.model_dir), "--port", str(port)]
+        argv = [python, "-m", "bench.serve", "--plain-server", str(settings.model_dir), "--port", str(port), *model]
         return Server(kind, argv, port, "/predict", "/readyz", log)
     batch_log = settings.scratch / f"litserve-{tag}.batches"
     argv = [python, "-m", "bench.serve", "--litserve-server", str(settings.model_dir), "--port", str(port)]
     argv += ["--batch-log", str(batch_log), "--max-batch-size", str(settings.max_batch_size)]
-    argv += ["--max-wait-ms", str(settings.max_wait_ms)]
+    argv += ["--max-wait-ms", str(settings.max_wait_ms), *model]
     return Server(kind, argv, port, "/predict", "/health", log, batch_log)
 
 
@@ -795,10 +806,13 @@ def swap_text(swap: dict) -> str:
     )
 
 
-def goals(levels: list[dict], swap: dict | None, ceiling: float | None, at: int = 32) -> list[Figure]:
-    """Issues 54's and 62's goals, where this run measured what they compare: ours against plain at ``at``; against
-    LitServe at 8, 32 and 64 (throughput and p99); ours at ``at`` against the ceiling (one image a request); the
-    recording's cost at ``at``; no error through the swap."""
+def goals(
+    levels: list[dict], swap: dict | None, ceiling: float | None, at: int = 32, device: str = "cpu"
+) -> list[Figure]:
+    """Issues 54's and 62's goals, where this run measured what they compare: ours against plain at ``at`` (2x on
+    the CPU; 10x on a GPU, where batching pays most); against LitServe at 8, 32 and 64 (throughput and p99); ours at
+    ``at`` against the ceiling (one image a request); the recording's cost at ``at``; no error through the swap."""
+    times = 2.0 if device == "cpu" else 10.0
     by = {(r["server"], r["concurrency"]): r for r in levels}
     figures = []
 
@@ -808,7 +822,9 @@ def goals(levels: list[dict], swap: dict | None, ceiling: float | None, at: int 
             unit = "ms" if p99 else "requests/s"
             figures.append(Figure(what, ours[key], other[key], unit, target, goal, higher_is_better=not p99))
 
-    compare(f"throughput at C={at}, ours vs plain", by.get(("ours", at)), by.get(("plain", at)), ">= 2x", 2.0)
+    compare(
+        f"throughput at C={at}, ours vs plain", by.get(("ours", at)), by.get(("plain", at)), f">= {times:g}x", times
+    )
     compare(f"p99 at C={at}, ours vs plain", by.get(("ours", at)), by.get(("plain", at)), "<= 1x", 1.0, p99=True)
     for level in (8, 32, 64):
         ours, lit = by.get(("ours", level)), by.get(("litserve", level))
@@ -843,13 +859,13 @@ def goals(levels: list[dict], swap: dict | None, ceiling: float | None, at: int 
     return figures
 
 
-def ceiling_of(model_dir: Path, images: Sequence[bytes], batch_size: int, seconds: float) -> tuple[float, int]:
+def ceiling_of(settings: Settings, images: Sequence[bytes], seconds: float) -> tuple[float, int]:
     """What one process does at best with the served model and these photos (bench.inference.ceiling)."""
     from bench.inference import ceiling
-    from tasks.inference.loaded import LoadedModel
 
-    batch = [images[i % len(images)] for i in range(batch_size)]
-    return ceiling(LoadedModel(ModelDirectory(model_dir)), batch, seconds)
+    batch = [images[i % len(images)] for i in range(settings.max_batch_size)]
+    model = LoadedModel(ModelDirectory(settings.model_dir), device=settings.device, precision=settings.precision)
+    return ceiling(model, batch, seconds)
 
 
 def measure(
@@ -862,16 +878,16 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as scratch:
         scratch = Path(scratch)
         registry, model_dir = prepare_registry(scratch)
+        settings = Settings(
+            args.seconds, args.slices, args.warmup, args.max_batch_size, args.max_wait_ms, args.max_queue, args.poll_s,
+            scratch, registry, model_dir, args.device, args.precision,
+        )  # fmt: skip
         top = None
         if "ours" in kinds:  # what ours is measured against
-            top, threads = ceiling_of(model_dir, images, args.max_batch_size, seconds=5.0)
+            top, threads = ceiling_of(settings, images, seconds=5.0)
             print(
                 f"  the ceiling: {top:.1f} images/s (batch {args.max_batch_size}, {threads} torch threads)", flush=True
             )
-        settings = Settings(
-            args.seconds, args.slices, args.warmup, args.max_batch_size, args.max_wait_ms, args.max_queue, args.poll_s,
-            scratch, registry, model_dir,
-        )  # fmt: skip
         try:
             for concurrency in args.concurrency:
                 for r in levels_at(concurrency, kinds, settings, images):
@@ -913,6 +929,12 @@ def main(argv: list[str] | None = None) -> None:
         "--max-queue", type=int, default=128, help="ours: images admitted before 503 (default 128, its own; above C)"
     )
     parser.add_argument("--poll-s", type=float, default=0.5, help="ours: how often it reads the alias (default 0.5)")
+    parser.add_argument(
+        "--device", default="cpu", help="where every server and the ceiling run the model: cpu (default), cuda, cuda:1"
+    )
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32", help="every server's: fp32 (default), bf16 (a GPU's)"
+    )
     parser.add_argument("--only", nargs="+", choices=SERVERS, help="a subset of the servers (default: all)")
     parser.add_argument("--no-swap", action="store_true", help="leave out the alias-swap round")
     parser.add_argument(
@@ -925,10 +947,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-log", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.plain_server:
-        return run_plain_server(args.plain_server, args.port)
+        return run_plain_server(args.plain_server, args.port, args.device, args.precision)
     if args.litserve_server:
         return run_litserve_server(
-            args.litserve_server, args.port, args.batch_log, args.max_batch_size, args.max_wait_ms
+            args.litserve_server,
+            args.port,
+            args.batch_log,
+            args.max_batch_size,
+            args.max_wait_ms,
+            args.device,
+            args.precision,
         )
 
     kinds = [k for k in SERVERS if k in (args.only or SERVERS)]
@@ -941,7 +969,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"bench.serve: {', '.join(kinds)} at concurrency {args.concurrency}, {args.warmup:g} s warm-up + "
         f"{args.seconds:g} s each; max batch {args.max_batch_size}, max wait {args.max_wait_ms:g} ms, "
-        f"max queue {args.max_queue}; torch threads {threads} (torch's default here, left to each server)",
+        f"max queue {args.max_queue}; {args.device}, {args.precision}; torch threads {threads} (torch's default here, "
+        "left to each server)",
         flush=True,
     )
     images = photos()
@@ -952,7 +981,7 @@ def main(argv: list[str] | None = None) -> None:
         levels, swap, server_logs, top = measure(args, kinds, images)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    figures = goals(levels, swap, top)
+    figures = goals(levels, swap, top, device=args.device)
     print()
     print(levels_table(levels))
     if swap:
@@ -976,6 +1005,8 @@ def main(argv: list[str] | None = None) -> None:
             "max_wait_ms": args.max_wait_ms,
             "max_queue": args.max_queue,
             "poll_s": args.poll_s,
+            "device": args.device,
+            "precision": args.precision,
             "swap_seconds": None if args.no_swap else args.swap_seconds,
             "torch_threads": threads,
             "images": len(images),

@@ -164,6 +164,16 @@ def clone_at(revision: str, clone: Path) -> str:
     return commit.stdout.strip()
 
 
+def failures(said: list[str], most: int = 400) -> list[str]:
+    """pytest's report of its failed tests in an output (from its FAILURES or ERRORS heading to the short summary),
+    its last ``most`` lines: the tail alone names a failed test, not why it failed."""
+    heading = next((i for i, line in enumerate(said) if re.fullmatch(r"=+ (FAILURES|ERRORS) =+", line)), None)
+    if heading is None:
+        return []
+    end = next((i for i in range(heading, len(said)) if "short test summary info" in said[i]), len(said))
+    return said[heading:end][-most:]
+
+
 def measure(revision: str, command: str, scratch: Path) -> dict:
     """One clean clone of this repository at ``revision`` running ``command``: its outcome and CPU by kind."""
     clone, log = scratch / "clone", scratch / "run.log"
@@ -190,6 +200,7 @@ def measure(revision: str, command: str, scratch: Path) -> dict:
         "returncode": returncode,
         "last_line": said[-1] if said else "",
         "output_tail": said[-30:],
+        "failures": failures(said),
         "wall_s": round(wall, 1),
         "machine_busy_cpu_s": round(busy, 1),
         "cpu_s": round(sum(cpu for seen in by_kind.values() for cpu, _ in seen), 1),

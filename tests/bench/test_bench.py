@@ -184,6 +184,16 @@ def test_the_suite_cpu_benchmark_counts_what_a_clean_clones_command_starts_by_ki
     assert main(["no-such-revision"]) == 2
 
 
+def test_a_failed_suite_run_keeps_why_its_tests_failed():
+    """bench.suite_cpu's record of a failed run: pytest's failure report, not only the tail that names the test."""
+    from bench.suite_cpu import failures
+
+    said = ["collected 3 items", "..F", "=" * 20 + " FAILURES " + "=" * 20, "_ test_late _", "E   AssertionError: late"]
+    said += ["=" * 10 + " short test summary info " + "=" * 10, "FAILED tests/test_x.py::test_late", "= 1 failed ="]
+    assert failures(said) == said[2:5] and failures(said, most=1) == ["E   AssertionError: late"]
+    assert failures(["collected 1 item", ".", "= 1 passed ="]) == []
+
+
 def test_the_per_test_cpu_plugin_charges_each_test_what_its_cgroup_counted(tmp_path):
     """bench.per_test_cpu's plugin in a pytest run of two tests, on a stand-in for the cgroup's counter (v1's
     nanoseconds) that each test moves on as the kernel would; its report names the file and the test that grew;
