@@ -9,9 +9,9 @@ Prints one table; asserts nothing.
 **The ceiling** is what one process can do at best here: a full batch of JPEG photos' bytes decoded (the one decode,
 ``LoadedModel.decode``) and then run (the one forward pass, ``LoadedModel.probabilities``), in turn, on one Python
 thread, at the best of torch's intra-op thread settings (1, 2, 3, 4, 8, … and the machine's cores; on a GPU torch's
-own), in images/s. Nothing an
-inference path adds (reading files, batching requests, HTTP) can make it faster; each figure is given as a share
-of the ceiling measured in the same run, at the batch size that path uses (scoring 64, the endpoint 16).
+own), in images/s. Nothing an inference path adds (reading files, batching requests, HTTP) can make it faster; each
+figure is given as a share of the ceiling measured in the same run, at the batch size that path uses (scoring 64,
+the endpoint 16).
 
 The photos: the crops of scikit-learn's two sample photographs and matplotlib's portrait of Grace Hopper (real
 JPEGs, quality 90), each a random crop resized to 256 px, three classes: 384 for the speed figures (a scoring's
