@@ -65,8 +65,9 @@ torch-check:
 
 # Every training worker, torchrun-launched flow and command line imports the project anew. Where the environment
 # says PYTHONDONTWRITEBYTECODE (CI does), each would compile its sources again (~0.25 CPU-s a process); compiled
-# once here (only what changed since), they read the bytecode instead.
-COMPILE = $(BIN)/python -m compileall -q -j 0 flows tasks deployments bench tests
+# once here (only what changed since), they read the bytecode instead; `make test` adds bench/ and tests/, whose
+# modules its subprocesses import too.
+COMPILE = $(BIN)/python -m compileall -q -j 0 flows tasks deployments
 
 # The new version takes the production alias when it beats the one there (the first always does): what
 # `make serve-model` follows.
@@ -79,7 +80,7 @@ run: $(VENV)/.installed
 # the longest files first (tests/conftest.py LONGEST_FILES); one Prefect server and one S3 endpoint serve them all.
 TEST_WORKERS ?= 3
 test: $(VENV)/.installed browser postgres-programs lint
-	$(COMPILE)
+	$(COMPILE) bench tests
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The fast loop while editing: the tests that start no server, torchrun or subprocess, in two processes.
